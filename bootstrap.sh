@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian machine (run as root): installs what scalelab needs,
+# idempotently, then runs an invoke task in the project's virtual environment.
+#   ./bootstrap.sh demo    provision a local cluster, run the demo sweep, write the report
+#   ./bootstrap.sh test    run the whole test suite
+#   ./bootstrap.sh         only install
+set -euo pipefail
+cd "$(dirname "$0")"
+
+APT_PACKAGES=(openssh-server openssh-client iproute2 iperf3 procps chromium
+              nfs-ganesha nfs-ganesha-vfs libnfs-utils rsync)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: apt packages missing (${missing[*]}); run as root to install them" >&2
+    exit 1
+  fi
+  echo "bootstrap: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The package's postinst may start services on the host; scalelab runs its own per node.
+systemctl disable --now ssh.socket ssh.service nfs-ganesha.service >/dev/null 2>&1 || true
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.scalelab-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip wheel
+  .venv/bin/pip install -q -c constraints.txt -e '.[train,dev]'
+  touch "$stamp"
+fi
+
+if [ $# -gt 0 ]; then
+  exec .venv/bin/invoke "$@"
+fi

@@ -1,0 +1,137 @@
+"""One entry point per lifecycle verb, dispatching to the target that owns the cluster."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scalelab import ssh
+from scalelab.errors import ClusterError, InputError
+from scalelab.nodes import Node, check_cluster_name
+from scalelab.state import inventory_dir, list_clusters, load_cluster
+from scalelab.targets import TARGETS
+from scalelab.units import format_rate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterInfo:
+    name: str
+    target: str
+    nodes: list[Node]
+    inventory: Path
+    bandwidth: str = "native"
+    cpus_per_node: float | str = "-"
+    alive: list[bool] = field(default_factory=list)
+
+
+def _check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise InputError(f"target: {target!r} is unknown; choose one of {', '.join(TARGETS)}")
+    return target
+
+
+def provision(target: str, nodes: int | str, cluster: str, cpus_per_node: str | float = 1.0,
+              bandwidth: str = "native", subnet: str | None = None, var_file: str | None = None,
+              keep_on_failure: bool = False, dry_run: bool = False) -> ClusterInfo | None:
+    """Create or resize a cluster; returns its records (None for a dry run)."""
+    _check_target(target)
+    check_cluster_name(cluster)
+    if target == "local":
+        from scalelab.targets.local import LocalCluster
+
+        lc = LocalCluster(cluster)
+        recs = lc.provision(nodes, cpus_per_node=cpus_per_node, bandwidth=bandwidth,
+                            subnet=subnet)
+        rec = lc.load() or {}
+        return ClusterInfo(cluster, target, recs, inventory_dir() / f"{cluster}.yml",
+                           format_rate(rec.get("bandwidth_mbit")), rec.get("cpus_per_node", "-"))
+    from scalelab.targets import tf
+
+    recs = tf.provision(cluster=cluster, target=target, nodes=nodes, var_file=var_file,
+                        keep_on_failure=keep_on_failure, dry_run=dry_run)
+    if recs is None:
+        return None
+    return ClusterInfo(cluster, target, recs, inventory_dir() / f"{cluster}.yml")
+
+
+def target_of(cluster: str) -> str:
+    return load_cluster(cluster)["target"]
+
+
+def destroy(cluster: str) -> None:
+    check_cluster_name(cluster)
+    try:
+        target = target_of(cluster)
+    except ClusterError:
+        # nothing recorded; a crashed local provision may still have left pieces behind
+        from scalelab.targets.local import LocalCluster, leftovers
+
+        if any(leftovers(cluster).values()):
+            LocalCluster(cluster).destroy()
+            return
+        raise
+    if target == "local":
+        from scalelab.targets.local import LocalCluster
+
+        LocalCluster(cluster).destroy()
+    else:
+        from scalelab.targets import tf
+
+        tf.destroy(cluster)
+
+
+def status(cluster: str | None = None) -> list[ClusterInfo]:
+    names = [check_cluster_name(cluster)] if cluster else list_clusters()
+    out = []
+    for name in names:
+        rec = load_cluster(name)
+        nodes = [Node.from_dict(n) for n in rec.get("nodes", [])]
+        info = ClusterInfo(name, rec["target"], nodes, inventory_dir() / f"{name}.yml")
+        if rec["target"] == "local":
+            from scalelab.targets.local import LocalCluster
+
+            info.bandwidth = format_rate(rec.get("bandwidth_mbit"))
+            info.cpus_per_node = rec.get("cpus_per_node", "-")
+            info.alive = LocalCluster(name).alive()
+        else:
+            from scalelab.targets import tf
+
+            info.alive = tf.alive(name, nodes)
+        out.append(info)
+    return out
+
+
+def can_shape(cluster: str) -> bool:
+    """Whether scalelab can set link rates on this cluster's nodes."""
+    rec = load_cluster(cluster)
+    return rec["target"] == "local" or bool(rec.get("shaping_iface"))
+
+
+def set_bandwidth(cluster: str, bandwidth: str) -> None:
+    target = target_of(cluster)
+    if target != "local":
+        raise InputError(f"cluster {cluster} is a {target} cluster; its rate is set per run by "
+                         "invoke bench (netshape over SSH), not here")
+    from scalelab.targets.local import LocalCluster
+
+    LocalCluster(cluster).set_bandwidth(bandwidth)
+
+
+def connectivity_check(cluster: str) -> list[str]:
+    """SSH to every node from the controller, then from the head to every other node."""
+    rec = load_cluster(cluster)
+    nodes = [Node.from_dict(n) for n in rec["nodes"]]
+    kh = rec["known_hosts"]
+    lines = []
+    for n in nodes:
+        out = ssh.run(n, kh, "hostname", timeout=15).stdout.strip()
+        lines.append(f"controller -> {n.name} ({n.address}): ssh ok, hostname {out}")
+    head = nodes[0]
+    for n in nodes[1:]:
+        cmd = f"ssh -o ConnectTimeout=5 root@{n.private_address} hostname"
+        out = ssh.run(head, kh, cmd, timeout=20).stdout.strip()
+        lines.append(f"{head.name} -> {n.name} ({n.private_address}): ssh ok, hostname {out}")
+    return lines
