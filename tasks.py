@@ -54,7 +54,7 @@ def friendly(fn):
     "dry_run": "terraform targets: print the terraform commands and variables, change nothing",
 })
 @friendly
-def provision(c, target="local", nodes=2, cluster="demo", cpus_per_node="1", bandwidth="native",
+def provision(c, target="local", nodes="2", cluster="demo", cpus_per_node="1", bandwidth="native",
               subnet="", var_file="", keep_on_failure=False, dry_run=False):
     """Create or resize a cluster and write inventories/<cluster>.yml."""
     from scalelab import provisioning
@@ -131,7 +131,7 @@ def _print_nodes(result) -> None:
 
 @task(help={"nodes": "nodes in the demo cluster", "keep": "leave the cluster up afterwards"})
 @friendly
-def demo(c, nodes=3, keep=False):
+def demo(c, nodes="3", keep=False):
     """The main job on the local default: provision, check, (bench, report), destroy."""
     from scalelab import provisioning
 

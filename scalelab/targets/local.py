@@ -130,10 +130,6 @@ def overlapping_routes(subnet: ipaddress.IPv4Network, own_devs: set[str]) -> lis
             continue
         if r.get("dev") in own_devs:
             continue
-        if r.get("type") == "unreachable" and r.get("metric") == GUARD_METRIC and net == subnet:
-            continue
-        if r.get("table") == "local" and r.get("dev") in own_devs:
-            continue
         clashes.append(f"{r.get('dst')} dev {r.get('dev', r.get('type', '?'))}")
     return clashes
 
@@ -345,7 +341,8 @@ class LocalCluster:
                    "bandwidth_mbit": rate, "nodes": [], "pids": {},
                    "known_hosts": str(self.known_hosts), "ssh_key": str(self.key),
                    "created_at": time.time()}
-        elif subnet and ipaddress.ip_network(subnet, strict=False) != ipaddress.ip_network(rec["subnet"]):
+        elif subnet and ipaddress.ip_network(subnet, strict=False) != ipaddress.ip_network(
+                rec["subnet"]):
             raise InputError(f"cluster {self.name} already uses subnet {rec['subnet']}; omit "
                              f"--subnet or destroy it first (invoke destroy --cluster {self.name})")
         net = ipaddress.ip_network(rec["subnet"])
@@ -361,6 +358,8 @@ class LocalCluster:
                 self.save(rec)
                 step = "guard route"
                 self._add_guard(net)
+                rec["guard"] = True
+                self.save(rec)
                 step = "bridge"
                 self._add_bridge(net)
             have = {self._index(n["name"]) for n in rec["nodes"]}
@@ -420,7 +419,8 @@ class LocalCluster:
         return int(name.rsplit("-n", 1)[1])
 
     def _add_guard(self, net: ipaddress.IPv4Network) -> None:
-        sh.run(["ip", "route", "replace", "unreachable", str(net), "metric", str(GUARD_METRIC)])
+        # `add`, not `replace`: if another cluster raced us to this subnet, fail here
+        sh.run(["ip", "route", "add", "unreachable", str(net), "metric", str(GUARD_METRIC)])
 
     def _del_guard(self, net: ipaddress.IPv4Network) -> None:
         sh.run(["ip", "route", "del", "unreachable", str(net), "metric", str(GUARD_METRIC)],
@@ -656,7 +656,7 @@ class LocalCluster:
         inventory.remove(self.name)
         if self.dir.exists():
             shutil.rmtree(self.dir)
-        if rec is not None:
+        if rec is not None and rec.get("guard"):
             # last: until now the guard kept the subnet off the default route
             self._del_guard(ipaddress.ip_network(rec["subnet"]))
 
