@@ -127,6 +127,117 @@ def _print_nodes(result) -> None:
         print(f"  {n.name:<16} {n.role:<6} {n.address:<15} cpus={n.cpus:g} gpus={n.gpus}")
 
 
+# ---------------------------------------------------------------- bench / report / configure
+
+@task(help={
+    "cluster": "cluster to run on (see invoke status)",
+    "nodes": "node counts to sweep: 4, 1-10, 1,2,4,8 or 1-16:2",
+    "batch_size": "per-worker batch sizes, e.g. 32,64,96",
+    "bandwidth": "link rates to sweep, e.g. 1gbit,10gbit (native = unshaped)",
+    "procs_per_node": "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8",
+    "model": "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
+    "engine": "ddp (torchrun) or horovod (horovodrun)",
+    "precision": "fp32 or amp (GPU clusters)",
+    "repeats": "repeats of every configuration (3 gives a 95% confidence interval)",
+    "steps": "timed training steps per run (after warm-up)",
+    "sweep": "sweep file: a path or a name under bench/sweeps/ (demo, slices, ci); options override it",
+    "dry_run": "print every planned run, the count and an estimated duration; run nothing",
+    "resume": "sweep id (or latest) to complete: runs only what its store lacks",
+    "report": "write the HTML report when the sweep ends",
+})
+@friendly
+def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
+          model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
+          resume="", report=True):
+    """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
+    import datetime as dt
+    import threading
+
+    from scalelab import driver
+    from scalelab import sweep as sweeps
+    from scalelab.state import reports_dir
+
+    root = reports_dir()
+    if resume:
+        sweep_dir, prep = driver.prepare_resume(root, resume)
+        print(f"resuming {sweep_dir.name}: {len(prep.runs)} runs missing")
+    else:
+        if not (sweep or nodes):
+            sweep = "demo"
+        spec = sweeps.spec_from_options(
+            nodes=nodes or None, batch_size=batch_size or None, bandwidth=bandwidth or None,
+            procs_per_node=procs_per_node or None, model=model or None, engine=engine or None,
+            precision=precision or None, repeats=repeats or None, steps=steps or None,
+            sweep_file=sweep or None)
+        prep = driver.prepare(cluster, spec)
+    if dry_run:
+        for r in prep.runs:
+            print(f"  {r.run_id:<34} {sweeps.describe(r)}")
+        eta = dt.timedelta(seconds=int(prep.estimate_s))
+        print(f"{len(prep.runs)} runs on cluster {prep.cluster}, estimated {eta}")
+        return
+    stop = threading.Event()
+    bar = _progress_bar(len(prep.runs), prep.estimate_s)
+    try:
+        if resume:
+            counts = driver.resume(sweep_dir, prep, bar.update, stop)
+        else:
+            sweep_dir, counts = driver.start(prep, root, bar.update, stop)
+    except KeyboardInterrupt:
+        bar.close()
+        raise
+    bar.close()
+    print(f"sweep {sweep_dir.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    print(f"results: {sweep_dir / 'results.csv'}")
+    if report:
+        from scalelab import report as reports
+
+        print(f"report: {reports.build([sweep_dir.name])}")
+
+
+class _Bar:
+    """tqdm bar over runs: run k of n, the current configuration, and an ETA."""
+
+    def __init__(self, total: int, estimate_s: float) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="run", dynamic_ncols=True,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+        self.failed = 0
+
+    def update(self, p) -> None:
+        if p.record is None:
+            self.bar.set_description_str(f"run {p.index + 1}/{p.total}")
+            self.bar.set_postfix_str(p.description.strip())
+            return
+        if p.record["status"] != "ok":
+            self.failed += 1
+            self.bar.write(f"{p.run_id}: {p.record['status']}: {p.record['error']}")
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress_bar(total: int, estimate_s: float) -> _Bar:
+    return _Bar(total, estimate_s)
+
+
+@task(help={
+    "sweep": "sweep id, or latest",
+    "compare": "several sweep ids, comma-separated, drawn on shared axes",
+    "out": "directory to write index.html into (default reports/<id>/)",
+})
+@friendly
+def report(c, sweep="latest", compare="", out=""):
+    """Write a self-contained HTML report of a sweep and print its path."""
+    from scalelab import report as reports
+
+    ids = [s.strip() for s in compare.split(",") if s.strip()] if compare else [sweep]
+    path = reports.build(ids, out_dir=out or None, compare=bool(compare))
+    print(f"report: {path}")
+
+
 # ---------------------------------------------------------------- demo / test / lint
 
 @task(help={"nodes": "nodes in the demo cluster", "keep": "leave the cluster up afterwards"})
@@ -166,4 +277,4 @@ def lint(c):
     c.run(f"{sys.executable} -m ruff check scalelab tests bench tasks.py")
 
 
-ns = Collection(provision, destroy, status, check, shape, demo, test, lint)
+ns = Collection(provision, destroy, status, check, shape, bench, report, demo, test, lint)

@@ -1,0 +1,301 @@
+"""Execute a sweep plan on a cluster: shape links, launch runs, commit each result at once.
+
+Plan -> runs -> store. Every finished run is appended (and fsync'ed) to the sweep's
+runs.jsonl before the next one starts, so a crash loses at most the run in flight; `resume`
+runs only what the store lacks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import platform
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalelab import launch, netshape, ssh, store
+from scalelab.errors import ClusterError, CommandError, ScalelabError
+from scalelab.nodes import Node
+from scalelab.state import load_cluster
+
+log = logging.getLogger(__name__)
+
+BASE_PORT = 29400
+
+
+def utcnow() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def scalelab_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+class Shaper:
+    """Sets one link rate on every node of a cluster; restores the starting rate at the end."""
+
+    def __init__(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> None:
+        self.cluster, self.rec, self.nodes = cluster, rec, nodes
+        self.local = rec["target"] == "local"
+        self.initial = rec.get("bandwidth_mbit") if self.local else None
+        self.current: float | None | str = "unset"
+
+    def set(self, mbit: float | None) -> None:
+        if mbit == self.current:
+            return
+        if self.local:
+            from scalelab.targets.local import LocalCluster
+
+            LocalCluster(self.cluster).set_bandwidth(mbit)
+        else:
+            for n in self.nodes:
+                if not n.iface:
+                    raise ClusterError(f"{n.name} has no cluster interface recorded; cannot shape")
+                sudo = "" if n.ssh_user == "root" else "sudo -n "
+                ssh.run(n, self.rec["known_hosts"], sudo + netshape.shell_command(n.iface, mbit),
+                        timeout=30)
+        self.current = mbit
+
+    def restore(self) -> None:
+        if self.current != "unset" and self.current != self.initial:
+            try:
+                self.set(self.initial)
+            except ScalelabError as exc:
+                log.warning("could not restore the link rate: %s", exc)
+
+
+@dataclass
+class Progress:
+    index: int  # 0-based position among the runs to do now
+    total: int
+    run_id: str
+    description: str
+    record: dict[str, Any] | None  # None when the run starts
+
+
+def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: float = 1.0
+                 ) -> float | None:
+    """Point-to-point TCP throughput head -> second node, in Mbit/s (netprobe)."""
+    if len(nodes) < 2:
+        return None
+    server, client = nodes[1], nodes[0]
+    wl = f"{rt.workdir}/{launch.WORKLOADS}/netprobe.py"
+    cmds = [
+        launch.RankCommand(client, ["sh", "-c", f"sleep 0.5; exec {rt.python} {wl} client "
+                                    f"--connect {server.private_address} --port {port} "
+                                    f"--seconds {seconds:g}"]),
+        launch.RankCommand(server, [rt.python, wl, "server", "--bind", server.private_address,
+                                    "--port", str(port), "--timeout", str(int(seconds + 15))]),
+    ]
+    res = launch.run(cmds, rt, timeout_s=seconds + 30)
+    if res.status != "ok" or not res.result:
+        log.warning("netprobe failed: %s", res.error)
+        return None
+    return float(res.result["mbit"])
+
+
+def run_record(sweep_id: str, run, target: str, nodes: list[Node], res: launch.LaunchResult,
+               started_at: str, link_mbit: float | None, rate: float | None) -> dict[str, Any]:
+    """The raw record of one run, as committed to the store (schema in CONTRACTS.md)."""
+    result = res.result or {}
+    env = dict(result.get("env") or {})
+    env.update({"scalelab": scalelab_commit(), "controller_python": platform.python_version(),
+                "target": target, "nodes": [n.name for n in nodes],
+                "tc": netshape.describe(rate)})
+    rec: dict[str, Any] = {
+        "sweep_id": sweep_id, "run_id": run.run_id, "kind": run.kind, "status": res.status,
+        "params": dict(run.params), "target": target, "node_names": [n.name for n in nodes],
+        "ranks": result.get("ranks", []), "gradient_bytes": result.get("gradient_bytes"),
+        "link_mbit_measured": link_mbit, "env": env, "started_at": started_at,
+        "duration_s": round(res.duration_s, 3), "error": res.error,
+    }
+    if run.kind == "allreduce":
+        rec["allreduce"] = result.get("sizes", [])
+    return rec
+
+
+def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
+            on_progress: Callable[[Progress], None] | None = None,
+            stop: threading.Event | None = None) -> dict[str, int]:
+    """Run the given plan entries in order, committing each record as soon as it finishes."""
+    rec = load_cluster(cluster)
+    all_nodes = [Node.from_dict(n) for n in rec["nodes"]]
+    rt = launch.default_runtime(rec)
+    shaper = Shaper(cluster, rec, all_nodes)
+    sweep_id = sweep_dir.name
+    counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
+    links: dict[Any, float | None] = {}
+    try:
+        for k, run in enumerate(runs):
+            p = run.params
+            rate = p.get("bandwidth_mbit")
+            nodes = all_nodes[: p["nodes"]]
+            desc = describe(run)
+            if on_progress:
+                on_progress(Progress(k, len(runs), run.run_id, desc, None))
+            shaper.set(rate)
+            if rate not in links:
+                links[rate] = measure_link(all_nodes, rt, BASE_PORT + 500 + k % 400)
+            port = BASE_PORT + k % 400  # a fresh port per run: the last one may be in TIME_WAIT
+            if run.kind == "allreduce":
+                cmds = launch.torchrun_commands(nodes, p["procs_per_node"], "allreduce.py",
+                                                launch.allreduce_args(p, run.allreduce_sizes), rt,
+                                                port)
+            elif p["engine"] == "horovod":
+                cmds = launch.horovodrun_commands(nodes, p["procs_per_node"], "resnet.py",
+                                                  launch.workload_args(p), rt, port)
+            else:
+                cmds = launch.torchrun_commands(nodes, p["procs_per_node"], "resnet.py",
+                                                launch.workload_args(p), rt, port)
+            started = utcnow()
+            interrupted = False
+            try:
+                res = launch.run(cmds, rt, timeout_s=timeout_s, stop=stop)
+            except KeyboardInterrupt:
+                interrupted = True
+                res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
+            record = run_record(sweep_id, run, rec["target"], nodes, res, started, links[rate],
+                                rate)
+            store.append_run(sweep_dir, record)
+            counts[res.status] = counts.get(res.status, 0) + 1
+            if on_progress:
+                on_progress(Progress(k, len(runs), run.run_id, desc, record))
+            if interrupted or res.status == "interrupted":
+                raise KeyboardInterrupt
+    finally:
+        shaper.restore()
+    return counts
+
+
+def describe(run) -> str:
+    try:
+        from scalelab.sweep import describe as sweep_describe
+
+        return sweep_describe(run)
+    except (ImportError, AttributeError):
+        return run.run_id
+
+
+def preflight(cluster: str, nodes_needed: int) -> None:
+    """Before any run: every node the sweep uses must answer SSH; name the first that doesn't."""
+    rec = load_cluster(cluster)
+    nodes = [Node.from_dict(n) for n in rec["nodes"]][:nodes_needed]
+    errors: dict[str, str] = {}
+
+    def probe(n: Node) -> None:
+        try:
+            ssh.run(n, rec["known_hosts"], "true", timeout=15)
+        except CommandError as exc:
+            errors[n.name] = str(exc)
+
+    threads = [threading.Thread(target=probe, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        name = sorted(errors, key=lambda x: [n.name for n in nodes].index(x))[0]
+        raise ClusterError(f"node {name} does not answer SSH ({errors[name]}); check it with "
+                           f"invoke status --cluster {cluster}, or reprovision")
+
+
+def host_cpus() -> int:
+    return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------- sweeps: start and resume
+
+@dataclass
+class Prepared:
+    """A validated sweep, ready to run or to print for --dry-run. Nothing written yet."""
+
+    cluster: str
+    spec: Any
+    runs: list
+    estimate_s: float
+
+
+def prepare(cluster: str, spec) -> Prepared:
+    """Validate the sweep against the cluster and expand it; writes nothing."""
+    from scalelab import provisioning, sweep
+
+    nodes = [Node.from_dict(n) for n in load_cluster(cluster)["nodes"]]
+    runs = sweep.plan(spec, nodes, provisioning.can_shape(cluster), cluster=cluster)
+    return Prepared(cluster, spec, runs, sweep.estimate_duration_s(runs))
+
+
+def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
+    from scalelab import sweep
+
+    rec = load_cluster(prep.cluster)
+    return {
+        "sweep_id": sweep_id, "cluster": prep.cluster, "target": rec["target"],
+        "created_at": utcnow(), "finished_at": None, "plan": sweep.spec_to_dict(prep.spec),
+        "nodes": rec["nodes"], "bandwidth_mbit_cluster": rec.get("bandwidth_mbit"),
+        "host_cpus": host_cpus() if rec["target"] == "local" else None,
+        "software": {"scalelab": scalelab_commit(), "python": platform.python_version()},
+        "planned_runs": [r.run_id for r in prep.runs],
+    }
+
+
+def start(prep: Prepared, reports_root: Path,
+          on_progress: Callable[[Progress], None] | None = None,
+          stop: threading.Event | None = None) -> tuple[Path, dict[str, int]]:
+    """Create the sweep in the store, run every planned run, write results.csv."""
+    from scalelab import sweep
+
+    preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
+    sweep_id = sweep.new_sweep_id(dt.datetime.now(dt.UTC))
+    sweep_dir = store.create_sweep(reports_root, sweep_id, sweep_meta(prep, sweep_id))
+    store.update_latest(reports_root, sweep_id)
+    return sweep_dir, _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec.timeout_s,
+                                      on_progress, stop)
+
+
+def prepare_resume(reports_root: Path, sweep_id: str) -> tuple[Path, Prepared]:
+    """The runs of an earlier sweep that its store lacks (or that were interrupted)."""
+    from scalelab import sweep
+
+    sweep_dir, meta = store.load_sweep(reports_root, sweep_id)
+    spec = sweep.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
+    prep = prepare(meta["cluster"], spec)
+    todo = store.missing_runs(sweep_dir, prep.runs)
+    return sweep_dir, Prepared(meta["cluster"], spec, todo, sweep.estimate_duration_s(todo))
+
+
+def resume(sweep_dir: Path, prep: Prepared,
+           on_progress: Callable[[Progress], None] | None = None,
+           stop: threading.Event | None = None) -> dict[str, int]:
+    store.compact(sweep_dir)
+    if prep.runs:
+        preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
+    return _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec.timeout_s,
+                           on_progress, stop)
+
+
+def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
+                    on_progress, stop) -> dict[str, int]:
+    from scalelab import results
+
+    try:
+        counts = execute(cluster, sweep_dir, runs, timeout_s, on_progress, stop)
+        store.mark_finished(sweep_dir, utcnow())
+        return counts
+    finally:
+        try:
+            results.write_csv(sweep_dir)
+        except ScalelabError as exc:
+            log.warning("results.csv not written: %s", exc)
