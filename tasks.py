@@ -192,7 +192,8 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
     if report:
         from scalelab import report as reports
 
-        print(f"report: {reports.build([sweep_dir.name])}")
+        for path in reports.build([sweep_dir]):
+            print(f"report: {path}")
 
 
 class _Bar:
@@ -234,28 +235,46 @@ def report(c, sweep="latest", compare="", out=""):
     from scalelab import report as reports
 
     ids = [s.strip() for s in compare.split(",") if s.strip()] if compare else [sweep]
-    path = reports.build(ids, out_dir=out or None, compare=bool(compare))
-    print(f"report: {path}")
+    for path in reports.build(ids, out_dir=out or None, compare=bool(compare)):
+        print(f"report: {path}")
 
 
 # ---------------------------------------------------------------- demo / test / lint
 
-@task(help={"nodes": "nodes in the demo cluster", "keep": "leave the cluster up afterwards"})
+@task(help={"nodes": "nodes in the demo cluster",
+            "sweep": "sweep file to run (a name under bench/sweeps/ or a path)",
+            "keep": "leave the cluster up afterwards (invoke destroy --cluster demo removes it)"})
 @friendly
-def demo(c, nodes="3", keep=False):
-    """The main job on the local default: provision, check, (bench, report), destroy."""
-    from scalelab import provisioning
+def demo(c, nodes="3", sweep="demo", keep=False):
+    """The main job on the local default: provision, check, bench, report, destroy."""
+    from scalelab import driver, provisioning
+    from scalelab import report as reports
+    from scalelab import sweep as sweeps
+    from scalelab.state import reports_dir
 
+    spec = sweeps.spec_from_options(sweep_file=sweep)  # a bad sweep file fails before provisioning
     result = provisioning.provision(target="local", nodes=nodes, cluster="demo",
-                                    cpus_per_node="1", bandwidth="1gbit")
+                                    cpus_per_node="1", bandwidth="native")
     try:
         _print_nodes(result)
         for line in provisioning.connectivity_check("demo"):
             print(line)
+        prep = driver.prepare("demo", spec)
+        print(f"sweep {sweep}: {len(prep.runs)} runs, estimated {int(prep.estimate_s // 60)} min "
+              f"{int(prep.estimate_s % 60)} s")
+        bar = _progress_bar(len(prep.runs), prep.estimate_s)
+        try:
+            sweep_dir, counts = driver.start(prep, reports_dir(), bar.update)
+        finally:
+            bar.close()
+        print(f"sweep {sweep_dir.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+        print(f"results: {sweep_dir / 'results.csv'}")
     finally:
         if not keep:
             provisioning.destroy("demo")
             print("destroyed demo")
+    for path in reports.build([sweep_dir]):
+        print(f"report: {path}")
 
 
 @task(help={"k": "only tests matching this pytest -k expression",

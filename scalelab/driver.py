@@ -26,6 +26,7 @@ from scalelab.state import load_cluster
 log = logging.getLogger(__name__)
 
 BASE_PORT = 29400
+INFLIGHT = ".inflight.json"
 
 
 def utcnow() -> str:
@@ -107,24 +108,24 @@ def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: floa
     return float(res.result["mbit"])
 
 
-def run_record(sweep_id: str, run, target: str, nodes: list[Node], res: launch.LaunchResult,
-               started_at: str, link_mbit: float | None, rate: float | None) -> dict[str, Any]:
+def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
+               link_mbit: float | None, rate: float | None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md)."""
     result = res.result or {}
     env = dict(result.get("env") or {})
     env.update({"scalelab": scalelab_commit(), "controller_python": platform.python_version(),
-                "target": target, "nodes": [n.name for n in nodes],
-                "tc": netshape.describe(rate)})
-    rec: dict[str, Any] = {
-        "sweep_id": sweep_id, "run_id": run.run_id, "kind": run.kind, "status": res.status,
-        "params": dict(run.params), "target": target, "node_names": [n.name for n in nodes],
-        "ranks": result.get("ranks", []), "gradient_bytes": result.get("gradient_bytes"),
-        "link_mbit_measured": link_mbit, "env": env, "started_at": started_at,
-        "duration_s": round(res.duration_s, 3), "error": res.error,
-    }
+                "target": target, "nodes": list(run.node_names), "tc": netshape.describe(rate)})
+    measured: dict[str, Any] = {"ranks": result.get("ranks", []), "env": env,
+                                "gradient_bytes": result.get("gradient_bytes"),
+                                "link_mbit_measured": link_mbit}
     if run.kind == "allreduce":
-        rec["allreduce"] = result.get("sizes", [])
-    return rec
+        measured["allreduce"] = result.get("sizes", [])
+    status = res.status
+    error = res.error
+    if status == "ok" and run.kind == "train" and not measured["ranks"]:
+        status, error = "failed", "the workload printed no per-rank figures"
+    return store.new_record(sweep_id, run, target=target, status=status, started_at=started_at,
+                            duration_s=round(res.duration_s, 3), error=error, **measured)
 
 
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
@@ -149,7 +150,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             shaper.set(rate)
             if rate not in links:
                 links[rate] = measure_link(all_nodes, rt, BASE_PORT + 500 + k % 400)
-            port = BASE_PORT + k % 400  # a fresh port per run: the last one may be in TIME_WAIT
+            # a fresh port per run: the last one may still be in TIME_WAIT
+            port = BASE_PORT + (os.getpid() * 7 + k) % 400
             if run.kind == "allreduce":
                 cmds = launch.torchrun_commands(nodes, p["procs_per_node"], "allreduce.py",
                                                 launch.allreduce_args(p, run.allreduce_sizes), rt,
@@ -163,12 +165,12 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             started = utcnow()
             interrupted = False
             try:
-                res = launch.run(cmds, rt, timeout_s=timeout_s, stop=stop)
+                res = launch.run(cmds, rt, timeout_s=timeout_s, stop=stop,
+                                 inflight=sweep_dir / INFLIGHT)
             except KeyboardInterrupt:
                 interrupted = True
                 res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
-            record = run_record(sweep_id, run, rec["target"], nodes, res, started, links[rate],
-                                rate)
+            record = run_record(sweep_id, run, rec["target"], res, started, links[rate], rate)
             store.append_run(sweep_dir, record)
             counts[res.status] = counts.get(res.status, 0) + 1
             if on_progress:
@@ -269,7 +271,8 @@ def prepare_resume(reports_root: Path, sweep_id: str) -> tuple[Path, Prepared]:
     """The runs of an earlier sweep that its store lacks (or that were interrupted)."""
     from scalelab import sweep
 
-    sweep_dir, meta = store.load_sweep(reports_root, sweep_id)
+    stored = store.load_sweep(reports_root, sweep_id)
+    sweep_dir, meta = stored.path, stored.meta
     spec = sweep.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
     prep = prepare(meta["cluster"], spec)
     todo = store.missing_runs(sweep_dir, prep.runs)
@@ -280,6 +283,10 @@ def resume(sweep_dir: Path, prep: Prepared,
            on_progress: Callable[[Progress], None] | None = None,
            stop: threading.Event | None = None) -> dict[str, int]:
     store.compact(sweep_dir)
+    rec = load_cluster(prep.cluster)
+    reaped = launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
+    if reaped:
+        log.warning("ended %d process groups left by the interrupted driver", reaped)
     if prep.runs:
         preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
     return _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec.timeout_s,
@@ -291,8 +298,9 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     from scalelab import results
 
     try:
-        counts = execute(cluster, sweep_dir, runs, timeout_s, on_progress, stop)
-        store.mark_finished(sweep_dir, utcnow())
+        with store.hold_sweep(sweep_dir):
+            counts = execute(cluster, sweep_dir, runs, timeout_s, on_progress, stop)
+            store.finish_sweep(sweep_dir, utcnow())
         return counts
     finally:
         try:

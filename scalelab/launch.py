@@ -209,11 +209,19 @@ class Launch:
         stream.close()
 
     def wait(self, timeout_s: float, fail_grace_s: float = 10.0,
-             stop: threading.Event | None = None) -> str:
-        """Wait for every rank; returns ok, failed, timeout or interrupted."""
+             stop: threading.Event | None = None, inflight: Path | None = None) -> str:
+        """Wait for every rank; returns ok, failed, timeout or interrupted.
+
+        inflight: a file kept listing {node address: process-group id} while the run is in
+        flight, so that a driver killed with SIGKILL can reap them on --resume.
+        """
         deadline = time.monotonic() + timeout_s
         first_fail: float | None = None
+        written = 0
         while True:
+            if inflight is not None and len(self.pgids) != written:
+                written = len(self.pgids)
+                write_inflight(inflight, self.commands, self.pgids)
             codes = [p.poll() for p in self.procs]
             if all(c is not None for c in codes):
                 return "ok" if all(c == 0 for c in codes) else "failed"
@@ -288,20 +296,43 @@ def explain_failure(outcomes: list[RankOutcome], status: str, timeout_s: float) 
     return "; ".join(reasons) or "no result line from rank 0"
 
 
+def write_inflight(path: Path, commands: list[RankCommand], pgids: dict[str, int]) -> None:
+    from scalelab.state import write_atomic
+
+    entries = [{"node": c.node.to_dict(), "pgid": pgids[c.node.name]}
+               for c in commands if c.node.name in pgids]
+    write_atomic(path, json.dumps(entries) + "\n", mode=0o600)
+
+
+def reap_inflight(path: Path, known_hosts: str) -> int:
+    """End the process groups a killed driver left running (listed in its inflight file)."""
+    if not path.exists():
+        return 0
+    entries = json.loads(path.read_text() or "[]")
+    commands = [RankCommand(Node.from_dict(e["node"]), []) for e in entries]
+    launch = Launch(commands, Runtime("", "", known_hosts))
+    launch.pgids = {e["node"]["name"]: int(e["pgid"]) for e in entries}
+    launch.reap()
+    path.unlink()
+    return len(entries)
+
+
 def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
-        stop: threading.Event | None = None) -> LaunchResult:
+        stop: threading.Event | None = None, inflight: Path | None = None) -> LaunchResult:
     """Start, wait, reap; the result is read from the head node's stdout."""
     t0 = time.monotonic()
     launch = Launch(commands, rt)
     status = "failed"
     try:
         launch.start()
-        status = launch.wait(timeout_s, stop=stop)
+        status = launch.wait(timeout_s, stop=stop, inflight=inflight)
     except KeyboardInterrupt:
         status = "interrupted"
         raise
     finally:
         launch.reap()
+        if inflight is not None:
+            inflight.unlink(missing_ok=True)
     outcomes = launch.outcomes()
     result = parse_result(outcomes[0].stdout) if outcomes else None
     if status == "ok" and result is None:
