@@ -13,7 +13,9 @@ _RANGE_ITEM = re.compile(r"^(?P<lo>-?\d+)(?:-(?P<hi>-?\d+)(?::(?P<step>-?\d+))?)
 _RATE = re.compile(r"^(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmg]?)(?:bit|bps)?$", re.IGNORECASE)
 _SIZE = re.compile(r"^(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmgt]?)(?:i?b)?$", re.IGNORECASE)
 
-_RATE_MULT = {"": 1e-6, "k": 1e-3, "m": 1.0, "g": 1e3}
+# powers of ten to Mbit/s; dividing by 10**3 (not multiplying by 1e-3, which is inexact) makes
+# 1001kbit exactly the float 1.001, so format_rate and parse_rate_mbit round-trip
+_RATE_EXP = {"": -6, "k": -3, "m": 0, "g": 3}
 _SIZE_MULT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 NATIVE = "native"
@@ -79,7 +81,8 @@ def parse_rate_mbit(text: str) -> float | None:
         raise InputError(
             f"bandwidth: {text!r} is not a rate; give e.g. 100mbit, 1gbit, 10gbit or native"
         )
-    mbit = float(m["num"]) * _RATE_MULT[m["unit"].lower()]
+    exp = _RATE_EXP[m["unit"].lower()]
+    mbit = float(m["num"]) * 10**exp if exp >= 0 else float(m["num"]) / 10**-exp
     if mbit <= 0:
         raise InputError(f"bandwidth: {text!r} is zero; give a positive rate or native")
     if mbit < 0.1:
@@ -134,7 +137,10 @@ def parse_size_bytes(text: str | int) -> int:
     m = _SIZE.match(str(text).strip())
     if not m:
         raise InputError(f"size: {text!r} is not a size; give e.g. 4096, 64K, 256M or 1G")
-    value = int(float(m["num"]) * _SIZE_MULT[m["unit"].lower()])
+    scaled = float(m["num"]) * _SIZE_MULT[m["unit"].lower()]
+    if scaled > 1 << 50:
+        raise InputError(f"size: {text!r} is above 1P; give e.g. 4096, 64K, 256M or 1G")
+    value = int(scaled)
     if value < 1:
         raise InputError(f"size: {text!r} must be 1 byte or more")
     return value

@@ -1,0 +1,159 @@
+"""invoke bench for real: a 2-node sweep on the local cluster, its CSV, kill and resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, invoke, needs_root, needs_sshd, unique_name
+
+pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
+
+CSV_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model",
+               "engine", "precision", "batch_size", "bandwidth_mbit", "repeat", "status",
+               "images_per_sec", "images_per_sec_per_worker", "step_time_mean_s",
+               "step_time_p95_s", "comm_fraction", "busbw_mb_s", "link_mbit_measured",
+               "scaling_efficiency", "started_at", "duration_s", "error"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from scalelab.targets.local import LocalCluster
+
+    lc = LocalCluster(unique_name("b"))
+    lc.provision(2)
+    yield lc.name
+    lc.destroy()
+
+
+@pytest.fixture
+def reports(tmp_path):
+    return tmp_path / "reports"
+
+
+def bench(cluster: str, reports: Path, *args: str, timeout: float = 600):
+    return invoke("bench", "--cluster", cluster, *args,
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=timeout)
+
+
+def runs_of(sweep_dir: Path) -> list[dict]:
+    path = sweep_dir / "runs.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def test_two_node_sweep_writes_the_csv_and_the_report(cluster, reports):
+    proc = bench(cluster, reports, "--sweep", "ci", "--steps", "4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    latest = reports / "latest"
+    assert latest.is_symlink()
+    sweep_dir = reports / os.readlink(latest)
+    with open(sweep_dir / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0].keys())[: len(CSV_COLUMNS)] == CSV_COLUMNS
+    assert len(rows) == 4  # train runs: nodes 1,2 x rates native,1gbit
+    assert {r["status"] for r in rows} == {"ok"}
+    for r in rows:
+        assert float(r["images_per_sec"]) > 0
+        assert r["model"] == "resnet20" and r["target"] == "local"
+    two = [r for r in rows if r["world_size"] == "2"]
+    # throughput of 2 ranks is the sum of both ranks' own figures, never rank 0 x 2
+    records = {x["run_id"]: x for x in runs_of(sweep_dir)}
+    for r in two:
+        ranks = records[r["run_id"]]["ranks"]
+        assert len(ranks) == 2
+        assert float(r["images_per_sec"]) == pytest.approx(sum(x["images_per_sec"] for x in ranks),
+                                                        rel=1e-4)
+        assert 0 < float(r["scaling_efficiency"]) < 1.5
+        assert 0 <= float(r["comm_fraction"]) < 1
+    shaped = [r for r in rows if r["bandwidth_mbit"]]
+    assert {float(r["bandwidth_mbit"]) for r in shaped} == {1000.0}
+    for r in shaped:
+        assert 800 <= float(r["link_mbit_measured"]) <= 1100, r["link_mbit_measured"]
+    assert all(r["bandwidth_mbit"] == "" for r in rows if r not in shaped)
+    # the allreduce probes are recorded with busbw per size
+    probes = [x for x in records.values() if x["kind"] == "allreduce"]
+    assert len(probes) == 2 and all(p["allreduce"] for p in probes)
+    assert (sweep_dir / "index.html").stat().st_size > 10_000
+    assert "report:" in proc.stdout
+
+
+def test_driver_killed_mid_sweep_then_resume_runs_only_the_missing(cluster, reports):
+    env = {**os.environ, "SCALELAB_REPORTS": str(reports)}
+    argv = [sys.executable, "-m", "invoke", "bench", "--cluster", cluster, "--sweep", "ci",
+            "--steps", "3", "--no-report"]
+    driver = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        sweep_dir = None
+        while time.monotonic() < deadline:
+            if (reports / "latest").is_symlink():
+                sweep_dir = reports / os.readlink(reports / "latest")
+                if len(runs_of(sweep_dir)) >= 2:
+                    break
+            assert driver.poll() is None, "the sweep ended before it could be killed"
+            time.sleep(0.2)
+        assert sweep_dir is not None and len(runs_of(sweep_dir)) >= 2
+        os.kill(driver.pid, signal.SIGKILL)
+    finally:
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    done_before = {r["run_id"] for r in runs_of(sweep_dir)}
+    planned = json.loads((sweep_dir / "sweep.json").read_text())["planned_runs"]
+    assert len(done_before) < len(planned)
+
+    proc = bench(cluster, reports, "--resume", sweep_dir.name, "--no-report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{len(planned) - len(done_before)} runs missing" in proc.stdout
+    records = runs_of(sweep_dir)
+    ids = [r["run_id"] for r in records]
+    assert len(ids) == len(set(ids)), "duplicate run records after resume"
+    assert sorted(ids) == sorted(planned)
+    assert {r["status"] for r in records} == {"ok"}
+    assert not (sweep_dir / ".inflight.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "1-10", "--batch-size", "32"], "provision more"),
+    (["--nodes", "10-1", "--batch-size", "32"], "runs backwards"),
+    (["--nodes", "0", "--batch-size", "32"], "below the minimum of 1"),
+    (["--nodes", "1", "--batch-size", "0"], "batch"),
+    (["--nodes", "1", "--batch-size", "-3"], "batch"),
+    (["--nodes", "1", "--batch-size", "abc"], "batch"),
+    (["--nodes", "1", "--batch-size", "32", "--model", "resnet9000"], "resnet9000"),
+    (["--nodes", "1", "--batch-size", "32", "--engine", "mpi4ever"], "mpi4ever"),
+    (["--nodes", "1", "--batch-size", "32", "--bandwidth", "fast"], "fast"),
+    (["--sweep", "no-such-sweep"], "not found"),
+    (["--resume", "20990101-000000-dead"], "not found"),
+])
+def test_bad_bench_input_is_one_line_and_writes_nothing(cluster, reports, args, message):
+    proc = bench(cluster, reports, *args, timeout=120)
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert message in err
+    assert not reports.exists() or not any(reports.iterdir())
+
+
+def test_typo_in_a_sweep_file_names_the_key(cluster, reports, tmp_path):
+    bad = tmp_path / "typo.yml"
+    bad.write_text("nodes: 1-2\nbatchsize: 32\n")
+    proc = bench(cluster, reports, "--sweep", str(bad), timeout=120)
+    assert proc.returncode != 0
+    assert "unknown key 'batchsize'; did you mean 'batch_size'?" in proc.stderr
+    assert not reports.exists()
+
+
+def test_dry_run_lists_runs_and_writes_nothing(cluster, reports):
+    proc = bench(cluster, reports, "--sweep", "ci", "--dry-run", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "6 runs on cluster" in proc.stdout and "estimated" in proc.stdout
+    assert not reports.exists()

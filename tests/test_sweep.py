@@ -1,0 +1,390 @@
+"""Sweep planning: options and sweep files -> validated, ordered, stably named runs."""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scalelab.errors import InputError
+from scalelab.nodes import Node
+from scalelab.sweep import (
+    MODELS,
+    PARAM_KEYS,
+    SWEEPS_DIR,
+    SweepSpec,
+    describe,
+    estimate_duration_s,
+    find_sweep_file,
+    load_sweep_file,
+    new_sweep_id,
+    plan,
+    spec_from_mapping,
+    spec_from_options,
+    spec_to_dict,
+)
+
+
+def make_cluster(n: int, gpus: int = 0, target: str = "local", name: str = "demo",
+                 cpus: float = 1.0) -> list[Node]:
+    # deliberately out of order: plan() must put the head first and n2 before n10
+    nodes = [Node(f"{name}-n{i}", f"10.9.0.{i + 10}", f"10.9.0.{i + 10}",
+                  "head" if i == 0 else "worker", target, cpus=cpus, gpus=gpus)
+             for i in range(n)]
+    return list(reversed(nodes))
+
+
+def spec(**kw) -> SweepSpec:
+    kw.setdefault("nodes", "1-3")
+    kw.setdefault("batch_size", "32,64")
+    kw.setdefault("model", "resnet20")
+    return spec_from_options(**kw)
+
+
+# ------------------------------------------------------------------------------ expansion
+
+
+def test_expansion_counts():
+    s = spec(bandwidth="100mbit,1gbit", repeats=2)
+    runs = plan(s, make_cluster(3), can_shape=True)
+    train = [r for r in runs if r.kind == "train"]
+    probes = [r for r in runs if r.kind == "allreduce"]
+    assert len(train) == 3 * 2 * 2 * 2  # nodes x batch x bandwidth x repeats
+    # one probe per (bandwidth, nodes, ppn) with more than one process; none for 1 node x 1
+    assert sorted(r.run_id for r in probes) == [
+        "allreduce-n02-p1-bw100", "allreduce-n02-p1-bw1000",
+        "allreduce-n03-p1-bw100", "allreduce-n03-p1-bw1000"]
+
+
+def test_procs_per_node_multiplies_and_probes_single_node_multi_process():
+    runs = plan(spec(nodes="1,2", procs_per_node="1,2", repeats=1), make_cluster(2, cpus=2),
+                can_shape=True)
+    ids = [r.run_id for r in runs]
+    assert len([i for i in ids if i.startswith("train")]) == 2 * 2 * 2
+    assert "allreduce-n01-p2-native" in ids and "allreduce-n01-p1-native" not in ids
+    world = {r.run_id: r.params["world_size"] for r in runs}
+    assert world["train-n02-p2-b064-native-r0"] == 4
+
+
+def test_probes_can_be_turned_off():
+    runs = plan(spec(allreduce_probe=False), make_cluster(3), can_shape=True)
+    assert {r.kind for r in runs} == {"train"}
+
+
+def test_order_groups_bandwidth_interleaves_repeats_and_probes_first():
+    s = spec(bandwidth="1gbit,100mbit,native", procs_per_node="1,2", repeats=3)
+    runs = plan(s, make_cluster(3, cpus=2), can_shape=True)
+    rates = [r.params["bandwidth_mbit"] for r in runs]
+    # each rate is one contiguous block, in the order given: one link change per rate
+    changes = [a for a, b in zip(rates, rates[1:], strict=False) if a != b]
+    assert len(changes) == 2
+    assert list(dict.fromkeys(rates)) == [1000.0, 100.0, None]
+    for rate in (1000.0, 100.0, None):
+        block = [r for r in runs if r.params["bandwidth_mbit"] == rate and r.kind == "train"]
+        keys = [(r.params["repeat"], r.params["nodes"], r.params["procs_per_node"],
+                 r.params["batch_size"]) for r in block]
+        assert keys == sorted(keys)  # repeat, then nodes, ppn, batch
+    for i, run in enumerate(runs):
+        if run.kind != "allreduce":
+            continue
+        triple = (run.params["bandwidth_mbit"], run.params["nodes"],
+                  run.params["procs_per_node"])
+        same = [j for j, r in enumerate(runs) if r.kind == "train" and triple == (
+            r.params["bandwidth_mbit"], r.params["nodes"], r.params["procs_per_node"])]
+        assert same and i < min(same)
+        assert i == min(same) - 1  # right before its first train run
+
+
+def test_run_ids_golden_and_stable():
+    s = spec(nodes="1,2", batch_size="32", bandwidth="native,1gbit", repeats=2)
+    ids = [r.run_id for r in plan(s, make_cluster(2), can_shape=True)]
+    assert ids == [
+        "train-n01-p1-b032-native-r0", "allreduce-n02-p1-native", "train-n02-p1-b032-native-r0",
+        "train-n01-p1-b032-native-r1", "train-n02-p1-b032-native-r1",
+        "train-n01-p1-b032-bw1000-r0", "allreduce-n02-p1-bw1000", "train-n02-p1-b032-bw1000-r0",
+        "train-n01-p1-b032-bw1000-r1", "train-n02-p1-b032-bw1000-r1",
+    ]
+    # the same spec on another cluster of enough nodes plans the same ids and params
+    again = plan(s, make_cluster(5, name="other"), can_shape=True)
+    assert [r.run_id for r in again] == ids
+    assert [r.params for r in again] == [r.params for r in plan(s, make_cluster(2), True)]
+
+
+def test_params_hold_exactly_the_contract_keys():
+    runs = plan(spec(bandwidth="1gbit"), make_cluster(3), can_shape=True)
+    for r in runs:
+        assert tuple(r.params) == PARAM_KEYS
+    train = next(r for r in runs if r.run_id == "train-n03-p1-b064-bw1000-r0")
+    assert train.params == {
+        "nodes": 3, "procs_per_node": 1, "world_size": 3, "model": "resnet20", "engine": "ddp",
+        "precision": "fp32", "batch_size": 64, "bandwidth_mbit": 1000.0, "repeat": 0,
+        "steps": 30, "warmup": 5, "image_size": 32, "data": "synthetic"}
+    assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
+    probe = next(r for r in runs if r.kind == "allreduce")
+    assert probe.params["batch_size"] is None and probe.params["image_size"] is None
+    assert probe.allreduce_sizes == (4096, 65536, 1 << 20, 16 << 20)
+
+
+def test_image_size_defaults_per_model_and_can_be_set():
+    runs = plan(spec(model="resnet50", nodes="1"), make_cluster(1), True)
+    assert {r.params["image_size"] for r in runs} == {224}
+    runs = plan(spec(model="resnet50", nodes="1", image_size="128"), make_cluster(1), True)
+    assert {r.params["image_size"] for r in runs} == {128}
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=st.lists(st.integers(1, 6), min_size=1, max_size=4, unique=True),
+       batches=st.lists(st.integers(1, 256), min_size=1, max_size=3, unique=True),
+       rates=st.lists(st.sampled_from(["native", "10mbit", "1gbit", "2500kbit"]), min_size=1,
+                      max_size=3, unique=True),
+       ppns=st.lists(st.integers(1, 3), min_size=1, max_size=2, unique=True),
+       repeats=st.integers(1, 3))
+def test_plan_size_and_unique_ids_for_any_axes(nodes, batches, rates, ppns, repeats):
+    s = spec(nodes=",".join(map(str, nodes)), batch_size=",".join(map(str, batches)),
+             bandwidth=",".join(rates), procs_per_node=",".join(map(str, ppns)),
+             repeats=repeats)
+    runs = plan(s, make_cluster(6, cpus=4), can_shape=True)
+    ids = [r.run_id for r in runs]
+    assert len(ids) == len(set(ids))
+    multi = sum(1 for n in nodes for p in ppns if n * p > 1)
+    assert len(runs) == len(rates) * (repeats * len(nodes) * len(ppns) * len(batches) + multi)
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("nodes", "0", "--nodes: 0 in '0' is below the minimum of 1"),
+    ("nodes", "10-1", "--nodes: '10-1' runs backwards; write it as 1-10"),
+    ("nodes", "-1", "--nodes: -1"),
+    ("nodes", "abc", "--nodes: 'abc' is not a number or range"),
+    ("batch_size", "0", "--batch-size: 0 in '0' is below the minimum of 1"),
+    ("batch_size", "-3", "--batch-size: -3"),
+    ("batch_size", "abc", "--batch-size: 'abc' is not a number"),
+    ("bandwidth", "fast", "--bandwidth: 'fast' is not a rate"),
+    ("bandwidth", "0mbit", "--bandwidth: '0mbit' is zero"),
+    ("model", "resnet51", "'resnet50' or 'resnet56'?"),
+    ("model", "ResNet-50", "--model: unknown 'resnet-50'; did you mean 'resnet50'?"),
+    ("model", "vgg16", "--model: unknown 'vgg16'; choose one of resnet18"),
+    ("engine", "mpi", "--engine: unknown 'mpi'; choose one of ddp, horovod"),
+    ("precision", "fp16", "--precision: unknown 'fp16'"),
+    ("repeats", "0", "--repeats: 0 is below the minimum of 1"),
+    ("steps", "ten", "--steps: 'ten' is not a whole number"),
+    ("procs_per_node", "0", "--procs-per-node: 0"),
+    ("timeout_s", "-5", "--timeout-s: '-5' must be a positive number of seconds"),
+    ("allreduce_sizes", "1M,huge", "--allreduce-sizes: 'huge' is not a size"),
+    ("data", "imagenet", "--data: 'imagenet' must be 'synthetic' or an absolute dataset path"),
+])
+def test_bad_options_are_one_line_input_errors(option, value, message):
+    with pytest.raises(InputError) as err:
+        spec(**{option: value})
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_axes_say_what_to_give():
+    with pytest.raises(InputError, match="give --batch-size, e.g. --nodes 1-3"):
+        spec_from_options(nodes="1-3")
+
+
+def test_more_nodes_than_the_cluster_says_how_to_fix():
+    with pytest.raises(InputError) as err:
+        plan(spec(nodes="1-10"), make_cluster(3), can_shape=True, cluster="demo")
+    assert str(err.value) == (
+        "--nodes 1-10 but cluster demo has 3 nodes; provision more with "
+        "invoke provision --cluster demo --nodes 10 or use --nodes 1-3")
+
+
+def test_more_nodes_than_a_cloud_cluster_names_the_target():
+    with pytest.raises(InputError, match="invoke provision --target aws --cluster lab "
+                                         "--nodes 4 or use --nodes 1,2"):
+        plan(spec(nodes="1,2,4"), make_cluster(2, target="aws", gpus=1), True, cluster="lab")
+
+
+def test_a_rate_on_a_target_that_cannot_shape():
+    with pytest.raises(InputError, match="--bandwidth 1gbit: target static cannot shape links; "
+                                         "use --bandwidth native"):
+        plan(spec(bandwidth="native,1gbit"), make_cluster(3, target="static"), can_shape=False)
+    assert plan(spec(bandwidth="native"), make_cluster(3, target="static"), can_shape=False)
+
+
+def test_procs_per_node_beyond_gpus():
+    with pytest.raises(InputError, match="--procs-per-node 8 but node demo-n0 has 4 GPUs; "
+                                         "use --procs-per-node 1-4"):
+        plan(spec(procs_per_node="1,8", precision="amp"), make_cluster(3, gpus=4), True)
+    runs = plan(spec(procs_per_node="1,4", precision="amp"), make_cluster(3, gpus=4), True)
+    assert max(r.params["world_size"] for r in runs) == 12
+
+
+def test_amp_needs_gpus():
+    with pytest.raises(InputError, match="--precision amp needs GPUs and cluster demo has none; "
+                                         "use --precision fp32"):
+        plan(spec(precision="amp"), make_cluster(3), True, cluster="demo")
+
+
+def test_oversubscribed_cpu_nodes_only_warn(caplog):
+    with caplog.at_level(logging.WARNING, logger="scalelab.sweep"):
+        runs = plan(spec(procs_per_node="2"), make_cluster(3, cpus=1.0), True)
+    assert runs and "exceeds the 1 CPUs of node demo-n0" in caplog.text
+
+
+# ------------------------------------------------------------------------------ sweep files
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_typo_in_a_sweep_file_names_key_file_and_fix(tmp_path):
+    f = write(tmp_path / "x.yml", "nodes: 1-3\nbatchsize: 32\n")
+    with pytest.raises(InputError) as err:
+        load_sweep_file(f)
+    assert str(err.value) == f"{f}: unknown key 'batchsize'; did you mean 'batch_size'?"
+
+
+def test_unknown_key_without_a_close_match_lists_the_keys(tmp_path):
+    f = write(tmp_path / "x.yml", "nodes: 1-3\nbatch_size: 32\ncolour: blue\n")
+    with pytest.raises(InputError, match=r"unknown key 'colour'; valid keys: nodes, batch_size"):
+        load_sweep_file(f)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nodes: 1-3\nnodes: 1-5\nbatch_size: 32\n", "key 'nodes' given twice"),
+    ("nodes: [1, 2\n", "not valid YAML"),
+    ("- 1\n- 2\n", "must be a mapping"),
+    ("", "must be a mapping"),
+    ("nodes: 10-1\nbatch_size: 32\n", "nodes: '10-1' runs backwards"),
+    ("nodes: 1-3\nbatch_size: [32, 0]\n", "batch_size: 0 in '0' is below the minimum"),
+    ("nodes: 1-3\nbatch_size: 32\nbandwidth: [1gbit, fast]\n", "bandwidth: 'fast'"),
+    ("nodes: 1-3\nbatch_size: 32\nallreduce_probe: maybe\n", "'maybe' is not true or false"),
+    ("nodes: 1-3\n", "gives no batch_size; add it there or give --batch-size"),
+])
+def test_bad_sweep_files(tmp_path, text, message):
+    f = write(tmp_path / "bad.yml", text)
+    with pytest.raises(InputError) as err:
+        load_sweep_file(f)
+    assert message in str(err.value) and str(f) in str(err.value)
+
+
+def test_sweep_file_accepts_lists_ranges_and_numbers(tmp_path):
+    f = write(tmp_path / "ok.yml", "nodes: [1, 3-4]\nbatch_size: 32\nbandwidth: 1gbit\n"
+                                   "procs_per_node: 2\nallreduce_sizes: [4K, 1048576]\n")
+    s = load_sweep_file(f)
+    assert (s.nodes, s.batch_sizes, s.bandwidths, s.procs_per_node, s.allreduce_sizes) == (
+        [1, 3, 4], [32], [1000.0], [2], [4096, 1 << 20])
+
+
+def test_cli_options_override_the_file(tmp_path):
+    f = write(tmp_path / "base.yml", "nodes: 1-3\nbatch_size: [32, 64]\nbandwidth: 1gbit\n"
+                                     "model: resnet20\nrepeats: 2\n")
+    s = spec_from_options(sweep_file=str(f), nodes="1,2", repeats="1", bandwidth="",
+                          precision=None)
+    assert s.nodes == [1, 2] and s.repeats == 1  # given: overridden
+    assert s.batch_sizes == [32, 64] and s.bandwidths == [1000.0]  # not given: from the file
+    assert s.model == "resnet20"
+
+
+def test_cli_can_supply_an_axis_the_file_leaves_out(tmp_path):
+    f = write(tmp_path / "partial.yml", "batch_size: 16\nmodel: resnet32\n")
+    s = spec_from_options(sweep_file=f, nodes="2")
+    assert (s.nodes, s.batch_sizes, s.model) == ([2], [16], "resnet32")
+
+
+def test_sweep_files_are_found_by_name(tmp_path):
+    write(tmp_path / "mine.yml", "nodes: 1\nbatch_size: 8\n")
+    assert find_sweep_file("mine", tmp_path) == tmp_path / "mine.yml"
+    with pytest.raises(InputError, match=r"sweep file 'nope' not found; give a path or one of: "
+                                         r"mine"):
+        find_sweep_file("nope", tmp_path)
+    assert find_sweep_file("demo") == SWEEPS_DIR / "demo.yml"
+
+
+def test_spec_round_trips_through_sweep_json_plan():
+    for name in ("demo", "ci", "slices"):
+        s = load_sweep_file(SWEEPS_DIR / f"{name}.yml")
+        assert spec_from_mapping(spec_to_dict(s), "sweep.json") == s
+    s = spec(bandwidth="2500kbit,native", image_size=64)
+    assert spec_from_mapping(spec_to_dict(s), "sweep.json") == s
+
+
+# ------------------------------------------------------------------------------ shipped sweeps
+
+
+def test_demo_sweep_fits_the_local_demo_and_a_few_minutes():
+    s = load_sweep_file(SWEEPS_DIR / "demo.yml")
+    assert MODELS[s.model].image_size == 32 and s.nodes == [1, 2, 3]
+    runs = plan(s, make_cluster(3), can_shape=True, cluster="demo")
+    assert len([r for r in runs if r.kind == "train"]) == 12
+    assert 150 <= estimate_duration_s(runs) <= 330
+
+
+def test_ci_sweep_is_tiny():
+    s = load_sweep_file(SWEEPS_DIR / "ci.yml")
+    runs = plan(s, make_cluster(2), can_shape=True)
+    assert s.nodes == [1, 2] and s.batch_sizes == [16] and s.steps <= 5
+    assert s.bandwidths == [None, 1000.0] and len(runs) == 6
+
+
+def test_slices_sweep_is_the_reference_experiment():
+    s = load_sweep_file(SWEEPS_DIR / "slices.yml")
+    assert (s.model, s.engine, s.precision, s.repeats) == ("resnet50", "horovod", "amp", 3)
+    assert (s.nodes, s.batch_sizes, s.bandwidths) == (list(range(1, 11)), [32, 64, 96],
+                                                      [1000.0, 10_000.0])
+    runs = plan(s, make_cluster(10, gpus=1, target="openstack"), can_shape=True)
+    assert len([r for r in runs if r.kind == "train"]) == 180
+    assert len([r for r in runs if r.kind == "allreduce"]) == 18
+    with pytest.raises(InputError, match="amp needs GPUs"):
+        plan(s, make_cluster(10), can_shape=True)
+
+
+# ------------------------------------------------------------------------------ text, ids, time
+
+
+def test_describe_is_one_readable_line():
+    runs = plan(spec(bandwidth="100mbit"), make_cluster(3), True)
+    lines = [describe(r) for r in runs]
+    assert all("\n" not in line and "100mbit" in line for line in lines)
+    train = describe(next(r for r in runs if r.run_id == "train-n03-p1-b064-bw100-r0"))
+    assert re.search(r"train\s+3 nodes x 1\s+batch 64\s+100mbit\s+repeat 0", train)
+    probe = describe(next(r for r in runs if r.kind == "allreduce"))
+    assert "allreduce" in probe and "4K..16M" in probe
+
+
+def test_estimates_grow_with_steps_and_shrink_with_bandwidth():
+    cluster = make_cluster(3)
+
+    def total(**kw):
+        return estimate_duration_s(plan(spec(**kw), cluster, True))
+
+    assert total(steps=60) > total(steps=30)
+    assert total(bandwidth="10mbit") > total(bandwidth="1gbit")
+    # a measured per-step time replaces the default guess
+    runs = plan(spec(), cluster, True)
+    assert estimate_duration_s(runs, {"resnet20": 2.0}) > estimate_duration_s(runs)
+
+
+def test_sweep_ids_sort_by_time_and_do_not_collide():
+    t = datetime(2026, 11, 21, 15, 30, tzinfo=UTC)
+    assert new_sweep_id(t, "ab12") == "20261121-153000-ab12"
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", new_sweep_id(t))
+    ids = [new_sweep_id(t + timedelta(seconds=s)) for s in (0, 1, 59, 3600, 86400)]
+    assert ids == sorted(ids)
+    assert len({new_sweep_id(t) for _ in range(50)}) > 40  # 4 random hex digits
+    # the clock of the operator does not matter: ids are UTC
+    cet = timezone(timedelta(hours=1))
+    assert new_sweep_id(datetime(2026, 11, 21, 16, 30, tzinfo=cet), "x") == "20261121-153000-x"
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    import scalelab.sweep
+
+    result = doctest.testmod(scalelab.sweep, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 10
