@@ -38,6 +38,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   touch "$stamp"
 fi
 
+# Horovod 0.28.1 needs two patches to build against torch 2.13; the script builds it once
+# (about 3 minutes on 2 cores) and reinstalls it from its wheel cache afterwards.
+SCALELAB_VENV="$PWD/.venv" scripts/build_horovod.sh
+
 if [ $# -gt 0 ]; then
   exec .venv/bin/invoke "$@"
 fi

@@ -59,6 +59,15 @@ def provision(c, target="local", nodes="2", cluster="demo", cpus_per_node="1", b
     """Create or resize a cluster and write inventories/<cluster>.yml."""
     from scalelab import provisioning
 
+    if dry_run and target != "local":
+        from scalelab.targets import tf
+
+        for line in tf.dry_run(cluster, target, nodes, var_file or None).lines():
+            print(line)
+        return
+    if dry_run:
+        raise Exit("error: --dry-run is for the terraform targets; the local target is quick "
+                   "and fully undone by invoke destroy", code=1)
     result = provisioning.provision(
         target=target, nodes=nodes, cluster=cluster, cpus_per_node=cpus_per_node,
         bandwidth=bandwidth, subnet=subnet or None, var_file=var_file or None,
@@ -291,9 +300,21 @@ def test(c, k="", fast=False):
 
 
 @task
+@friendly
 def lint(c):
     """ruff, yamllint, ansible-lint (production profile) and terraform fmt -check."""
-    c.run(f"{sys.executable} -m ruff check scalelab tests bench tasks.py")
+    from pathlib import Path
+
+    from scalelab import terraform
+
+    bindir = Path(sys.executable).parent
+    c.run(f"{bindir}/ruff check scalelab tests bench tasks.py")
+    c.run(f"{bindir}/yamllint -s playbooks bench/sweeps inventories")
+    c.run(f"{bindir}/ansible-lint --profile production playbooks")
+    unformatted = terraform.fmt_check(["terraform"])
+    if unformatted:
+        raise Exit(f"terraform fmt would change: {', '.join(unformatted)}", code=1)
+    print("lint: all clean")
 
 
 ns = Collection(provision, destroy, status, check, shape, bench, report, demo, test, lint)

@@ -1,0 +1,225 @@
+"""Helpers shared by the workloads: result line, size parsing, statistics, env fingerprint,
+torch.distributed setup and step clocks. Imports torch lazily so netprobe runs without it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+RESULT_PREFIX = "SCALELAB_RESULT"
+
+_SIZE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def log(msg: str, *args: Any) -> None:
+    """Progress/diagnostics go to stderr; stdout carries only the result line."""
+    print(f"[{os.path.basename(sys.argv[0])}] " + (msg % args if args else msg), file=sys.stderr, flush=True)
+
+
+def emit_result(payload: dict[str, Any]) -> None:
+    """Print the one `SCALELAB_RESULT {json}` line (compact JSON, no NaN)."""
+    line = json.dumps(payload, separators=(",", ":"), sort_keys=False, allow_nan=False)
+    sys.stdout.write(f"{RESULT_PREFIX} {line}\n")
+    sys.stdout.flush()
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte count with binary suffix, nccl-tests style.
+
+    >>> [parse_size(s) for s in ("4K", "64M", "1G", "512", "8KiB", "1.5K")]
+    [4096, 67108864, 1073741824, 512, 8192, 1536]
+    """
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"bad size {text!r}: expected e.g. 4096, 4K, 64M, 1G")
+    return int(float(m["num"]) * _SIZE_UNITS[m["unit"].upper()])
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """q-th percentile (0..100) with linear interpolation between order statistics
+    (numpy's default method).
+
+    >>> percentile([1, 2, 3, 4], 50)
+    2.5
+    >>> round(percentile(range(1, 11), 95), 2)
+    9.55
+    """
+    xs = sorted(float(v) for v in values)
+    if not xs:
+        raise ValueError("percentile of an empty sequence")
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def mean(values: Sequence[float]) -> float:
+    xs = list(values)
+    if not xs:
+        raise ValueError("mean of an empty sequence")
+    return sum(xs) / len(xs)
+
+
+def cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def nvidia_driver_version() -> str | None:
+    """Kernel driver version (e.g. '550.54.15') from procfs; no nvidia-smi subprocess."""
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as f:
+            m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+(?:\.\d+)+)", f.read())
+            return m.group(1) if m else None
+    except OSError:
+        return None
+
+
+def env_fingerprint(hostnames: Sequence[str], horovod_version: str | None = None) -> dict[str, Any]:
+    """Software/hardware fingerprint of this rank, plus the hostnames of all ranks (rank order,
+    de-duplicated)."""
+    import torch
+    import torch.distributed as dist
+
+    nccl = None
+    gpu = None
+    cuda_runtime = None
+    if torch.cuda.is_available():
+        try:
+            v = torch.cuda.nccl.version()  # a tuple in torch >= 1.13, an int before
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - built without NCCL
+            nccl = None
+        gpu = torch.cuda.get_device_name()
+        cuda_runtime = torch.version.cuda
+    if horovod_version is None:
+        try:
+            import horovod
+
+            horovod_version = horovod.__version__
+        except ImportError:
+            horovod_version = None
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        # torch bundles Gloo without exposing a version; record its availability instead.
+        "gloo": "bundled-with-torch" if dist.is_available() and dist.is_gloo_available() else None,
+        "nccl": nccl,
+        "horovod": horovod_version,
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu_model": gpu,
+        "cuda_runtime": cuda_runtime,
+        "cuda_driver": nvidia_driver_version() if gpu else None,
+        "cudnn": torch.backends.cudnn.version() if gpu else None,
+        "hostnames": list(dict.fromkeys(hostnames)),
+    }
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def resolve_device(requested: str, local_rank: int):
+    """'auto' -> cuda:<local_rank> when CUDA is present, else cpu."""
+    import torch
+
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda requested but torch.cuda.is_available() is False")
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    if requested != "cpu":
+        raise ValueError(f"unknown device {requested!r} (auto|cpu|cuda)")
+    return torch.device("cpu")
+
+
+def init_torch_distributed(backend: str, timeout_s: float) -> tuple[int, int, int]:
+    """Init the default process group from torchrun's env (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+
+    Without torchrun (no WORLD_SIZE in env) this is a 1-rank group on an in-process store, so the
+    workloads also run as plain scripts. Returns (rank, world_size, local_rank).
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    else:
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        local_rank = 0
+    return dist.get_rank(), dist.get_world_size(), local_rank
+
+
+class StepClock:
+    """Timestamps inside a step: host perf_counter on CPU, CUDA events on GPU.
+
+    On CUDA, host timestamps would measure kernel *launch*, not execution, so every mark is an
+    event recorded on the current stream, resolved after the end-of-step synchronize.
+    """
+
+    def __init__(self, device) -> None:
+        self.cuda = getattr(device, "type", str(device)) == "cuda"
+        if self.cuda:
+            import torch
+
+            self._torch = torch
+
+    def mark(self):
+        if self.cuda:
+            ev = self._torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        if self.cuda:
+            self._torch.cuda.synchronize()
+
+    def seconds(self, start, end) -> float:
+        """Seconds from mark `start` to mark `end` (call after sync())."""
+        if self.cuda:
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+
+def union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping [start, end] intervals.
+
+    >>> union_length([(0, 2), (1, 3), (5, 6)])
+    4.0
+    """
+    total = 0.0
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return float(total)

@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""Distributed ResNet training benchmark (synthetic ImageNet or real JPEGs), DDP or Horovod.
+
+    torchrun --nproc-per-node N [--nnodes ...] bench/workloads/resnet.py --model resnet50 \
+        --batch-size 64 [--image-size 224] [--precision fp32|amp] [--channels-last] \
+        [--warmup 5] [--steps 20] [--engine ddp] [--data synthetic|PATH] [--workers 4]
+    horovodrun --gloo -np N -H host1:n,host2:n python bench/workloads/resnet.py --engine horovod ...
+    python bench/workloads/resnet.py ...      (one rank, no launcher)
+
+Every rank times its own steps; rank 0 gathers all ranks' figures (all_gather_object /
+hvd.allgather_object) and prints one line `SCALELAB_RESULT {json}`. images_per_sec at the top
+is the sum of the ranks' own rates; per-rank records are what each rank measured.
+
+How the step time is split (step = data + compute + comm):
+
+* ``data``: waiting for the next batch (≈0 for synthetic data, which is one pre-generated
+  batch per rank, reused, as in Horovod's and NVIDIA's synthetic benchmarks).
+* ``comm`` (comm_time_mean_s): *exposed* gradient communication, the time the rank spends
+  after its last gradient is computed until all gradients are reduced.
+  - DDP: a communication hook (``register_comm_hook``) does the bucket allreduce itself
+    (the same pre-divide + allreduce as DDP's default hook) and timestamps each bucket's launch
+    and the completion of its future. DDP launches buckets in order, so the last launch is
+    the moment every gradient is ready; backward() returns only once every bucket future is
+    done. exposed comm = end of backward - last bucket launch. This times the real overlapped
+    allreduces of the real run, not a separate re-run of them, which is why it is honest: no
+    extra traffic, no change to overlap.
+  - Horovod: the optimizer's synchronize() is called explicitly after backward and timed, then
+    step() runs under skip_synchronize(); exposed comm = the time in synchronize().
+* ``compute``: the rest: forward, backward compute, optimizer step.
+
+Also per rank: comm_inflight_mean_s, the total time gradient communication was in flight
+(overlapped with backward or not): DDP = union of the bucket [launch, completion] intervals;
+Horovod = first gradient ready (post-accumulate-grad hook) to end of synchronize() (an upper
+bound: Horovod's background thread batches tensors on its own cycle).
+
+Timestamps are host perf_counter on CPU and CUDA events on GPU (resolved after the
+end-of-step synchronize), so on GPU they measure execution, not kernel launch.
+
+Precision: fp32, or amp = autocast (bf16 on CPU; fp16 + GradScaler on CUDA). In amp mode the
+gradients are also communicated in 16 bits (DDP hook casts to the autocast dtype; Horovod uses
+Compression.fp16, its only 16-bit type), which is what gradient_bytes reports.
+
+DDP does not sync buffers in forward (broadcast_buffers=False) so both engines communicate gradients only (Horovod does not
+sync BatchNorm buffers per step either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import models  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Distributed ResNet training benchmark.")
+    p.add_argument("--model", default="resnet50", help=f"one of: {', '.join(models.model_names())}")
+    p.add_argument("--batch-size", type=int, default=32, help="images per step per worker")
+    p.add_argument(
+        "--image-size", type=int, default=None, help="square input side (default 224 ImageNet models, 32 CIFAR ones)"
+    )
+    p.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        help="classifier outputs (default 1000/10, or the dataset's class count)",
+    )
+    p.add_argument("--precision", choices=["fp32", "amp"], default="fp32")
+    p.add_argument(
+        "--channels-last", action="store_true", help="NHWC memory format (a GPU optimisation; allowed on CPU)"
+    )
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--engine", choices=["ddp", "horovod"], default="ddp")
+    p.add_argument(
+        "--data", default="synthetic", help="'synthetic' or a dataset path (class folders or webdataset .tar shards)"
+    )
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (real data)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="DDP backend (auto: nccl on CUDA, gloo on CPU)",
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: leave torch's default)")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--timeout-s", type=float, default=600.0, help="collective/dataloader timeout (a hung peer fails the run)"
+    )
+    a = p.parse_args(argv)
+    try:
+        s = models.spec(a.model)
+    except ValueError as e:
+        p.error(str(e))
+    if a.image_size is None:
+        a.image_size = s.default_image_size
+    for name in ("batch_size", "steps", "image_size"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.warmup < 0 or a.workers < 0 or a.threads < 0:
+        p.error("--warmup, --workers and --threads must be >= 0")
+    if a.engine == "horovod" and a.backend != "auto":
+        p.error("--backend applies to --engine ddp only")
+    return a
+
+
+class _CommTimer:
+    """State of the timing DDP comm hook: bucket launch marks and [launch, done] intervals."""
+
+    def __init__(self, clock: common.StepClock, comm_dtype) -> None:
+        self.clock = clock
+        self.comm_dtype = comm_dtype
+        self.lock = threading.Lock()
+        self.launches: list[Any] = []
+        self.intervals: list[tuple[Any, Any]] = []
+
+    def reset(self) -> None:
+        with self.lock:
+            self.launches, self.intervals = [], []
+
+
+def _timed_allreduce_hook(state: _CommTimer, bucket):
+    """Average the bucket by allreduce (optionally in 16 bits), timing launch and completion."""
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    start = state.clock.mark()
+    with state.lock:
+        state.launches.append(start)
+    world = dist.get_world_size()
+    if state.comm_dtype is not None and buf.dtype != state.comm_dtype:
+        t = buf.to(state.comm_dtype).div_(world)  # divide first: avoids fp16 overflow
+    else:
+        t = buf.div_(world)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+
+    def done(f):
+        out = f.value()[0]
+        end = state.clock.mark()
+        with state.lock:
+            state.intervals.append((start, end))
+        if out.data_ptr() != buf.data_ptr():
+            buf.copy_(out)
+        return buf
+
+    return fut.then(done)
+
+
+def _autocast(device, precision: str):
+    import torch
+
+    if precision != "amp":
+        return contextlib.nullcontext()
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def run(a: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    hvd = None
+    if a.engine == "horovod":
+        try:
+            import horovod.torch as hvd
+        except ImportError as e:
+            raise SystemExit(
+                f"resnet.py: --engine horovod but horovod is not importable: {e} "
+                "(build it with scripts/build_horovod.sh)"
+            ) from None
+        hvd.init()
+        rank, world, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        device = common.resolve_device(a.device, local_rank)
+        backend = "horovod-gloo" if hvd.gloo_enabled() else "horovod-mpi"
+    else:
+        device = common.resolve_device(a.device, int(os.environ.get("LOCAL_RANK", "0")))
+        backend = a.backend if a.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        rank, world, local_rank = common.init_torch_distributed(backend, a.timeout_s)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    host = socket.gethostname()
+    common.log(
+        "rank %d/%d on %s device %s backend %s threads %d", rank, world, host, device, backend, torch.get_num_threads()
+    )
+
+    # Data first: real data decides the number of classes.
+    mem_fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    real = None
+    if a.data == "synthetic":
+        num_classes = a.num_classes or models.spec(a.model).default_num_classes
+        g = torch.Generator().manual_seed(a.seed * 7919 + rank)
+        x_syn = torch.randn(a.batch_size, 3, a.image_size, a.image_size, generator=g)
+        y_syn = torch.randint(0, num_classes, (a.batch_size,), generator=g)
+        x_syn = x_syn.to(device).contiguous(memory_format=mem_fmt)
+        y_syn = y_syn.to(device)
+
+        def batches():
+            for _ in range(a.warmup + a.steps):
+                yield x_syn, y_syn
+
+        data_layout = "synthetic"
+    else:
+        import imagedata
+
+        real = imagedata.make_loader(
+            a.data,
+            image_size=a.image_size,
+            batch_size=a.batch_size,
+            workers=a.workers,
+            rank=rank,
+            world=world,
+            num_classes=a.num_classes,
+            pin_memory=device.type == "cuda",
+            seed=a.seed,
+            timeout_s=a.timeout_s,
+        )
+        num_classes = real.num_classes
+        data_layout = real.layout
+
+        def batches():
+            src = real.batches()
+            try:
+                for _ in range(a.warmup + a.steps):
+                    x, y = next(src)
+                    yield (
+                        x.to(device, non_blocking=True).contiguous(memory_format=mem_fmt),
+                        y.to(device, non_blocking=True),
+                    )
+            finally:
+                src.close()
+
+    torch.manual_seed(a.seed)  # identical init on every rank (DDP/Horovod broadcast anyway)
+    model = models.build_model(a.model, num_classes).to(device, memory_format=mem_fmt)
+    num_params = sum(p.numel() for p in model.parameters())
+    grad_bytes = models.gradient_bytes(model, a.precision)
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, weight_decay=1e-4)
+    scaler = None
+    if a.precision == "amp" and device.type == "cuda":
+        scaler = torch.amp.GradScaler("cuda")
+    clock = common.StepClock(device)
+
+    comm_dtype = None
+    if a.precision == "amp":
+        comm_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    timer = _CommTimer(clock, comm_dtype)
+    grad_ready: list[Any] = []
+    if hvd is None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ddp_kw: dict[str, Any] = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        # torch >= 2.13 renames broadcast_buffers (deprecated) to forward_sync_buffers.
+        if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+            ddp_kw["forward_sync_buffers"] = False
+        else:
+            ddp_kw["broadcast_buffers"] = False
+        model = DDP(model, **ddp_kw)
+        model.register_comm_hook(timer, _timed_allreduce_hook)
+        timing_method = "ddp-comm-hook"
+        comm_dtype_name = str(comm_dtype or torch.float32).replace("torch.", "")
+    else:
+        compression = hvd.Compression.fp16 if a.precision == "amp" else hvd.Compression.none
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression
+        )
+
+        def on_grad(_p):
+            if not grad_ready:
+                grad_ready.append(clock.mark())
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(on_grad)
+        timing_method = "horovod-synchronize"
+        comm_dtype_name = "float16" if a.precision == "amp" else "float32"
+
+    model.train()
+    steps_rec: list[dict[str, float]] = []
+    t_first = None
+    it = batches()
+    for i in range(a.warmup + a.steps):
+        if i == a.warmup:
+            clock.sync()
+            t_first = time.perf_counter()
+        timer.reset()
+        grad_ready.clear()
+        start = clock.mark()
+        x, y = next(it)
+        t_data = clock.mark()
+        optimizer.zero_grad()  # set_to_none by default; Horovod's override takes no args
+        with _autocast(device, a.precision):
+            loss = criterion(model(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        t_bwd = clock.mark()
+        t_sync = t_bwd
+        if hvd is not None:
+            optimizer.synchronize()
+            t_sync = clock.mark()
+        with optimizer.skip_synchronize() if hvd is not None else contextlib.nullcontext():
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+        t_end = clock.mark()
+        clock.sync()
+        if i < a.warmup:
+            continue
+
+        def rel(m, start=start):
+            return clock.seconds(start, m)
+
+        if hvd is None:
+            if not timer.launches:
+                raise RuntimeError("DDP comm hook never ran: no gradients were reduced")
+            exposed = max(0.0, rel(t_bwd) - max(rel(m) for m in timer.launches))
+            inflight = common.union_length([(rel(s), rel(e)) for s, e in timer.intervals])
+        else:
+            exposed = rel(t_sync) - rel(t_bwd)
+            inflight = rel(t_sync) - rel(grad_ready[0]) if grad_ready else exposed
+        steps_rec.append(
+            {
+                "step_s": rel(t_end),
+                "data_s": rel(t_data),
+                "comm_s": exposed,
+                "inflight_s": inflight,
+                "loss": float(loss.detach()),
+            }
+        )
+    t_last = time.perf_counter()
+    it.close()
+    if t_first is None or len(steps_rec) != a.steps:
+        raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected {a.steps}")
+
+    step_times = [s["step_s"] for s in steps_rec]
+    mine = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "host": host,
+        "pid": os.getpid(),
+        "images_per_sec": a.batch_size * a.steps / (t_last - t_first),
+        "step_time_mean_s": common.mean(step_times),
+        "step_time_p95_s": common.percentile(step_times, 95),
+        "compute_time_mean_s": common.mean([s["step_s"] - s["data_s"] - s["comm_s"] for s in steps_rec]),
+        "comm_time_mean_s": common.mean([s["comm_s"] for s in steps_rec]),
+        "comm_inflight_mean_s": common.mean([s["inflight_s"] for s in steps_rec]),
+        "data_time_mean_s": common.mean([s["data_s"] for s in steps_rec]),
+        "step_times_s": step_times,
+        "final_loss": steps_rec[-1]["loss"],
+        "env": common.env_fingerprint([host]),
+    }
+    if hvd is not None:
+        gathered = hvd.allgather_object(mine)
+    else:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        ranks = sorted(gathered, key=lambda r: r["rank"])
+        env = dict(ranks[0]["env"])
+        env["hostnames"] = list(dict.fromkeys(r["host"] for r in ranks))
+        for r in ranks:
+            r.pop("env")
+        common.emit_result(
+            {
+                "world_size": world,
+                "model": a.model,
+                "engine": a.engine,
+                "precision": a.precision,
+                "batch_size": a.batch_size,
+                "image_size": a.image_size,
+                "steps": a.steps,
+                "warmup": a.warmup,
+                "gradient_bytes": grad_bytes,
+                "images_per_sec": sum(r["images_per_sec"] for r in ranks),
+                "ranks": ranks,
+                "env": env,
+                "num_classes": num_classes,
+                "num_params": num_params,
+                "data": a.data,
+                "data_layout": data_layout,
+                "workers": a.workers if real is not None else 0,
+                "channels_last": a.channels_last,
+                "device": device.type,
+                "backend": backend,
+                "comm_dtype": comm_dtype_name,
+                "timing_method": timing_method,
+            }
+        )
+    if hvd is None:
+        dist.destroy_process_group()
+    else:
+        hvd.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        return run(a)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"resnet.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,526 @@
+"""How training scales and why: efficiency, confidence intervals, the ring-allreduce model, bottleneck.
+
+Pure functions over numbers or over the run frame that scalelab.results builds (one row per
+train run). Nothing here reads files, logs figures as if measured, or plots.
+
+Definitions used throughout:
+
+* A *series* is the set of runs that differ only in node count and repeat: same sweep, model,
+  engine, precision, input data, batch size per worker, link bandwidth and processes per node
+  (SERIES_KEYS). Processes per node is part of it because ranks on one node share that node's
+  link and talk to each other without it: mixing 1x2 and 2x1 layouts would put two different
+  machines at the same world size.
+* Scaling efficiency of a run = throughput(N) / ((N / N0) x throughput(N0)), N0 the smallest
+  world size of its series, throughput(N0) the mean over that size's ok repeats.
+* Confidence intervals are 95 %, Student t, over repeats. The interval of the efficiency (a
+  ratio) is the t interval of the per-repeat efficiencies, each computed against the *mean*
+  baseline: it carries the spread of the run at N but treats the baseline mean as exact, so it
+  is slightly narrow when the baseline is noisy (the baseline's own spread shows as the interval
+  at N0 around 100 %). One repeat gives no interval (NaN), never a made-up one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from scalelab.errors import InputError
+
+SERIES_KEYS = ("sweep_id", "model", "engine", "precision", "data", "batch_size", "bandwidth",
+               "procs_per_node")
+
+# Per-hop latency of one ring step (software + wire) for TCP transports (gloo) on Ethernet,
+# used when no allreduce probe gives a fit. 50 us is the order measured for small-message
+# allreduce over 1-10 Gbit/s TCP; it only matters for small models or many ranks.
+DEFAULT_ALPHA_S = 50e-6
+
+COMPUTE_BOUND_EFFICIENCY = 0.90  # efficiency at the largest size at or above this: compute-bound
+NETWORK_SHARE = 0.10  # predicted communication share of a step at or above this: network matters
+TRACKING_TOLERANCE = 0.15  # |measured - predicted| efficiency within this: the model explains it
+LINK_SHORTFALL = 0.80  # measured link below this fraction of the requested rate: emulation-bound
+INPUT_SLOWDOWN = 1.10  # real-data step this much slower than synthetic: input-bound
+COMPUTE_INFLATION = 1.25  # compute per step this much above the smallest size's: contention
+
+BOTTLENECKS = ("network-bound", "compute-bound", "input-bound", "emulation-bound", "undetermined")
+
+
+# ---------------------------------------------------------------------------- statistics
+
+def _two_sided_coverage(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with integer df (Abramowitz & Stegun 26.7.3, exact series)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    s = math.sin(theta)
+    if df % 2 == 0:
+        term = total = 1.0
+        for k in range(1, (df - 2) // 2 + 1):
+            term *= (2 * k - 1) / (2 * k) * c2
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term = total = math.cos(theta)
+    for k in range(1, (df - 3) // 2 + 1):
+        term *= (2 * k) / (2 * k + 1) * c2
+        total += term
+    return 2 / math.pi * (theta + s * total)
+
+
+@lru_cache(maxsize=256)
+def t_critical(df: int, confidence: float = 0.95) -> float:
+    """Two-sided Student t critical value: P(|T| < value) = confidence.
+
+    Solved by bisection on the exact series for integer df (no SciPy needed).
+
+    >>> round(t_critical(1), 3), round(t_critical(2), 3), round(t_critical(4), 3)
+    (12.706, 4.303, 2.776)
+    >>> round(t_critical(30), 3)
+    2.042
+    """
+    if df < 1 or int(df) != df:
+        raise InputError(f"t_critical: degrees of freedom {df!r} must be a positive integer")
+    if not 0 < confidence < 1:
+        raise InputError(f"t_critical: confidence {confidence!r} must be between 0 and 1")
+    lo, hi = 0.0, 1.0
+    while _two_sided_coverage(hi, int(df)) < confidence:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if _two_sided_coverage(mid, int(df)) < confidence:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its 95 % confidence interval over n repeats (lo/hi NaN when n < 2)."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.hi - self.lo) / 2
+
+
+def mean_ci(values: Any, confidence: float = 0.95) -> Interval:
+    """Mean and Student t confidence interval of repeated measurements (NaNs dropped).
+
+    Worked example, values 10, 12, 14: mean 12, sample sd 2, n 3, t(0.975, df=2) = 4.303,
+    half width = 4.303 x 2 / sqrt(3) = 4.969.
+
+    >>> ci = mean_ci([10, 12, 14])
+    >>> ci.mean, round(ci.lo, 3), round(ci.hi, 3), ci.n
+    (12.0, 7.032, 16.968, 3)
+    >>> mean_ci([5.0])
+    Interval(mean=5.0, lo=nan, hi=nan, n=1)
+    """
+    arr = np.asarray(values, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    n = int(arr.size)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = float(arr.mean())
+    if n < 2:
+        return Interval(mean, math.nan, math.nan, n)
+    half = t_critical(n - 1, confidence) * float(arr.std(ddof=1)) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def _ci_half(std: pd.Series, count: pd.Series) -> pd.Series:
+    """Vectorised t half-widths: NaN where fewer than two repeats."""
+    tvals = count.map(lambda n: t_critical(int(n) - 1) if n >= 2 else math.nan)
+    return tvals.astype(float) * std / np.sqrt(count.astype(float))
+
+
+# ---------------------------------------------------------------------------- scaling efficiency
+
+def scaling_efficiency(throughput: float, world_size: int, base_throughput: float,
+                       base_world_size: int) -> float:
+    """throughput(N) / ((N / N0) x throughput(N0)).
+
+    Worked example: 1 rank does 100 images/s, 4 ranks do 320 images/s together;
+    ideal is 4 / 1 x 100 = 400, so efficiency = 320 / 400 = 0.8.
+
+    >>> scaling_efficiency(320.0, 4, 100.0, 1)
+    0.8
+    >>> scaling_efficiency(300.0, 8, 100.0, 2)
+    0.75
+    """
+    if world_size < 1 or base_world_size < 1:
+        raise InputError("scaling_efficiency: world sizes must be 1 or more")
+    if not base_throughput > 0:
+        return math.nan
+    return throughput / ((world_size / base_world_size) * base_throughput)
+
+
+def _ok_mask(frame: pd.DataFrame) -> pd.Series:
+    return ((frame["status"] == "ok") & frame["images_per_sec"].notna()
+            & frame["world_size"].notna() & frame["batch_size"].notna())
+
+
+def add_efficiency(frame: pd.DataFrame) -> pd.Series:
+    """Per-run scaling efficiency against the mean baseline of its series (NaN if not ok).
+
+    The frame needs SERIES_KEYS, world_size, status and images_per_sec.
+
+    >>> df = pd.DataFrame({"sweep_id": "s", "model": "resnet50", "engine": "ddp",
+    ...     "precision": "fp32", "data": "synthetic", "batch_size": 32, "bandwidth": "1gbit",
+    ...     "procs_per_node": 1, "status": "ok", "world_size": [1, 1, 2, 2],
+    ...     "images_per_sec": [99.0, 101.0, 180.0, 190.0]})
+    >>> add_efficiency(df).round(3).tolist()
+    [0.99, 1.01, 0.9, 0.95]
+    """
+    out = pd.Series(np.nan, index=frame.index, dtype=float)
+    ok = _ok_mask(frame)
+    if not ok.any():
+        return out
+    good = frame.loc[ok, [*SERIES_KEYS, "world_size", "images_per_sec"]]
+    keys = list(SERIES_KEYS)
+    base_ws = good.groupby(keys, dropna=False)["world_size"].transform("min")
+    at_base = good[good["world_size"] == base_ws]
+    base = at_base.groupby(keys, dropna=False)["images_per_sec"].mean().rename("_base_thr")
+    merged = good.join(base, on=keys)
+    eff = merged["images_per_sec"] / ((merged["world_size"] / base_ws) * merged["_base_thr"])
+    out.loc[good.index] = eff.to_numpy()
+    return out
+
+
+def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (series, world size) over ok repeats: means and 95 % CIs.
+
+    Columns: SERIES_KEYS, world_size, nodes, target, n (repeats), and for throughput
+    (``thr``), per-worker throughput (``per_worker``) and efficiency (``eff``): ``_mean``,
+    ``_lo``, ``_hi``; plus the means of step_time_mean_s, compute_time_mean_s,
+    comm_time_mean_s, comm_fraction, link_mbit_measured, busbw_mb_s, gradient_bytes and
+    bandwidth_mbit. Rows are sorted by series then world size.
+    """
+    keys = [*SERIES_KEYS, "world_size"]
+    ok = frame[_ok_mask(frame)]
+    if ok.empty:
+        return pd.DataFrame(columns=[*keys, "n"])
+    if "scaling_efficiency" in ok and ok["scaling_efficiency"].notna().any():
+        eff = ok["scaling_efficiency"]
+    else:
+        eff = add_efficiency(ok)
+    work = ok.assign(_eff=eff)
+    g = work.groupby(keys, dropna=False, sort=True)
+    out = g.agg(
+        nodes=("nodes", "first"), target=("target", "first"), n=("images_per_sec", "count"),
+        thr_mean=("images_per_sec", "mean"), thr_std=("images_per_sec", "std"),
+        per_worker_mean=("images_per_sec_per_worker", "mean"),
+        per_worker_std=("images_per_sec_per_worker", "std"),
+        eff_mean=("_eff", "mean"), eff_std=("_eff", "std"),
+        step_time_mean_s=("step_time_mean_s", "mean"),
+        step_time_p95_s=("step_time_p95_s", "mean"),
+        compute_time_mean_s=("compute_time_mean_s", "mean"),
+        comm_time_mean_s=("comm_time_mean_s", "mean"),
+        comm_fraction=("comm_fraction", "mean"),
+        link_mbit_measured=("link_mbit_measured", "mean"),
+        busbw_mb_s=("busbw_mb_s", "mean"),
+        gradient_bytes=("gradient_bytes", "mean"),
+        bandwidth_mbit=("bandwidth_mbit", "first"),
+    ).reset_index()
+    for name in ("thr", "per_worker", "eff"):
+        half = _ci_half(out[f"{name}_std"], out["n"])
+        out[f"{name}_lo"] = out[f"{name}_mean"] - half
+        out[f"{name}_hi"] = out[f"{name}_mean"] + half
+        out = out.drop(columns=f"{name}_std")
+    return out
+
+
+# ---------------------------------------------------------------------------- the communication model
+
+def ring_allreduce_time_s(world_size: Any, grad_bytes: Any, link_mbit: Any,
+                          alpha_s: float = DEFAULT_ALPHA_S) -> Any:
+    """Time of one ring allreduce: 2(N-1)/N x S/B + alpha x 2(N-1).
+
+    S = gradient bytes, B = link rate in bytes/s (link_mbit x 1e6 / 8), N = ranks in the ring.
+    Each rank sends and receives 2(N-1)/N x S over its link (reduce-scatter then allgather)
+    in 2(N-1) steps, each paying the latency alpha. Works on scalars and numpy arrays;
+    N = 1 costs nothing, an infinite link leaves only the latency term.
+
+    Worked example: N = 4, S = 100 MB, B = 1000 Mbit/s = 125 MB/s:
+    2 x 3 / 4 x 100 / 125 = 1.2 s, plus 50 us x 6 = 0.0003 s, so 1.2003 s.
+
+    >>> round(ring_allreduce_time_s(4, 100e6, 1000.0), 6)
+    1.2003
+    >>> ring_allreduce_time_s(1, 100e6, 1000.0)
+    0.0
+    """
+    n = np.asarray(world_size, dtype=float)
+    s = np.asarray(grad_bytes, dtype=float)
+    rate = np.asarray(link_mbit, dtype=float) * 1e6 / 8
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bw_term = np.where(n > 1, 2 * (n - 1) / n * s / rate, 0.0)
+    lat_term = alpha_s * 2 * np.maximum(n - 1, 0)
+    result = bw_term + lat_term
+    return float(result) if result.ndim == 0 else result
+
+
+def predict_step_time_s(compute_s: Any, comm_s: Any, overlap: bool = False) -> Any:
+    """Step time from compute and communication: their sum, or their max with full overlap.
+
+    >>> predict_step_time_s(0.4, 0.3), predict_step_time_s(0.4, 0.3, overlap=True)
+    (0.7, 0.4)
+    """
+    result = np.maximum(compute_s, comm_s) if overlap else np.add(compute_s, comm_s)
+    return float(result) if np.ndim(result) == 0 else result
+
+
+def model_link_mbit(measured_mbit: Any, requested_mbit: Any, busbw_mb_s: Any) -> tuple[Any, Any]:
+    """The link rate the model uses and where it came from, first known of:
+    measured (link_mbit_measured), requested (bandwidth_mbit), allreduce busbw (MB/s x 8).
+
+    >>> model_link_mbit(940.0, 1000.0, 100.0)
+    (940.0, 'measured')
+    >>> model_link_mbit(float("nan"), float("nan"), 110.0)
+    (880.0, 'busbw')
+    """
+    m = np.asarray(measured_mbit, dtype=float)
+    r = np.asarray(requested_mbit, dtype=float)
+    b = np.asarray(busbw_mb_s, dtype=float) * 8
+    rate = np.where(~np.isnan(m), m, np.where(~np.isnan(r), r, b))
+    source = np.where(~np.isnan(m), "measured",
+                      np.where(~np.isnan(r), "requested", np.where(~np.isnan(b), "busbw", "none")))
+    if rate.ndim == 0:
+        return float(rate), str(source)
+    return rate, source
+
+
+def fit_alpha_s(allreduce: pd.DataFrame) -> float | None:
+    """Per-hop latency from the allreduce probes: at each multi-node probe's smallest message,
+    alpha = (time - 2(N-1)/N x size/B) / (2(N-1)); the median over probes, floored at 0.
+    B is the probe's requested link rate (an unshaped link counts as infinite here, so its
+    whole small-message time is latency). None when there is no usable probe.
+
+    >>> ar = pd.DataFrame({"status": "ok", "nodes": [2, 2], "world_size": [2, 2],
+    ...     "size_bytes": [1024, 1 << 20], "time_s": [1.1e-4, 0.02],
+    ...     "bandwidth_mbit": [1000.0, 1000.0]})
+    >>> round(fit_alpha_s(ar) * 1e6, 1)   # (110 us - 1 x 1024 / 125e6 s) / 2
+    50.9
+    """
+    if allreduce is None or allreduce.empty:
+        return None
+    ar = allreduce[(allreduce["status"] == "ok") & (allreduce["nodes"] > 1)
+                   & (allreduce["world_size"] > 1)]
+    if ar.empty:
+        return None
+    run_key = "run_id" if "run_id" in ar else "nodes"
+    smallest = ar.loc[ar.groupby([run_key, "world_size"])["size_bytes"].idxmin()]
+    n = smallest["world_size"].astype(float)
+    rate = smallest["bandwidth_mbit"].astype(float).fillna(np.inf) * 1e6 / 8
+    alpha = (smallest["time_s"] - 2 * (n - 1) / n * smallest["size_bytes"] / rate) / (2 * (n - 1))
+    alpha = alpha.dropna()
+    if alpha.empty:
+        return None
+    return max(float(alpha.median()), 0.0)
+
+
+def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
+              overlap: bool = False) -> pd.DataFrame:
+    """Predicted step time and efficiency for every (series, world size) of a summary.
+
+    Compute time per step = the measured mean compute time at the series' smallest world size
+    (the single-node step without communication; when ranks report no split, that size's step
+    time minus its modelled communication). Communication = ring_allreduce_time_s with
+    S = gradient_bytes (the run's precision) and B from model_link_mbit. A single-node series
+    talks over loopback/shared memory, so its bandwidth term is taken as zero. Predicted
+    step(N) = compute + comm(N), or max of the two with ``overlap``; predicted efficiency =
+    step(N0) / step(N), because with a fixed batch per worker throughput is N x batch / step.
+
+    Adds: link_mbit_model, link_source, predicted_comm_s, predicted_step_s,
+    predicted_comm_share (comm / predicted step) and predicted_eff.
+    """
+    out = summary.copy()
+    if out.empty:
+        for col in ("link_mbit_model", "link_source", "predicted_comm_s", "predicted_step_s",
+                    "predicted_comm_share", "predicted_eff"):
+            out[col] = pd.Series(dtype=float)
+        return out
+    rate, source = model_link_mbit(out["link_mbit_measured"], out["bandwidth_mbit"],
+                                   out["busbw_mb_s"])
+    rate = np.where(out["nodes"].to_numpy() <= 1, np.inf, rate)
+    out["link_mbit_model"] = np.where(np.isinf(rate), np.nan, rate)
+    out["link_source"] = np.where(out["nodes"].to_numpy() <= 1, "intra-node", source)
+    comm = ring_allreduce_time_s(out["world_size"].to_numpy(), out["gradient_bytes"].to_numpy(),
+                                 rate, alpha_s)
+    out["predicted_comm_s"] = comm
+    keys = list(SERIES_KEYS)
+    base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min")
+    is_base = out["world_size"] == base_ws
+    compute_base = out["compute_time_mean_s"].where(
+        out["compute_time_mean_s"].notna(), out["step_time_mean_s"] - out["predicted_comm_s"])
+    base_compute = (compute_base.where(is_base).groupby([out[k] for k in keys], dropna=False)
+                    .transform("max"))
+    out["predicted_step_s"] = predict_step_time_s(base_compute, out["predicted_comm_s"], overlap)
+    base_step = out["predicted_step_s"].where(is_base).groupby(
+        [out[k] for k in keys], dropna=False).transform("max")
+    out["predicted_comm_share"] = out["predicted_comm_s"] / out["predicted_step_s"]
+    out["predicted_eff"] = base_step / out["predicted_step_s"]
+    return out
+
+
+# ---------------------------------------------------------------------------- bottleneck
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """What limits one series, judged at its largest world size."""
+
+    series: dict[str, Any]
+    kind: str  # one of BOTTLENECKS
+    world_size: int
+    measured_eff: float
+    predicted_eff: float
+    comm_share: float
+    explanation: str  # one sentence
+
+    @property
+    def label(self) -> str:
+        s = self.series
+        return (f"batch {s.get('batch_size')}, {s.get('bandwidth')}, "
+                f"{s.get('procs_per_node')} proc/node")
+
+
+def host_limits(sweep: dict[str, Any]) -> dict[str, Any]:
+    """What the emulation check needs from sweep.json: target, host cores, node CPU share.
+
+    host_cpus is read from the top level, then from software/plan; node CPUs are the smallest
+    known ``cpus`` of the nodes (0 = unknown).
+
+    >>> host_limits({"target": "local", "host_cpus": 2, "nodes": [{"cpus": 0.5}, {"cpus": 1}]})
+    {'target': 'local', 'host_cpus': 2.0, 'node_cpus': 0.5}
+    """
+    def pick(*dicts: Any) -> float:
+        for d in dicts:
+            if isinstance(d, dict) and d.get("host_cpus"):
+                return float(d["host_cpus"])
+        return math.nan
+
+    host = pick(sweep, sweep.get("software"), sweep.get("plan"), sweep.get("env"))
+    cpus = [float(n.get("cpus") or 0) for n in sweep.get("nodes") or [] if isinstance(n, dict)]
+    cpus = [c for c in cpus if c > 0]
+    return {"target": sweep.get("target") or "", "host_cpus": host,
+            "node_cpus": min(cpus) if cpus else math.nan}
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:.0f}%"
+
+
+def classify(modelled: pd.DataFrame, limits: dict[str, dict[str, Any]] | None = None
+             ) -> list[Bottleneck]:
+    """Name the bottleneck of every series (rows from add_model), at its largest world size.
+
+    ``limits`` maps sweep_id -> host_limits(sweep.json). Rules, first match wins:
+
+    1. input-bound: the series reads real data and its step is INPUT_SLOWDOWN x slower than
+       the synthetic-data series that matches it at the same world size;
+    2. compute-bound: efficiency >= COMPUTE_BOUND_EFFICIENCY (near 1: nothing to explain);
+    3. emulation-bound: on the local target the ranks outnumber the host cores, or a node's
+       processes outnumber its CPU share, or each rank's compute per step grew by
+       COMPUTE_INFLATION over the smallest world size's (same work per rank, so the ranks
+       compete for host CPU); or (any target) the measured link rate is below LINK_SHORTFALL
+       of the requested one;
+    4. network-bound: the model gives communication >= NETWORK_SHARE of a step and the
+       measured efficiency is within TRACKING_TOLERANCE of the predicted one;
+    5. undetermined: anything else (one world size only, or a gap the model does not explain).
+    """
+    limits = limits or {}
+    if modelled.empty:
+        return []
+    keys = list(SERIES_KEYS)
+    synth = modelled[modelled["data"] == "synthetic"].set_index(
+        [k for k in keys if k != "data"] + ["world_size"])["step_time_mean_s"]
+    results: list[Bottleneck] = []
+    for key, grp in modelled.groupby(keys, dropna=False, sort=True):
+        series = dict(zip(keys, key, strict=True))
+        row = grp.loc[grp["world_size"].idxmax()]
+        n = int(row["world_size"])
+        eff = float(row["eff_mean"])
+        pred = float(row["predicted_eff"])
+        share = float(row["predicted_comm_share"])
+        kind, why = _judge(series, row, grp, synth, limits.get(series["sweep_id"], {}))
+        results.append(Bottleneck(series, kind, n, eff, pred, share, why))
+    return results
+
+
+def _judge(series: dict[str, Any], row: pd.Series, grp: pd.DataFrame, synth: pd.Series,
+           lim: dict[str, Any]) -> tuple[str, str]:
+    n = int(row["world_size"])
+    eff = float(row["eff_mean"])
+    pred = float(row["predicted_eff"])
+    share = float(row["predicted_comm_share"])
+    step = float(row["step_time_mean_s"])
+    if series["data"] not in ("synthetic", "", None):
+        key = tuple(series[k] for k in SERIES_KEYS if k != "data") + (row["world_size"],)
+        ref = synth.get(key) if key in synth.index else None
+        if ref is not None and not isinstance(ref, pd.Series) and step > INPUT_SLOWDOWN * ref:
+            return "input-bound", (
+                f"With real data a step takes {step:.3g} s against {float(ref):.3g} s on "
+                f"synthetic data at {n} ranks, so the input pipeline, not the network, "
+                "limits throughput.")
+    if grp["world_size"].nunique() < 2:
+        return "undetermined", (f"Only one world size ({n}) was measured, so scaling cannot "
+                                "be judged.")
+    if eff >= COMPUTE_BOUND_EFFICIENCY:
+        return "compute-bound", (
+            f"At {n} ranks efficiency is {_pct(eff)} (model {_pct(pred)}): communication is "
+            "small next to compute, so more nodes add throughput almost linearly.")
+    host = float(lim.get("host_cpus") or math.nan)
+    node_cpus = float(lim.get("node_cpus") or math.nan)
+    ppn = int(series["procs_per_node"])
+    if lim.get("target") == "local" and host > 0 and n > host:
+        return "emulation-bound", (
+            f"{n} ranks share {host:g} host cores on the local target, so they compete for "
+            f"CPU and the {_pct(eff)} efficiency reflects the emulation, not the network.")
+    if lim.get("target") == "local" and node_cpus > 0 and ppn > node_cpus:
+        return "emulation-bound", (
+            f"{ppn} processes per node share a {node_cpus:g}-CPU node, so they compete for CPU "
+            f"and the {_pct(eff)} efficiency reflects the emulation, not the network.")
+    base = grp.loc[grp["world_size"].idxmin()]
+    grew = float(row["compute_time_mean_s"]) / float(base["compute_time_mean_s"])
+    if grew > COMPUTE_INFLATION:
+        what = (f"Each rank's compute per step grew from {float(base['compute_time_mean_s']):.3g}"
+                f" s at {int(base['world_size'])} to {float(row['compute_time_mean_s']):.3g} s at "
+                f"{n} ranks for the same work")
+        if lim.get("target") == "local":
+            return "emulation-bound", (
+                f"{what}: the emulated nodes compete for the host's CPU cores, so the "
+                f"{_pct(eff)} efficiency reflects the emulation, not the network.")
+        return "undetermined", (f"{what}, so the {_pct(eff)} efficiency is lost in compute, not "
+                                "communication: look for CPU contention, throttling or stragglers.")
+    measured = float(row["link_mbit_measured"])
+    requested = float(row["bandwidth_mbit"])
+    if measured > 0 and requested > 0 and measured < LINK_SHORTFALL * requested:
+        return "emulation-bound", (
+            f"The link delivered {measured:.0f} of the {requested:.0f} Mbit/s requested "
+            f"({_pct(measured / requested)}), so the shaped link, not the model, sets the pace.")
+    if share >= NETWORK_SHARE and abs(eff - pred) <= TRACKING_TOLERANCE:
+        comm = float(row["predicted_comm_s"])
+        gb = float(row["gradient_bytes"]) / 1e6
+        return "network-bound", (
+            f"At {n} ranks efficiency is {_pct(eff)} and the ring model predicts {_pct(pred)}: "
+            f"each step moves 2(N-1)/N x {gb:.3g} MB over a {float(row['link_mbit_model']):.0f}"
+            f" Mbit/s link ({comm:.3g} s, {_pct(share)} of the step), so the link sets the pace.")
+    if math.isnan(pred):
+        return "undetermined", (
+            f"At {n} ranks efficiency is {_pct(eff)}, but no link rate is known (native link, "
+            "no measurement, no allreduce probe), so the model cannot say why.")
+    if abs(eff - pred) <= TRACKING_TOLERANCE:
+        return "undetermined", (
+            f"At {n} ranks efficiency is {_pct(eff)} and the ring model predicts {_pct(pred)}, "
+            f"but communication is only {_pct(share)} of a step, so no single cause stands out.")
+    return "undetermined", (
+        f"At {n} ranks efficiency is {_pct(eff)} but the ring model predicts {_pct(pred)}; the "
+        "gap is not explained by the link rate: look for stragglers, CPU contention or "
+        "framework overhead.")

@@ -1,0 +1,230 @@
+# Credentials come only from the provider's standard sources (AWS_PROFILE, AWS_ACCESS_KEY_ID
+# and friends, ~/.aws/config, instance roles). scalelab never writes or logs them.
+provider "aws" {
+  region = var.region
+
+  default_tags {
+    tags = merge(var.tags, { scalelab_cluster = var.cluster_name })
+  }
+}
+
+locals {
+  prefix = "${var.cluster_name}-scalelab"
+  names  = [for i in range(var.nodes) : format("%s-n%d", var.cluster_name, i)]
+  gpus   = sum(concat([0], [for g in data.aws_ec2_instance_type.node.gpus : g.count]))
+  zones  = sort(data.aws_ec2_instance_type_offerings.node.locations)
+  zone   = var.availability_zone != null ? var.availability_zone : try(local.zones[0], null)
+}
+
+data "aws_ec2_instance_type" "node" {
+  instance_type = var.instance_type
+}
+
+data "aws_ec2_instance_type_offerings" "node" {
+  location_type = "availability-zone"
+
+  filter {
+    name   = "instance-type"
+    values = [var.instance_type]
+  }
+}
+
+data "aws_ami" "node" {
+  most_recent = true
+  owners      = [var.ami_owner]
+
+  filter {
+    name   = var.ami_id == null ? "name" : "image-id"
+    values = [var.ami_id == null ? var.ami_name : var.ami_id]
+  }
+
+  filter {
+    name   = "architecture"
+    values = data.aws_ec2_instance_type.node.supported_architectures
+  }
+}
+
+# ---------------------------------------------------------------- network
+
+resource "aws_vpc" "cluster" {
+  cidr_block           = var.vpc_cidr
+  enable_dns_support   = true
+  enable_dns_hostnames = true
+  tags                 = { Name = local.prefix }
+}
+
+resource "aws_internet_gateway" "cluster" {
+  vpc_id = aws_vpc.cluster.id
+  tags   = { Name = local.prefix }
+}
+
+resource "aws_subnet" "cluster" {
+  vpc_id            = aws_vpc.cluster.id
+  cidr_block        = var.subnet_cidr
+  availability_zone = local.zone
+  tags              = { Name = local.prefix }
+
+  lifecycle {
+    precondition {
+      condition     = local.zone != null
+      error_message = "The instance_type is not offered in any availability zone of this region; pick another region or instance type."
+    }
+  }
+}
+
+resource "aws_route_table" "cluster" {
+  vpc_id = aws_vpc.cluster.id
+  tags   = { Name = local.prefix }
+
+  route {
+    cidr_block = "0.0.0.0/0"
+    gateway_id = aws_internet_gateway.cluster.id
+  }
+}
+
+resource "aws_route_table_association" "cluster" {
+  subnet_id      = aws_subnet.cluster.id
+  route_table_id = aws_route_table.cluster.id
+}
+
+# ---------------------------------------------------------------- security group
+
+resource "aws_security_group" "cluster" {
+  name        = local.prefix
+  description = "scalelab ${var.cluster_name}: SSH and JupyterLab from the operator, everything within the cluster subnet"
+  vpc_id      = aws_vpc.cluster.id
+  tags        = { Name = local.prefix }
+}
+
+resource "aws_vpc_security_group_ingress_rule" "ssh_from_operator" {
+  security_group_id = aws_security_group.cluster.id
+  description       = "SSH from the operator only"
+  cidr_ipv4         = var.operator_cidr
+  ip_protocol       = "tcp"
+  from_port         = 22
+  to_port           = 22
+}
+
+resource "aws_vpc_security_group_ingress_rule" "jupyter_from_operator" {
+  security_group_id = aws_security_group.cluster.id
+  description       = "JupyterLab from the operator only"
+  cidr_ipv4         = var.operator_cidr
+  ip_protocol       = "tcp"
+  from_port         = var.jupyter_port
+  to_port           = var.jupyter_port
+}
+
+resource "aws_vpc_security_group_ingress_rule" "cluster_internal" {
+  security_group_id = aws_security_group.cluster.id
+  description       = "Any protocol between the cluster's nodes (NCCL, Gloo, torchrun rendezvous, SSH)"
+  cidr_ipv4         = var.subnet_cidr
+  ip_protocol       = "-1"
+}
+
+# EFA's OS-bypass traffic needs a group that allows all traffic to and from itself.
+resource "aws_vpc_security_group_ingress_rule" "efa_self" {
+  count                        = var.enable_efa ? 1 : 0
+  security_group_id            = aws_security_group.cluster.id
+  description                  = "EFA: all traffic from members of this group"
+  referenced_security_group_id = aws_security_group.cluster.id
+  ip_protocol                  = "-1"
+}
+
+resource "aws_vpc_security_group_egress_rule" "efa_self" {
+  count                        = var.enable_efa ? 1 : 0
+  security_group_id            = aws_security_group.cluster.id
+  description                  = "EFA: all traffic to members of this group"
+  referenced_security_group_id = aws_security_group.cluster.id
+  ip_protocol                  = "-1"
+}
+
+resource "aws_vpc_security_group_egress_rule" "all" {
+  security_group_id = aws_security_group.cluster.id
+  description       = "Outbound, for package installs"
+  cidr_ipv4         = "0.0.0.0/0"
+  ip_protocol       = "-1"
+}
+
+# ---------------------------------------------------------------- instances
+
+resource "aws_key_pair" "cluster" {
+  key_name   = local.prefix
+  public_key = var.ssh_public_key
+}
+
+resource "aws_placement_group" "cluster" {
+  name     = local.prefix
+  strategy = "cluster"
+}
+
+resource "aws_launch_template" "node" {
+  name_prefix   = "${local.prefix}-"
+  image_id      = data.aws_ami.node.id
+  instance_type = var.instance_type
+  key_name      = aws_key_pair.cluster.key_name
+
+  network_interfaces {
+    device_index                = 0
+    network_card_index          = 0
+    associate_public_ip_address = true
+    delete_on_termination       = true
+    interface_type              = var.enable_efa ? "efa" : null
+    subnet_id                   = aws_subnet.cluster.id
+    security_groups             = [aws_security_group.cluster.id]
+  }
+
+  placement {
+    group_name = aws_placement_group.cluster.name
+  }
+
+  block_device_mappings {
+    device_name = data.aws_ami.node.root_device_name
+
+    ebs {
+      volume_size           = var.root_volume_gb
+      volume_type           = "gp3"
+      encrypted             = true
+      delete_on_termination = true
+    }
+  }
+
+  metadata_options {
+    http_endpoint = "enabled"
+    http_tokens   = "required"
+  }
+}
+
+resource "aws_instance" "node" {
+  count = var.nodes
+
+  launch_template {
+    id      = aws_launch_template.node.id
+    version = aws_launch_template.node.latest_version
+  }
+
+  tags = {
+    Name          = local.names[count.index]
+    scalelab_role = count.index == 0 ? "head" : "worker"
+  }
+
+  lifecycle {
+    # A newer AMI or template must never replace running nodes when the cluster is resized.
+    ignore_changes = [launch_template]
+
+    precondition {
+      condition     = local.gpus > 0
+      error_message = "The instance_type has no GPU; pick a GPU type such as g5.xlarge, p3.2xlarge, p4d.24xlarge or p5.48xlarge."
+    }
+
+    precondition {
+      condition     = !var.enable_efa || data.aws_ec2_instance_type.node.efa_supported
+      error_message = "The instance_type does not support EFA; set enable_efa = false or pick an EFA type such as p4d.24xlarge or p5.48xlarge."
+    }
+  }
+
+  depends_on = [
+    aws_route_table_association.cluster,
+    aws_vpc_security_group_ingress_rule.cluster_internal,
+    aws_vpc_security_group_egress_rule.all,
+  ]
+}

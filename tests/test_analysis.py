@@ -1,0 +1,347 @@
+"""Analysis and results loading: arithmetic checked against hand computations (in comments)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalelab import analysis, results
+from scalelab.analysis import (
+    add_efficiency,
+    add_model,
+    classify,
+    fit_alpha_s,
+    host_limits,
+    mean_ci,
+    ring_allreduce_time_s,
+    scaling_efficiency,
+    summarize,
+    t_critical,
+)
+from scalelab.errors import InputError, ScalelabError
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def run_row(**kw) -> dict:
+    """One row of the run frame (results.to_frame's columns), with quiet defaults."""
+    row = {"sweep_id": "s", "run_id": "r", "target": "aws", "nodes": 1, "procs_per_node": 1,
+           "world_size": 1, "model": "resnet50", "engine": "ddp", "precision": "fp32",
+           "batch_size": 32, "bandwidth_mbit": 1000.0, "bandwidth": "1gbit", "repeat": 0,
+           "status": "ok", "images_per_sec": 80.0, "images_per_sec_per_worker": 80.0,
+           "step_time_mean_s": 0.4, "step_time_p95_s": 0.45, "comm_fraction": 0.0,
+           "busbw_mb_s": math.nan, "link_mbit_measured": math.nan, "started_at": "",
+           "duration_s": 10.0, "error": "", "data": "synthetic", "steps": 30, "image_size": 224,
+           "gradient_bytes": 50e6, "compute_time_mean_s": 0.4, "comm_time_mean_s": 0.0,
+           "n_ranks": 1}
+    row.update(kw)
+    if "world_size" not in kw:
+        row["world_size"] = row["nodes"] * row["procs_per_node"]
+    return row
+
+
+def layout_run(nodes: int, step: float, batch: int = 32, **kw) -> dict:
+    """A run whose ranks each took `step` seconds per step (so images/s = ranks x batch/step)."""
+    ws = nodes * kw.get("procs_per_node", 1)
+    per = batch / step
+    base = {"nodes": nodes, "world_size": ws, "batch_size": batch, "step_time_mean_s": step,
+            "images_per_sec": per * ws, "images_per_sec_per_worker": per}
+    return run_row(**{**base, **kw})
+
+
+def modelled(rows: list[dict], alpha_s: float = 0.0, overlap: bool = False) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    frame["scaling_efficiency"] = add_efficiency(frame)
+    return add_model(summarize(frame), alpha_s=alpha_s, overlap=overlap)
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+@pytest.mark.parametrize("df, expected", [
+    # two-sided 95% critical values from any Student t table
+    (1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262), (19, 2.093), (30, 2.042),
+    (120, 1.980),
+])
+def test_t_critical_matches_the_table(df, expected):
+    assert t_critical(df) == pytest.approx(expected, abs=6e-4)
+
+
+def test_t_critical_rejects_bad_degrees_of_freedom():
+    with pytest.raises(InputError, match="positive integer"):
+        t_critical(0)
+
+
+def test_mean_ci_hand_computed():
+    # values 0.80, 0.85, 0.90: mean 0.85, sample sd 0.05, n 3, t(2) = 4.3027
+    # half width = 4.30265 x 0.05 / sqrt(3) = 4.30265 x 0.0288675 = 0.124207
+    ci = mean_ci([0.80, 0.85, 0.90])
+    assert ci.mean == pytest.approx(0.85)
+    assert ci.half_width == pytest.approx(0.124207, abs=2e-6)
+    assert (ci.lo, ci.hi, ci.n) == (pytest.approx(0.725793, abs=2e-6),
+                                    pytest.approx(0.974207, abs=2e-6), 3)
+
+
+def test_one_repeat_gives_no_interval_and_nans_are_ignored():
+    ci = mean_ci([7.0, float("nan")])
+    assert ci.mean == 7.0 and ci.n == 1
+    assert math.isnan(ci.lo) and math.isnan(ci.hi)
+    assert mean_ci([]).n == 0
+
+
+# ------------------------------------------------------------------------------ efficiency
+
+
+def test_scaling_efficiency_hand_computed():
+    # 4 ranks at 320 images/s against 1 rank at 100: ideal 400, efficiency 0.8
+    assert scaling_efficiency(320, 4, 100, 1) == pytest.approx(0.8)
+    # baseline of 2 ranks at 100 images/s, 8 ranks at 300: ideal 8/2 x 100 = 400 -> 0.75
+    assert scaling_efficiency(300, 8, 100, 2) == pytest.approx(0.75)
+    assert math.isnan(scaling_efficiency(300, 8, 0.0, 2))
+
+
+def test_efficiency_is_per_repeat_against_the_mean_baseline_with_t_interval():
+    rows = [layout_run(1, 0.4, images_per_sec=99.0, repeat=0),
+            layout_run(1, 0.4, images_per_sec=101.0, repeat=1),
+            layout_run(2, 0.4, images_per_sec=180.0, repeat=0),
+            layout_run(2, 0.4, images_per_sec=190.0, repeat=1),
+            layout_run(2, 0.4, images_per_sec=500.0, repeat=2, status="failed")]
+    frame = pd.DataFrame(rows)
+    eff = add_efficiency(frame)
+    # baseline mean (99 + 101) / 2 = 100; 180 / (2 x 100) = 0.9, 190 / 200 = 0.95
+    assert eff.iloc[:4].tolist() == pytest.approx([0.99, 1.01, 0.9, 0.95])
+    assert math.isnan(eff.iloc[4])  # failed runs get no efficiency
+    frame["scaling_efficiency"] = eff
+    s = summarize(frame).set_index("world_size")
+    # N=2: mean 0.925, sd |0.95 - 0.90| / sqrt(2) = 0.0353553, t(1) = 12.7062,
+    # half = 12.7062 x 0.0353553 / sqrt(2) = 12.7062 x 0.025 = 0.317655
+    assert s.loc[2, "eff_mean"] == pytest.approx(0.925)
+    assert s.loc[2, "eff_hi"] - s.loc[2, "eff_mean"] == pytest.approx(0.317655, abs=1e-5)
+    # throughput at N=2: mean 185, sd 7.0711, half = 12.7062 x 7.0711 / sqrt(2) = 63.531
+    assert s.loc[2, "thr_mean"] == pytest.approx(185.0)
+    assert s.loc[2, "thr_mean"] - s.loc[2, "thr_lo"] == pytest.approx(63.531, abs=1e-3)
+    assert s.loc[2, "n"] == 2  # the failed repeat is not counted
+
+
+def test_baseline_is_the_smallest_world_size_of_each_series():
+    # ppn 2 series starts at 2 ranks: 1 node x 2 at 150 images/s; 2 nodes x 2 at 240
+    # -> 240 / (4/2 x 150) = 0.8, not compared with the ppn 1 series
+    rows = [layout_run(1, 0.4, images_per_sec=80.0),
+            layout_run(2, 0.4, images_per_sec=150.0),
+            layout_run(1, 0.4, procs_per_node=2, images_per_sec=150.0),
+            layout_run(2, 0.4, procs_per_node=2, images_per_sec=240.0)]
+    eff = add_efficiency(pd.DataFrame(rows))
+    assert eff.tolist() == pytest.approx([1.0, 150 / 160, 1.0, 0.8])
+
+
+# ------------------------------------------------------------------------------ the model
+
+
+def test_ring_allreduce_hand_computed():
+    # N=2, S=50 MB, B=1000 Mbit/s=125 MB/s: 2 x 1/2 x 50/125 = 0.4 s, + 50 us x 2 = 0.4001 s
+    assert ring_allreduce_time_s(2, 50e6, 1000.0, 50e-6) == pytest.approx(0.4001)
+    # N=8, S=100 MB, B=10 Gbit/s=1250 MB/s: 2 x 7/8 x 0.08 = 0.14 s, + 50 us x 14 = 0.1407 s
+    assert ring_allreduce_time_s(8, 100e6, 10000.0, 50e-6) == pytest.approx(0.1407)
+    assert ring_allreduce_time_s(1, 100e6, 1000.0) == 0.0
+    arr = ring_allreduce_time_s(np.array([1, 2, 4]), 50e6, 1000.0, 0.0)
+    # N=4: 2 x 3/4 x 0.4 = 0.6 s
+    assert arr.tolist() == pytest.approx([0.0, 0.4, 0.6])
+
+
+def test_link_rate_precedence():
+    assert analysis.model_link_mbit(900.0, 1000.0, 100.0) == (900.0, "measured")
+    assert analysis.model_link_mbit(math.nan, 1000.0, 100.0) == (1000.0, "requested")
+    # busbw 100 MB/s = 800 Mbit/s
+    assert analysis.model_link_mbit(math.nan, math.nan, 100.0) == (800.0, "busbw")
+
+
+def test_model_predicts_step_and_efficiency_hand_computed():
+    # compute 0.4 s measured at 1 rank; S = 50 MB over 1000 Mbit/s, alpha 0:
+    # N=2: comm 0.4 -> step 0.8 -> efficiency 0.4 / 0.8 = 0.5, comm share 0.5
+    # N=4: comm 0.6 -> step 1.0 -> efficiency 0.4; overlap: max(0.4, 0.6) = 0.6 -> 0.6667
+    rows = [layout_run(1, 0.4), layout_run(2, 0.8, comm_time_mean_s=0.4),
+            layout_run(4, 1.0, comm_time_mean_s=0.6)]
+    m = modelled(rows).set_index("world_size")
+    assert m["predicted_step_s"].tolist() == pytest.approx([0.4, 0.8, 1.0])
+    assert m["predicted_eff"].tolist() == pytest.approx([1.0, 0.5, 0.4])
+    assert m.loc[2, "predicted_comm_share"] == pytest.approx(0.5)
+    assert m.loc[2, "link_source"] == "requested" and m.loc[1, "link_source"] == "intra-node"
+    o = modelled(rows, overlap=True).set_index("world_size")
+    assert o["predicted_eff"].tolist() == pytest.approx([1.0, 1.0, 0.4 / 0.6])
+
+
+def test_alpha_is_fitted_from_the_smallest_probe_message():
+    # N=4, 1000 Mbit/s, 1 KiB in 1.5 x 1024 / 125e6 + 6 x 80 us = 4.92288e-4 s -> alpha 80 us
+    ar = pd.DataFrame({"run_id": "p", "status": "ok", "nodes": 4, "world_size": 4,
+                       "size_bytes": [1024, 1 << 24], "time_s": [4.92288e-4, 0.2],
+                       "bandwidth_mbit": 1000.0})
+    assert fit_alpha_s(ar) == pytest.approx(80e-6, rel=1e-6)
+    assert fit_alpha_s(ar.iloc[0:0]) is None
+
+
+# ------------------------------------------------------------------------------ bottleneck
+
+
+def kinds(rows, limits=None) -> dict:
+    out = {}
+    for b in classify(modelled(rows), limits):
+        out[(b.series["batch_size"], b.series["data"])] = b
+    return out
+
+
+def test_network_bound_when_measured_tracks_a_heavy_model():
+    rows = [layout_run(1, 0.4), layout_run(2, 0.8, comm_time_mean_s=0.4),
+            layout_run(4, 1.0, comm_time_mean_s=0.6)]
+    b = kinds(rows)[(32, "synthetic")]
+    assert b.kind == "network-bound"
+    assert b.world_size == 4 and b.measured_eff == pytest.approx(0.4)
+    assert "1000 Mbit/s" in b.explanation and b.explanation.endswith(".")
+
+
+def test_compute_bound_when_efficiency_is_near_one():
+    # 1 MB of gradients: comm(4) = 1.5 x 1e6 / 125e6 = 0.012 s, step 0.412 -> 97%
+    rows = [layout_run(n, 0.4 + 0.004 * (n > 1), gradient_bytes=1e6) for n in (1, 2, 4)]
+    assert kinds(rows)[(32, "synthetic")].kind == "compute-bound"
+
+
+def test_emulation_bound_when_ranks_outnumber_host_cores():
+    rows = [layout_run(n, 0.4 * n, gradient_bytes=1e6, target="local") for n in (1, 2, 4)]
+    lim = {"s": host_limits({"target": "local", "host_cpus": 2, "nodes": [{"cpus": 1}]})}
+    b = kinds(rows, lim)[(32, "synthetic")]
+    assert b.kind == "emulation-bound" and "2 host cores" in b.explanation
+
+
+def test_compute_that_grows_with_ranks_is_contention_not_network():
+    # each rank does the same work, yet compute per step goes 0.09 s -> 0.28 s at 2 ranks
+    # (the CI sweep on a 2-core host showed exactly this); comm 0.03 s is not the cause
+    rows = [layout_run(1, 0.095, batch=16, compute_time_mean_s=0.092, gradient_bytes=1.08e6),
+            layout_run(2, 0.311, batch=16, compute_time_mean_s=0.279, comm_time_mean_s=0.03,
+                       gradient_bytes=1.08e6, link_mbit_measured=960.0)]
+    local = [dict(r, target="local") for r in rows]
+    lim = {"s": host_limits({"target": "local", "host_cpus": 2, "nodes": [{"cpus": 1}]})}
+    b = kinds(local, lim)[(16, "synthetic")]
+    assert b.kind == "emulation-bound" and "0.092 s at 1 to 0.279 s at 2" in b.explanation
+    assert kinds(rows)[(16, "synthetic")].kind == "undetermined"  # a real cluster: named, not blamed
+
+
+def test_emulation_bound_when_the_link_falls_short_of_the_request():
+    rows = [layout_run(1, 0.4)] + [layout_run(n, 0.4 * n, gradient_bytes=1e6,
+                                              link_mbit_measured=500.0) for n in (2, 4)]
+    b = kinds(rows)[(32, "synthetic")]
+    assert b.kind == "emulation-bound" and "500 of the 1000" in b.explanation
+
+
+def test_input_bound_when_real_data_is_slower_than_synthetic():
+    rows = [layout_run(n, 0.4, gradient_bytes=1e6) for n in (1, 2)]
+    rows += [layout_run(n, 0.6, gradient_bytes=1e6, data="/data/imagenet") for n in (1, 2)]
+    k = kinds(rows)
+    assert k[(32, "/data/imagenet")].kind == "input-bound"
+    assert k[(32, "synthetic")].kind == "compute-bound"
+
+
+def test_undetermined_with_one_size_or_an_unexplained_gap():
+    assert kinds([layout_run(2, 0.4)])[(32, "synthetic")].kind == "undetermined"
+    # model says ~97% (1 MB of gradients) but measured 50%, no emulation: the gap is named
+    rows = [layout_run(1, 0.4, gradient_bytes=1e6), layout_run(2, 0.8, gradient_bytes=1e6)]
+    b = kinds(rows)[(32, "synthetic")]
+    assert b.kind == "undetermined" and "not explained" in b.explanation
+
+
+def test_host_limits_reads_the_manifest():
+    lim = host_limits({"target": "aws", "host_cpus": None, "nodes": [{"cpus": 8}, {"cpus": 4}]})
+    assert lim["target"] == "aws" and math.isnan(lim["host_cpus"]) and lim["node_cpus"] == 4
+
+
+# ------------------------------------------------------------------------------ results loading
+
+
+def rank(i, ips, step, p95, compute, comm):
+    return {"rank": i, "host": f"n{i}", "images_per_sec": ips, "step_time_mean_s": step,
+            "step_time_p95_s": p95, "compute_time_mean_s": compute, "comm_time_mean_s": comm}
+
+
+def train_record(run_id="train-n03-p1-b032-bw1000-r0", status="ok", ranks=None, **params):
+    p = {"nodes": 3, "procs_per_node": 1, "world_size": 3, "model": "resnet50", "engine": "ddp",
+         "precision": "fp32", "batch_size": 32, "bandwidth_mbit": 1000.0, "repeat": 0,
+         "steps": 30, "warmup": 5, "image_size": 224, "data": "synthetic"}
+    p.update(params)
+    return {"sweep_id": "s", "run_id": run_id, "kind": "train", "status": status, "params": p,
+            "target": "aws", "node_names": ["n0", "n1", "n2"], "ranks": ranks or [],
+            "gradient_bytes": 102e6, "link_mbit_measured": 940.0, "env": {},
+            "started_at": "2026-11-20T09:00:00Z", "duration_s": 40.0,
+            "error": "" if status == "ok" else "boom"}
+
+
+def probe_record(run_id, bw, busbw, nodes=3):
+    return {"sweep_id": "s", "run_id": run_id, "kind": "allreduce", "status": "ok",
+            "params": {"nodes": nodes, "procs_per_node": 1, "world_size": nodes,
+                       "bandwidth_mbit": bw, "repeat": 0},
+            "allreduce": [{"size_bytes": 1024, "time_s": 1e-3, "algbw_mb_s": 1.0,
+                           "busbw_mb_s": 5.0},
+                          {"size_bytes": 1 << 20, "time_s": 1e-2, "algbw_mb_s": 80.0,
+                           "busbw_mb_s": busbw}]}
+
+
+THREE_RANKS = [rank(0, 100.0, 0.32, 0.35, 0.20, 0.12), rank(1, 110.0, 0.30, 0.40, 0.21, 0.09),
+               rank(2, 120.0, 0.28, 0.33, 0.19, 0.09)]
+
+
+def test_ranks_are_summed_not_extrapolated_from_rank_zero():
+    frame = results.to_frame([train_record(ranks=THREE_RANKS)])
+    row = frame.iloc[0]
+    assert row["images_per_sec"] == pytest.approx(330.0)  # 100 + 110 + 120, not 3 x 100
+    assert row["images_per_sec_per_worker"] == pytest.approx(110.0)
+    assert row["step_time_mean_s"] == pytest.approx(0.30)  # (0.32 + 0.30 + 0.28) / 3
+    assert row["step_time_p95_s"] == pytest.approx(0.40)  # worst rank's p95
+    # comm / step per rank: 0.12/0.32 = 0.375, 0.09/0.30 = 0.3, 0.09/0.28 = 0.3214286
+    assert row["comm_fraction"] == pytest.approx((0.375 + 0.3 + 0.09 / 0.28) / 3)
+    assert row["n_ranks"] == 3 and row["bandwidth"] == "1gbit"
+
+
+def test_busbw_comes_from_the_matching_probe_at_its_largest_message():
+    recs = [train_record(ranks=THREE_RANKS), probe_record("a1", 1000.0, 110.0),
+            probe_record("a2", 1000.0, 112.0), probe_record("a3", 10000.0, 900.0),
+            probe_record("a4", 1000.0, 50.0, nodes=2)]
+    frame = results.to_frame(recs)
+    assert len(frame) == 1  # probes are not train rows
+    assert frame.iloc[0]["busbw_mb_s"] == pytest.approx(111.0)  # mean of 110 and 112
+
+
+def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, caplog):
+    lines = [json.dumps(train_record(status="failed")),
+             json.dumps(train_record(ranks=THREE_RANKS)),  # same run_id: this one wins
+             json.dumps(train_record(run_id="train-n03-p1-b064-bw1000-r0"))[:57]]
+    (tmp_path / "runs.jsonl").write_text("\n".join(lines))  # no final newline: a crash
+    with caplog.at_level(logging.WARNING, logger="scalelab.store"):
+        recs = results.load_runs(tmp_path)
+    assert [r["run_id"] for r in recs] == ["train-n03-p1-b032-bw1000-r0"]
+    assert recs[0]["status"] == "ok"
+    assert any("truncated" in r.getMessage() for r in caplog.records)
+
+
+def test_missing_runs_file_is_empty_and_missing_dir_is_an_error(tmp_path):
+    assert results.load_runs(tmp_path) == []
+    with pytest.raises(ScalelabError, match="does not exist"):
+        results.load_runs(tmp_path / "nope")
+
+
+def test_csv_has_the_contract_columns_and_native_is_empty(tmp_path):
+    recs = [train_record(ranks=THREE_RANKS),
+            train_record(run_id="train-n03-p1-b032-native-r0", bandwidth_mbit=None,
+                         ranks=THREE_RANKS),
+            train_record(run_id="train-n03-p1-b032-bw1000-r1", status="failed")]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    path = results.write_csv(tmp_path)
+    assert path == tmp_path / "results.csv"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "runs.jsonl"]
+    csv = pd.read_csv(path, keep_default_na=False)
+    assert list(csv.columns) == results.CSV_COLUMNS
+    assert csv["bandwidth_mbit"].tolist() == ["1000", "", "1000"]
+    failed = csv[csv["status"] == "failed"].iloc[0]
+    assert failed["images_per_sec"] == "" and failed["error"] == "boom"
+    assert csv["images_per_sec"].iloc[0] == "330"

@@ -1,0 +1,311 @@
+"""The HTML report: built from a generated sweep, then opened in real headless Chromium.
+
+Chromium is driven over the DevTools protocol on --remote-debugging-pipe (file descriptors 3
+and 4, NUL-terminated JSON), which needs nothing beyond the standard library: no chromedriver,
+no websocket client, no port on the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from scalelab import report, results
+from scalelab.errors import ScalelabError
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (apt-get install chromium; bootstrap.sh does)")
+XSS = "RuntimeError: rank 3 lost <script>alert(1)</script> & gave up"
+
+
+# ------------------------------------------------------------------------------ a tiny CDP client
+
+
+class Chromium:
+    """Headless Chromium under our control, spoken to over the DevTools pipe."""
+
+    def __init__(self, workdir: Path, width: int = 1280, height: int = 900) -> None:
+        self.profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=workdir)
+        to_child, self._w = os.pipe()
+        self._r, from_child = os.pipe()
+
+        def wire() -> None:  # runs in the child before exec: put the pipe ends on fds 3 and 4
+            a, b = os.dup(to_child), os.dup(from_child)  # os.pipe() may have returned 3 or 4
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.stderr = open(workdir / "chromium-stderr.log", "wb")  # noqa: SIM115
+        args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-extensions",
+                "--disable-dev-shm-usage", f"--user-data-dir={self.profile}",
+                "--remote-debugging-pipe", f"--window-size={width},{height}"]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.stderr,
+                                     stderr=self.stderr, preexec_fn=wire, close_fds=False)
+        os.close(to_child)
+        os.close(from_child)
+        self._buf = b""
+        self._id = 0
+        self.events: list[dict] = []
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 60.0) -> dict:
+        self._id += 1
+        msg: dict = {"id": self._id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = self._read(timeout)
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_event(self, method: str, session: str, timeout: float = 60.0) -> dict:
+        for i, ev in enumerate(self.events):
+            if ev.get("method") == method and ev.get("sessionId") == session:
+                return self.events.pop(i)
+        end = time.monotonic() + timeout
+        while True:
+            ev = self._read(max(end - time.monotonic(), 0.01))
+            if ev.get("method") == method and ev.get("sessionId") == session:
+                return ev
+            self.events.append(ev)
+
+    def _read(self, timeout: float) -> dict:
+        end = time.monotonic() + timeout
+        while b"\0" not in self._buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([self._r], [], [], left)[0]:
+                raise TimeoutError("chromium did not answer over the DevTools pipe")
+            chunk = os.read(self._r, 1 << 20)
+            if not chunk:
+                raise RuntimeError("chromium closed the DevTools pipe; see chromium-stderr.log")
+            self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def open(self, path: Path, screenshot: Path | None = None) -> dict:
+        """Load a page; return its images, script count, text and every console error."""
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        sess = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})
+        sess = sess["sessionId"]
+        for method in ("Page.enable", "Runtime.enable", "Log.enable"):
+            self.send(method, session=sess)
+        self.send("Page.navigate", {"url": path.resolve().as_uri()}, session=sess)
+        self.wait_event("Page.loadEventFired", sess)
+        expr = ("JSON.stringify({images: Array.from(document.images).map("
+                "i => ({complete: i.complete, width: i.naturalWidth, alt: i.alt})),"
+                " scripts: document.scripts.length, text: document.body.innerText,"
+                " resources: performance.getEntriesByType('resource').map(r => r.name)})")
+        got = self.send("Runtime.evaluate", {"expression": expr, "returnByValue": True},
+                        session=sess)
+        info = json.loads(got["result"]["value"])
+        if screenshot is not None:
+            size = self.send("Page.getLayoutMetrics", session=sess)["cssContentSize"]
+            shot = self.send("Page.captureScreenshot", {
+                "format": "png", "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": size["width"],
+                         "height": min(size["height"], 16000), "scale": 1}}, session=sess)
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            screenshot.write_bytes(base64.b64decode(shot["data"]))
+        errors = []
+        for ev in [e for e in self.events if e.get("sessionId") == sess]:
+            method, p = ev.get("method"), ev.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                d = p["exceptionDetails"]
+                errors.append(f"{d.get('text', '')} {d.get('exception', {}).get('description', '')}")
+            elif method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                errors.append(json.dumps(p.get("args")))
+            elif method == "Log.entryAdded" and p["entry"].get("level") == "error":
+                errors.append(p["entry"].get("text", "error"))
+        self.events = [e for e in self.events if e.get("sessionId") != sess]
+        self.send("Target.closeTarget", {"targetId": target})
+        info["errors"] = errors
+        return info
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close", timeout=10)
+        except (OSError, RuntimeError, TimeoutError):
+            pass
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # only the browser this fixture started, by its own handle
+            self.proc.wait()
+        os.close(self._w)
+        os.close(self._r)
+        self.stderr.close()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.skip("chromium not installed (apt-get install chromium; bootstrap.sh does)")
+    b = Chromium(tmp_path_factory.mktemp("chromium"))
+    yield b
+    b.close()
+
+
+# ------------------------------------------------------------------------------ fixture sweeps
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> Path:
+    """A reports root with realistic synthetic sweeps: nodes 1-4, 3 batch sizes, 2 links,
+    3 repeats, one failed run whose error holds a script tag, two planned runs missing."""
+    root = tmp_path_factory.mktemp("reports")
+    results.synthetic_sweep(root, "20261120-0900-lab", bandwidths=(1000.0, 10000.0),
+                            batch_sizes=(16, 32, 64), nodes=(1, 2, 3, 4), repeats=3,
+                            failed=[XSS], missing=2)
+    results.synthetic_sweep(root, "20261121-0900-fast", bandwidths=(10000.0,), seed=4,
+                            target="aws", cluster="lab-b")
+    os.symlink("20261120-0900-lab", root / "latest")
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(reports) -> Path:
+    return report.build("latest", root=reports)[0]
+
+
+def test_report_is_one_self_contained_page(built, reports):
+    assert built == reports / "20261120-0900-lab" / "index.html"
+    page = built.read_text()
+    assert "<script" not in page.lower()  # the page has no script at all ...
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; gave up" in page  # ... the error is text
+    assert "default-src 'none'" in page  # and the CSP forbids any that slipped in
+    # nothing external: every src is a data: image, no stylesheet or font links
+    assert re.findall(r'src="(?!data:image/png;base64,)', page) == []
+    assert "<link" not in page and "@import" not in page and "url(" not in page
+    assert len(re.findall(r"<img ", page)) == 6
+    assert (reports / "20261120-0900-lab" / "results.csv").exists()
+
+
+def test_report_says_what_it_shows(built):
+    page = built.read_text()
+    for text in ("SYNTHETIC DATA", "Partial sweep", "2 of 78 planned runs have no record",
+                 "train-n04-p1-b064-bw10000-r1", "Total throughput vs world size",
+                 "Scaling efficiency vs world size", "Throughput per worker",
+                 "Step time split into compute and communication",
+                 "Allreduce bus bandwidth vs message size",
+                 "Measured vs predicted scaling efficiency", "network-bound", "Failed runs",
+                 "All training runs", "link rates measured", "Software manifest",
+                 "Sweep parameters", "95% confidence interval"):
+        assert text in page, text
+
+
+@needs_chromium
+def test_report_renders_in_chromium_without_errors(built, browser):
+    shot = ARTIFACTS / "report.png"
+    info = browser.open(built, screenshot=shot)
+    assert info["errors"] == []
+    assert len(info["images"]) == 6
+    assert all(img["complete"] and img["width"] > 0 for img in info["images"]), info["images"]
+    assert info["scripts"] == 0
+    assert info["resources"] == []  # nothing fetched beyond the page itself
+    assert XSS in info["text"]  # shown as text, literally
+    assert shot.stat().st_size > 50_000
+
+
+@needs_chromium
+def test_the_browser_check_catches_a_broken_page(tmp_path, browser):
+    # the negative control: without it an always-empty error list would prove nothing
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><img src="missing.png">'
+                   "<script>throw new Error('boom')</script></body></html>")
+    info = browser.open(bad)
+    assert info["images"][0]["width"] == 0
+    assert any("boom" in e for e in info["errors"])
+
+
+@needs_chromium
+def test_comparison_puts_sweeps_on_shared_axes(reports, browser, tmp_path):
+    out = report.build(["20261120-0900-lab", "20261121-0900-fast"], tmp_path / "cmp",
+                       compare=True, root=reports)[0]
+    page = out.read_text()
+    assert "scalelab comparison: 20261120-0900-lab vs 20261121-0900-fast" in page
+    assert page.count("<img ") == 6 and "<script" not in page.lower()
+    assert "../" in page  # links to each sweep's results.csv, relative
+    info = browser.open(out, screenshot=ARTIFACTS / "compare.png")
+    assert info["errors"] == []
+    assert all(img["width"] > 0 for img in info["images"])
+
+
+def test_comparison_needs_two_distinct_sweeps(reports):
+    with pytest.raises(ScalelabError, match="two or more"):
+        report.build(["latest"], compare=True, root=reports)
+    with pytest.raises(ScalelabError, match="same sweep twice"):
+        report.build(["latest", "20261120-0900-lab"], compare=True, root=reports)
+
+
+def test_unknown_sweep_names_the_known_ones(reports):
+    with pytest.raises(ScalelabError) as err:
+        report.build(["nosuch"], root=reports)
+    msg = str(err.value)
+    assert "'nosuch' not found" in msg
+    assert "20261120-0900-lab" in msg and "20261121-0900-fast" in msg
+
+
+def test_prefix_and_reports_root_from_the_environment(reports, monkeypatch):
+    monkeypatch.setenv("SCALELAB_REPORTS", str(reports))
+    assert report.resolve_sweep("20261121") == (reports / "20261121-0900-fast").resolve()
+    with pytest.raises(ScalelabError, match="ambiguous"):
+        report.resolve_sweep("2026112")
+
+
+def test_latest_without_a_symlink_is_a_clear_error(tmp_path):
+    results.synthetic_sweep(tmp_path, "only", nodes=(1, 2), repeats=1)
+    with pytest.raises(ScalelabError, match="no latest sweep.*known sweeps: only"):
+        report.build("latest", root=tmp_path)
+
+
+def test_empty_sweep_is_a_clear_error(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    (d / "sweep.json").write_text(json.dumps({"sweep_id": "empty", "planned_runs": ["a"]}))
+    with pytest.raises(ScalelabError, match="'empty' has no runs recorded yet"):
+        report.build("empty", root=tmp_path)
+
+
+def test_all_failed_sweep_is_a_clear_error_with_the_first_error(tmp_path):
+    d = results.synthetic_sweep(tmp_path, "bad", nodes=(1,), batch_sizes=(32,), repeats=1,
+                                bandwidths=(1000.0,), allreduce=False,
+                                failed=["torch.distributed: connection refused"])
+    with pytest.raises(ScalelabError, match=r"all 1 training runs .*connection refused"):
+        report.build(str(d), root=tmp_path)
+
+
+def test_truncated_store_still_reports(reports, tmp_path):
+    src = reports / "20261121-0900-fast"
+    d = tmp_path / "crashed"
+    shutil.copytree(src, d)
+    with (d / "runs.jsonl").open("a") as fh:
+        fh.write('{"sweep_id": "20261121-0900-fast", "run_id": "train-n09')
+    path = report.build_report(d)
+    assert path == d / "index.html" and "Total throughput" in path.read_text()
+
+
+def test_single_repeat_sweep_has_no_error_bars_but_renders(tmp_path):
+    results.synthetic_sweep(tmp_path, "one", nodes=(1, 2), batch_sizes=(32,),
+                            bandwidths=(None,), repeats=1, allreduce=False)
+    page = report.build("one", root=tmp_path)[0].read_text()
+    assert page.count("<img ") == 5  # no allreduce probes: no busbw figure
+    assert "native" in page

