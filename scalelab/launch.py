@@ -26,7 +26,7 @@ from scalelab.nodes import Node
 
 log = logging.getLogger(__name__)
 
-RESULT = re.compile(r"^SCALELAB_RESULT (?P<json>\{.*\})\s*$", re.MULTILINE)
+RESULT = re.compile(r"SCALELAB_RESULT (?P<json>\{.*\})\s*$", re.MULTILINE)  # horovodrun prefixes lines
 PGID = re.compile(r"^SCALELAB_PGID (?P<pgid>\d+)\s*$", re.MULTILINE)
 WORKLOADS = "bench/workloads"
 
