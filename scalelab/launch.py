@@ -4,6 +4,13 @@ Every remote command runs as the leader of a new session (`setsid -w`), and prin
 process-group id first; on timeout, failure or Ctrl-C the driver ends exactly that group
 on each node (TERM, then KILL), and the local ssh clients by their pids. Nothing is ever
 killed by name.
+
+Every launch carries a random token in its ranks' environment (SCALELAB_LAUNCH); a process
+group is only ended on a node if one of its members carries that token, so a group id that
+the node has since given to another process (after a reboot, or pid reuse while the node was
+unreachable) is never touched. A node that cannot be reached when its group is to be ended
+(a cut link) is retried for a while; if it stays unreachable, its group stays listed in the
+inflight file and is ended before the next run, on --resume, or by destroy.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import shlex
 import signal
 import subprocess
@@ -29,6 +37,10 @@ log = logging.getLogger(__name__)
 RESULT = re.compile(r"SCALELAB_RESULT (?P<json>\{.*\})\s*$", re.MULTILINE)  # horovodrun prefixes lines
 PGID = re.compile(r"^SCALELAB_PGID (?P<pgid>\d+)\s*$", re.MULTILINE)
 WORKLOADS = "bench/workloads"
+TOKEN_VAR = "SCALELAB_LAUNCH"
+# A dead node or a cut link is noticed by ssh's keep-alives: 3 unanswered at 3 s intervals.
+# (ssh keeps the first value given for an option, so these go before ssh_args' own.)
+KEEPALIVE = ["-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3"]
 
 
 class LaunchError(ScalelabError):
@@ -138,7 +150,8 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     bindir = rt.python.rsplit("/", 1)[0]
     argv = [f"{bindir}/horovodrun", "--gloo", "-np", str(len(nodes) * procs_per_node),
             "-H", hosts]
-    if nodes[0].iface:
+    if nodes[0].iface and len(nodes) > 1:
+        # one node: horovodrun runs everything over loopback and refuses a named interface
         argv += ["--network-interfaces", nodes[0].iface]
     argv += ["--gloo-timeout-seconds", "60", rt.python, f"{rt.workdir}/{WORKLOADS}/{script}",
              *args]
@@ -154,12 +167,54 @@ def remote_line(cmd: RankCommand, workdir: str) -> str:
     return f"cd {shlex.quote(workdir)} && exec setsid -w sh -c {shlex.quote(inner)}"
 
 
+def ssh_argv(node: Node, known_hosts: str) -> list[str]:
+    """ssh_args with faster keep-alives: a rank's ssh client is how a lost node is noticed.
+
+    >>> n = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", ssh_key="/s/id")
+    >>> ssh_argv(n, "/s/kh")[:5]
+    ['ssh', '-o', 'ServerAliveInterval=3', '-o', 'ServerAliveCountMax=3']
+    """
+    base = ssh.ssh_args(node, known_hosts)
+    return [base[0], *KEEPALIVE, *base[1:]]
+
+
+def reap_line(pgid: int, token: str = "", grace_s: float = 3.0) -> str:
+    """Shell line that ends a process group on a node: TERM, up to grace_s, then KILL.
+
+    With a token, only a group one of whose members carries SCALELAB_LAUNCH=<token> in its
+    environment is touched (so a reused group id is left alone). Exits 0 whenever it ran, so
+    a non-zero exit means ssh itself failed.
+
+    >>> line = reap_line(4242, "ab12", 1.0)
+    >>> "kill -TERM -- -4242" in line and "SCALELAB_LAUNCH=ab12" in line
+    True
+    >>> "environ" in reap_line(4242)
+    False
+    """
+    pgid = int(pgid)
+    ticks = max(1, int(grace_s * 10))
+    end = (f"kill -TERM -- -{pgid} 2>/dev/null; i=0; while [ $i -lt {ticks} ]; do "
+           f"kill -0 -- -{pgid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; "
+           f"kill -KILL -- -{pgid} 2>/dev/null; exit 0")
+    if not token:
+        return end
+    if not re.fullmatch(r"[0-9a-f]{1,64}", token):
+        raise LaunchError(f"launch token {token!r} is not hex")
+    ours = ("ours() { for s in /proc/[0-9]*/stat; do { read -r l < \"$s\"; } 2>/dev/null || "
+            "continue; set -- ${l##*) }; [ \"$3\" = \"" + str(pgid) + "\" ] || continue; "
+            "p=${s#/proc/}; p=${p%/stat}; tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | "
+            f"grep -qx '{TOKEN_VAR}={token}' && return 0; done; return 1; }}; ")
+    return ours + "ours || exit 0; " + end
+
+
 @dataclass
 class RankOutcome:
     node: str
     returncode: int | None
     stdout: str
     stderr: str
+    ended_s: float | None = None  # seconds after launch when it exited by itself
+    reaped: bool = False  # still running when scalelab ended it (after a failure, timeout, stop)
 
 
 @dataclass
@@ -169,23 +224,67 @@ class LaunchResult:
     error: str
     outcomes: list[RankOutcome]
     duration_s: float
+    unreaped: list[str] = field(default_factory=list)  # nodes whose process group is left over
+
+
+def end_groups(groups: list[tuple[Node, int]], known_hosts: str, token: str = "",
+               grace_s: float = 3.0, retry_s: float = 20.0) -> list[tuple[Node, int]]:
+    """End process groups on their nodes, in parallel; return those that could not be reached.
+
+    A node that does not answer (a cut link, sshd busy) is retried for retry_s; each try is
+    bounded by ssh's connect timeout and grace_s + 10 s.
+    """
+    failed: list[tuple[Node, int]] = []
+    lock = threading.Lock()
+
+    def one(node: Node, pgid: int) -> None:
+        deadline = time.monotonic() + retry_s
+        line = reap_line(pgid, token, grace_s)
+        while True:
+            try:
+                proc = ssh.run(node, known_hosts, line, timeout=grace_s + 10, check=False)
+                if proc.returncode == 0:
+                    return
+                err = proc.stderr.strip().splitlines()
+                why = err[-1] if err else f"ssh exit {proc.returncode}"
+            except CommandError as exc:
+                why = str(exc)
+            if time.monotonic() + 1 > deadline:
+                log.warning("could not end process group %s on %s: %s", pgid, node.name, why)
+                with lock:
+                    failed.append((node, pgid))
+                return
+            time.sleep(1)
+
+    threads = [threading.Thread(target=one, args=g, daemon=True) for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=retry_s + grace_s + 20)
+    return failed
 
 
 class Launch:
     """One distributed run in flight: ssh clients on the controller, process groups on nodes."""
 
-    def __init__(self, commands: list[RankCommand], rt: Runtime) -> None:
+    def __init__(self, commands: list[RankCommand], rt: Runtime, token: str | None = None) -> None:
         self.commands = commands
         self.rt = rt
+        self.token = secrets.token_hex(8) if token is None else token
         self.procs: list[subprocess.Popen] = []
         self.pgids: dict[str, int] = {}
+        self.pending: list[dict[str, Any]] = []  # groups of earlier launches still to end
+        self._ended: dict[int, float] = {}  # index -> when its ssh client exited by itself
+        self._t0 = time.monotonic()
         self._buffers: list[tuple[list[str], list[str]]] = []
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        self._t0 = time.monotonic()
         for cmd in self.commands:
-            argv = ssh.ssh_args(cmd.node, self.rt.known_hosts) + [
-                "--", remote_line(cmd, self.rt.workdir)]
+            env = {**cmd.env, TOKEN_VAR: self.token} if self.token else cmd.env
+            line = remote_line(RankCommand(cmd.node, cmd.argv, env), self.rt.workdir)
+            argv = ssh_argv(cmd.node, self.rt.known_hosts) + ["--", line]
             log.debug("launch on %s: %s", cmd.node.name, shlex.join(cmd.argv))
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -208,46 +307,63 @@ class Launch:
                     self.pgids[node] = int(m["pgid"])
         stream.close()
 
-    def wait(self, timeout_s: float, fail_grace_s: float = 10.0,
+    def _note_exits(self) -> list[int | None]:
+        now = time.monotonic()
+        codes = [p.poll() for p in self.procs]
+        for i, c in enumerate(codes):
+            if c is not None and i not in self._ended:
+                self._ended[i] = now
+        return codes
+
+    def entries(self) -> list[dict[str, Any]]:
+        """What the inflight file lists: this launch's groups, and older ones still to end."""
+        return self.pending + [{"node": c.node.to_dict(), "pgid": self.pgids[c.node.name],
+                                "token": self.token}
+                               for c in self.commands if c.node.name in self.pgids]
+
+    def wait(self, timeout_s: float, fail_grace_s: float = 5.0,
              stop: threading.Event | None = None, inflight: Path | None = None) -> str:
         """Wait for every rank; returns ok, failed, timeout or interrupted.
 
-        inflight: a file kept listing {node address: process-group id} while the run is in
-        flight, so that a driver killed with SIGKILL can reap them on --resume.
+        Once a rank has failed, the others get fail_grace_s to fail by themselves (and say
+        why), then the run is failed: they are usually stuck in a collective with the dead
+        rank. inflight: a file kept listing the process groups while the run is in flight,
+        so that a driver killed with SIGKILL can reap them on --resume.
         """
         deadline = time.monotonic() + timeout_s
         first_fail: float | None = None
-        written = 0
+        written = -1 if self.pending else 0
         while True:
             if inflight is not None and len(self.pgids) != written:
                 written = len(self.pgids)
-                write_inflight(inflight, self.commands, self.pgids)
-            codes = [p.poll() for p in self.procs]
+                save_inflight(inflight, self.entries())
+            codes = self._note_exits()
+            now = time.monotonic()
             if all(c is not None for c in codes):
                 return "ok" if all(c == 0 for c in codes) else "failed"
-            if any(c not in (None, 0) for c in codes) and first_fail is None:
-                first_fail = time.monotonic()
-            if first_fail is not None and time.monotonic() - first_fail > fail_grace_s:
+            if first_fail is None and any(c not in (None, 0) for c in codes):
+                first_fail = now
+            if first_fail is not None and now - first_fail > fail_grace_s:
                 return "failed"  # the others are stuck waiting for the dead rank
             if stop is not None and stop.is_set():
                 return "interrupted"
-            if time.monotonic() > deadline:
+            if now > deadline:
                 return "timeout"
             time.sleep(0.05)
 
-    def reap(self, grace_s: float = 3.0) -> None:
-        """End every process group we started on the nodes, then the local ssh clients."""
-        for cmd in self.commands:
-            pgid = self.pgids.get(cmd.node.name)
-            if pgid is None:
-                continue
-            line = (f"kill -TERM -- -{pgid} 2>/dev/null; for i in $(seq 1 {int(grace_s * 10)}); "
-                    f"do kill -0 -- -{pgid} 2>/dev/null || exit 0; sleep 0.1; done; "
-                    f"kill -KILL -- -{pgid} 2>/dev/null; exit 0")
-            try:
-                ssh.run(cmd.node, self.rt.known_hosts, line, timeout=grace_s + 10, check=False)
-            except CommandError as exc:
-                log.warning("could not reap process group %s on %s: %s", pgid, cmd.node.name, exc)
+    def reap(self, grace_s: float = 3.0, retry_s: float = 20.0) -> list[str]:
+        """End every process group we started on the nodes, then the local ssh clients.
+
+        Returns the nodes whose group could not be ended (unreachable for retry_s); their
+        groups are kept in self.pending.
+        """
+        self._note_exits()
+        # every group, also of ranks whose ssh client has exited: after a lost connection
+        # (exit 255) the group may well still run on the node
+        groups = [(c.node, self.pgids[c.node.name]) for c in self.commands
+                  if c.node.name in self.pgids]
+        failed = end_groups(groups, self.rt.known_hosts, self.token, grace_s, retry_s)
+        self.pending += [{"node": n.to_dict(), "pgid": g, "token": self.token} for n, g in failed]
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -260,10 +376,17 @@ class Launch:
                 p.wait(timeout=5)
         for t in self._threads:
             t.join(timeout=2)
+        return [n.name for n, _ in failed]
 
     def outcomes(self) -> list[RankOutcome]:
-        return [RankOutcome(c.node.name, p.returncode, "".join(o), "".join(e))
-                for c, p, (o, e) in zip(self.commands, self.procs, self._buffers, strict=True)]
+        out = []
+        for i, (c, p, (o, e)) in enumerate(zip(self.commands, self.procs, self._buffers,
+                                              strict=True)):
+            natural = i in self._ended
+            out.append(RankOutcome(c.node.name, p.returncode, "".join(o), "".join(e),
+                                   round(self._ended[i] - self._t0, 3) if natural else None,
+                                   reaped=not natural))
+        return out
 
 
 def parse_result(stdout: str) -> dict[str, Any] | None:
@@ -276,53 +399,195 @@ def parse_result(stdout: str) -> dict[str, Any] | None:
     return json.loads(matches[-1]) if matches else None
 
 
+# torchrun's ChildFailedError summary ("Root Cause (first observed failure)") fields
+_TR_FIELD = re.compile(r"^\s*(?P<key>rank|exitcode|traceback)\s*:\s*(?P<value>.*?)\s*$")
+_EXC = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<exc>(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*"
+                  r"(?:Error|Exception|Exit|Interrupt|Warning)\b.*)$")
+_SSH_ERR = re.compile(r"^ssh: |Permission denied|Host key verification failed|"
+                      r"Connection (?:closed|reset|timed out|refused)|Timeout, server|"
+                      r"kex_exchange_identification|No route to host|Broken pipe")
+_NOISE = re.compile(r"^\s*(?:[=\-]{8,}|File \".*|\^+|Traceback \(most recent call last\):|"
+                    r"\[W\d{4} .*|\[rank\d+\]:\s*(?:At:|\s.*)?)\s*$")
+
+
+def _clean(text: str) -> str:
+    """Strip what makes an exception line long without saying more (source paths, advice).
+
+    >>> _clean("[rank0]: RuntimeError: Got the following error when running the callback: "
+    ...        "RuntimeError: [/x/gloo/transport/tcp/pair.cc:537] Read error [10.0.0.11]:1: "
+    ...        "Connection reset by peer. This is typically caused by a remote worker hanging")
+    'RuntimeError: Read error [10.0.0.11]:1: Connection reset by peer.'
+    """
+    text = re.sub(r"^\[rank\d+\]:\s*", "", text.strip())
+    text = re.sub(r"\[/[^\]\s]*\.(?:cc|cpp|h|hpp|py):\d+\]\s*", "", text)
+    text = re.sub(r"Got the following error when running the callback: \w+(?:Error|Exception): ",
+                  "", text)
+    text = text.split(" This is typically caused")[0]
+    return text[:300]
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def rank_reason(stderr: str, returncode: int | None) -> str:
+    """Why a rank's command failed, in one phrase, from its exit code and stderr.
+
+    Reads torchrun's failure summary when there is one, else the last exception line,
+    else the last meaningful line; exit 255 with nothing from the workload is ssh's own.
+
+    >>> rank_reason("exitcode  : -9 (pid: 7)  (SIGKILL)\\n  rank      : 1 (local_rank: 0)\\n", 1)
+    'rank 1 killed by signal 9 (SIGKILL)'
+    >>> rank_reason("[rank0]: RuntimeError: Connection closed by peer [10.0.0.11]:5\\n"
+    ...             "  rank      : 0 (local_rank: 0)\\n  exitcode  : 1 (pid: 8)\\n", 1)
+    'rank 0 exit 1: RuntimeError: Connection closed by peer [10.0.0.11]:5'
+    >>> rank_reason("[resnet.py] rank 1/2 on n1\\n", 255)
+    'lost the SSH connection (node down, sshd gone or link cut)'
+    >>> rank_reason("ssh: connect to host 10.0.0.11 port 22: Connection refused\\n", 255)
+    'ssh: connect to host 10.0.0.11 port 22: Connection refused'
+    >>> rank_reason("netprobe.py: error: bind failed\\n", 2)
+    'exit 2: netprobe.py: error: bind failed'
+    """
+    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip() and not PGID.match(ln)]
+    fields: dict[str, str] = {}
+    for ln in lines:
+        m = _TR_FIELD.match(ln)
+        if m:
+            fields[m["key"]] = m["value"]
+    excs = [ln for ln in lines if _EXC.match(ln.strip()) and "ChildFailedError" not in ln
+            and "SignalException" not in ln]
+    meaningful = [ln for ln in lines if not _NOISE.match(ln)]
+    code = returncode
+    who = ""
+    if "exitcode" in fields:
+        m = re.match(r"-?\d+", fields["exitcode"])
+        if m:
+            code = int(m.group())
+            rank = re.match(r"\d+", fields.get("rank", ""))
+            who = f"rank {rank.group()} " if rank else "a rank "
+    if code is not None and code < 0:
+        return f"{who}killed by signal {-code} ({_signal_name(-code)})"
+    if returncode == 255 and not who:
+        sshline = [ln for ln in lines if _SSH_ERR.search(ln)]
+        if sshline:
+            return sshline[-1].strip()[:300]
+        return "lost the SSH connection (node down, sshd gone or link cut)"
+    if excs:
+        return f"{who}exit {code}: {_clean(excs[-1])}"
+    if who and fields.get("traceback") and not fields["traceback"].startswith("To enable"):
+        return f"{who}exit {code}: {fields['traceback'][:300]}"
+    if code in (137, 143):
+        return f"exit {code}: killed by {_signal_name(code - 128)}"
+    why = meaningful[-1].strip()[:300] if meaningful else "no error output"
+    return f"{who}exit {code}: {why}"
+
+
 def explain_failure(outcomes: list[RankOutcome], status: str, timeout_s: float) -> str:
-    """One line saying what went wrong, from the ranks' exit codes and last stderr lines."""
+    """One line saying what went wrong: the ranks that failed by themselves, first first.
+
+    >>> outs = [RankOutcome("n0", -15, "", "", None, reaped=True),
+    ...         RankOutcome("n1", 255, "", "", 12.5)]
+    >>> explain_failure(outs, "failed", 60)
+    'n1: lost the SSH connection (node down, sshd gone or link cut); still running and ended: n0'
+    >>> explain_failure(outs[:1], "timeout", 60)
+    'timed out after 60 s'
+    """
     if status == "timeout":
         return f"timed out after {timeout_s:g} s"
     if status == "interrupted":
         return "interrupted by the user"
-    reasons = []
-    for o in outcomes:
-        if o.returncode in (0, None):
-            continue
-        tail = [ln for ln in o.stderr.splitlines() if ln.strip() and not PGID.match(ln)]
-        why = tail[-1].strip() if tail else ""
-        if o.returncode == 255 and not why:
-            why = "ssh connection lost"
-        if o.returncode < 0 or o.returncode in (137, 143):
-            why = why or "killed by a signal"
-        reasons.append(f"{o.node} exit {o.returncode}: {why}"[:400])
-    return "; ".join(reasons) or "no result line from rank 0"
+    failed = [o for o in outcomes if o.returncode not in (0, None) and not o.reaped]
+    failed.sort(key=lambda o: o.ended_s if o.ended_s is not None else float("inf"))
+    reasons = [f"{o.node}: {rank_reason(o.stderr, o.returncode)}"[:400] for o in failed]
+    if not reasons:
+        return "no result line from rank 0"
+    ended = [o.node for o in outcomes if o.reaped]
+    if ended:
+        reasons.append(f"still running and ended: {', '.join(ended)}")
+    return "; ".join(reasons)
+
+
+def save_inflight(path: Path, entries: list[dict[str, Any]]) -> None:
+    """Write the inflight file (or remove it when nothing is listed), whole or not at all."""
+    from scalelab.state import write_atomic
+
+    try:
+        if entries:
+            write_atomic(path, json.dumps(entries) + "\n", mode=0o600)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"cannot write {path} ({exc.strerror}); the run in flight was "
+                          f"stopped and not recorded; free space, then resume the sweep "
+                          f"(invoke bench --resume {path.parent.name})") from None
 
 
 def write_inflight(path: Path, commands: list[RankCommand], pgids: dict[str, int]) -> None:
-    from scalelab.state import write_atomic
-
-    entries = [{"node": c.node.to_dict(), "pgid": pgids[c.node.name]}
-               for c in commands if c.node.name in pgids]
-    write_atomic(path, json.dumps(entries) + "\n", mode=0o600)
+    save_inflight(path, [{"node": c.node.to_dict(), "pgid": pgids[c.node.name]}
+                         for c in commands if c.node.name in pgids])
 
 
-def reap_inflight(path: Path, known_hosts: str) -> int:
-    """End the process groups a killed driver left running (listed in its inflight file)."""
-    if not path.exists():
+def _load_inflight(path: Path) -> list[dict[str, Any]]:
+    try:
+        entries = json.loads(path.read_text() or "[]")
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        log.warning("%s unreadable (%s); no process groups to end from it", path, exc)
+        return []
+    return [e for e in entries if isinstance(e, dict) and "node" in e and "pgid" in e] \
+        if isinstance(entries, list) else []
+
+
+def _end_entries(entries: list[dict[str, Any]], known_hosts: str,
+                 retry_s: float) -> list[dict[str, Any]]:
+    """End listed groups (each with its own token); return the entries still unreachable."""
+    left = []
+    by_token: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_token.setdefault(str(e.get("token") or ""), []).append(e)
+    for token, group in by_token.items():
+        nodes = [(Node.from_dict(e["node"]), int(e["pgid"])) for e in group]
+        failed = {(n.name, g) for n, g in end_groups(nodes, known_hosts, token, retry_s=retry_s)}
+        left += [e for e in group if (e["node"]["name"], int(e["pgid"])) in failed]
+    return left
+
+
+def reap_inflight(path: Path, known_hosts: str, retry_s: float = 20.0) -> int:
+    """End the process groups a killed driver (or an unreachable node) left running.
+
+    Returns how many were listed; those still unreachable stay in the file.
+    """
+    entries = _load_inflight(path)
+    if not entries:
+        path.unlink(missing_ok=True)
         return 0
-    entries = json.loads(path.read_text() or "[]")
-    commands = [RankCommand(Node.from_dict(e["node"]), []) for e in entries]
-    launch = Launch(commands, Runtime("", "", known_hosts))
-    launch.pgids = {e["node"]["name"]: int(e["pgid"]) for e in entries}
-    launch.reap()
-    path.unlink()
+    left = _end_entries(entries, known_hosts, retry_s)
+    try:
+        save_inflight(path, left)
+    except LaunchError as exc:
+        log.warning("%s", exc)
     return len(entries)
 
 
 def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
         stop: threading.Event | None = None, inflight: Path | None = None) -> LaunchResult:
-    """Start, wait, reap; the result is read from the head node's stdout."""
+    """Start, wait, reap; the result is read from the head node's stdout.
+
+    Groups that an earlier launch could not end (listed in the inflight file) are ended
+    first; those still unreachable stay listed.
+    """
     t0 = time.monotonic()
     launch = Launch(commands, rt)
+    if inflight is not None:
+        leftover = _load_inflight(inflight)
+        if leftover:
+            launch.pending = _end_entries(leftover, rt.known_hosts, retry_s=5.0)
     status = "failed"
+    unreaped: list[str] = []
     try:
         launch.start()
         status = launch.wait(timeout_s, stop=stop, inflight=inflight)
@@ -330,15 +595,22 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
         status = "interrupted"
         raise
     finally:
-        launch.reap()
+        unreaped = launch.reap()
         if inflight is not None:
-            inflight.unlink(missing_ok=True)
+            try:
+                save_inflight(inflight, launch.pending)
+            except LaunchError as exc:
+                log.warning("%s", exc)
     outcomes = launch.outcomes()
     result = parse_result(outcomes[0].stdout) if outcomes else None
     if status == "ok" and result is None:
         status = "failed"
     error = "" if status == "ok" else explain_failure(outcomes, status, timeout_s)
-    return LaunchResult(status, result, error, outcomes, time.monotonic() - t0)
+    if unreaped:
+        error += (f"{'; ' if error else ''}could not end the ranks on {', '.join(unreaped)} "
+                  "(unreachable); they are ended before the next run, on --resume, or by "
+                  "invoke destroy")
+    return LaunchResult(status, result, error, outcomes, time.monotonic() - t0, unreaped)
 
 
 def default_runtime(cluster_rec: dict[str, Any]) -> Runtime:

@@ -157,3 +157,16 @@ def test_dry_run_lists_runs_and_writes_nothing(cluster, reports):
     assert proc.returncode == 0, proc.stderr
     assert "6 runs on cluster" in proc.stdout and "estimated" in proc.stdout
     assert not reports.exists()
+
+
+def test_horovod_engine_runs_across_two_nodes(cluster, reports):
+    pytest.importorskip("horovod.torch", reason="horovod not built (scripts/build_horovod.sh)")
+    proc = bench(cluster, reports, "--nodes", "1,2", "--batch-size", "16", "--model", "resnet20",
+                 "--engine", "horovod", "--steps", "3", "--repeats", "1", "--no-report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    train = [r for r in runs_of(sweep_dir) if r["kind"] == "train"]
+    assert {r["status"] for r in train} == {"ok"}, [r["error"] for r in train]
+    two = next(r for r in train if r["params"]["world_size"] == 2)
+    assert sorted(x["host"] for x in two["ranks"]) == [f"{cluster}-n0", f"{cluster}-n1"]
+    assert two["env"]["horovod"]

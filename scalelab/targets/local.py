@@ -392,6 +392,7 @@ class LocalCluster:
                 step = "link rate"
                 self._shape_all(rec, rate)
             self._write_known_hosts(rec)
+            self._write_hosts(rec)
             self.save(rec)
             inventory.write(self.name, self.nodes(rec), known_hosts=str(self.known_hosts))
         except Exception as exc:
@@ -547,6 +548,18 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"sshd on {addr} did not answer within {timeout_s:g} s")
             time.sleep(0.02)
+
+    def _write_hosts(self, rec: dict[str, Any]) -> None:
+        """Every node resolves every node's name (gloo and horovodrun look hostnames up).
+
+        Written in place into each node's upper layer, so a running node sees the change."""
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        lines += [f"{n['address']} {n['name']}" for n in rec["nodes"]]
+        text = "\n".join(lines) + "\n"
+        for n in rec["nodes"]:
+            path = self._node_paths(n["name"])["upper"] / "etc" / "hosts"
+            with open(path, "w") as fh:  # same inode: visible through the mounted overlay
+                fh.write(text)
 
     def _write_known_hosts(self, rec: dict[str, Any]) -> None:
         lines = []
