@@ -192,10 +192,8 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             counts = driver.resume(sweep_dir, prep, bar.update, stop)
         else:
             sweep_dir, counts = driver.start(prep, root, bar.update, stop)
-    except KeyboardInterrupt:
-        bar.close()
-        raise
-    bar.close()
+    finally:
+        bar.close()  # before the error line, which must come last and alone
     print(f"sweep {sweep_dir.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
     print(f"results: {sweep_dir / 'results.csv'}")
     if report:
@@ -209,13 +207,16 @@ class _Bar:
     """tqdm bar over runs: run k of n, the current configuration, and an ETA."""
 
     def __init__(self, total: int, estimate_s: float) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="run", dynamic_ncols=True,
-                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+        self.total = total
+        self.bar = None  # drawn when the first run starts, so a preflight error stands alone
         self.failed = 0
 
     def update(self, p) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="run", dynamic_ncols=True,
+                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
         if p.record is None:
             self.bar.set_description_str(f"run {p.index + 1}/{p.total}")
             self.bar.set_postfix_str(p.description.strip())
@@ -226,11 +227,36 @@ class _Bar:
         self.bar.update(1)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _progress_bar(total: int, estimate_s: float) -> _Bar:
     return _Bar(total, estimate_s)
+
+
+@task(help={
+    "cluster": "cluster to configure (its inventory is inventories/<cluster>.yml)",
+    "tags": "only these roles, comma-separated: common, docker_nvidia, nfs, pytorch, horovod, "
+            "jupyterlab, netshape",
+    "check": "check mode: report what would change, change nothing",
+    "verify": "afterwards, run playbooks/verify.yml (observable state of every role)",
+}, auto_shortflags=False)
+@friendly
+def configure(c, cluster="demo", tags="", check=False, verify=False):
+    """Run playbooks/site.yml on a cluster through ansible-runner, with progress per task."""
+    from scalelab import configure as cfg
+
+    def show(p) -> None:
+        line = cfg.format_progress(p)
+        if line:
+            print(line, flush=True)
+
+    result = cfg.run(cluster, tags=tags or None, check=check, progress=show)
+    print(f"{cluster}: configured in {result.duration_s:.0f} s, {result.changed} changes")
+    if verify:
+        cfg.verify(cluster, tags=tags or None, progress=show)
+        print(f"{cluster}: verified")
 
 
 @task(help={
@@ -317,4 +343,5 @@ def lint(c):
     print("lint: all clean")
 
 
-ns = Collection(provision, destroy, status, check, shape, bench, report, demo, test, lint)
+ns = Collection(provision, destroy, status, check, shape, configure, bench, report, demo, test,
+                lint)

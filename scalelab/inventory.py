@@ -52,7 +52,9 @@ def render(cluster: str, nodes: list[Node], known_hosts: str | None = None,
             "vars": {
                 "scalelab_cluster": cluster,
                 "ansible_ssh_common_args": ssh_common_args(known_hosts, bastion),
-                "ansible_python_interpreter": "auto_silent",
+                # nodes of the local target see the host's pyenv shims first; the system
+                # python is what Ansible's modules need on every target
+                "ansible_python_interpreter": "/usr/bin/python3",
             },
             "children": groups,
         }

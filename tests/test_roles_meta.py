@@ -1,0 +1,180 @@
+"""Meta-tests that keep the Ansible side honest: lint, documented defaults, prefixed variables,
+secrets under no_log, and the netshape role's arithmetic equal to the bench driver's."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalelab import netshape
+from scalelab.configure import known_tags
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAYBOOKS = ROOT / "playbooks"
+ROLES = sorted(p for p in (PLAYBOOKS / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
+ROLE_NAMES = [r.name for r in ROLES]
+BIN = Path(sys.executable).parent
+
+
+def _tool_env() -> dict[str, str]:
+    # the venv's tools first, as if it were activated (ansible-lint looks for ansible there)
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def _yaml(path: Path):
+    return yaml.safe_load(path.read_text()) or []
+
+
+def _tasks(role: Path) -> list[dict]:
+    """Every task of a role's tasks/ and handlers/, blocks flattened."""
+    out: list[dict] = []
+
+    def walk(items):
+        for t in items or []:
+            if not isinstance(t, dict):
+                continue
+            out.append(t)
+            for key in ("block", "rescue", "always"):
+                walk(t.get(key))
+
+    for sub in ("tasks", "handlers"):
+        for f in sorted((role / sub).glob("*.yml")):
+            walk(_yaml(f))
+    return out
+
+
+def test_the_roles_the_brief_names_are_all_there():
+    assert set(ROLE_NAMES) == {"common", "docker_nvidia", "nfs_server", "nfs_client", "pytorch",
+                               "horovod", "netshape", "jupyterlab"}
+
+
+def test_site_yml_applies_every_role_tagged_with_its_own_name():
+    applied: dict[str, list[str]] = {}
+    for play in _yaml(PLAYBOOKS / "site.yml"):
+        for role in play.get("roles", []):
+            applied[role["role"]] = role.get("tags", [])
+    assert sorted(applied) == ROLE_NAMES
+    for name, tags in applied.items():
+        assert name in tags, f"{name} is applied without the tag {name}"
+    assert set(known_tags()) >= set(ROLE_NAMES)
+
+
+@pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
+def test_every_role_default_appears_in_its_readme(role):
+    defaults = _yaml(role / "defaults" / "main.yml") or {}
+    readme = (role / "README.md").read_text()
+    missing = [k for k in defaults if f"`{k}`" not in readme]
+    assert not missing, f"{role.name}/README.md does not document {missing}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
+def test_role_variables_carry_the_role_prefix(role):
+    prefix = f"{role.name}_"
+    names: list[str] = []
+    for f in ("defaults/main.yml", "vars/main.yml"):
+        if (role / f).exists():
+            names += list((_yaml(role / f) or {}).keys())
+    for t in _tasks(role):
+        if "register" in t:
+            names.append(t["register"])
+        names += list((t.get("vars") or {}).keys())
+        names += [k for k in (t.get("ansible.builtin.set_fact") or {}) if k != "cacheable"]
+        if "loop_control" in t and "loop_var" in t["loop_control"]:
+            names.append(t["loop_control"]["loop_var"])
+    bad = sorted({n for n in names if not n.startswith(prefix)})
+    assert not bad, f"{role.name}: variables without the {prefix} prefix: {bad}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
+def test_every_role_starts_with_an_assert_and_has_meta_and_readme(role):
+    first = _yaml(role / "tasks" / "main.yml")[0]
+    assert "ansible.builtin.assert" in first and first["ansible.builtin.assert"].get("fail_msg")
+    meta = _yaml(role / "meta" / "main.yml")
+    assert meta["galaxy_info"]["role_name"] == role.name
+    assert (role / "README.md").read_text().startswith(f"# {role.name}\n")
+
+
+def test_no_ignore_errors_no_blind_host_keys_and_no_results_through_debug():
+    for path in PLAYBOOKS.rglob("*"):
+        if path.suffix not in (".yml", ".j2", ".cfg", ".py") or not path.is_file():
+            continue
+        text = path.read_text()
+        assert "ignore_errors" not in text, path
+        assert not re.search(r"StrictHostKeyChecking\s*[= ]\s*no", text, re.I), path
+        assert "host_key_checking = False" not in text, path
+    for role in ROLES:
+        for t in _tasks(role):
+            if "ansible.builtin.debug" in t:
+                assert "msg" in t["ansible.builtin.debug"], f"{role.name}: debug of a variable"
+
+
+def test_tasks_that_touch_keys_or_tokens_hide_their_output():
+    """A task that copies the private key or renders the token must have no_log."""
+    for role in ROLES:
+        for t in _tasks(role):
+            body = yaml.safe_dump({k: v for k, v in t.items() if k != "name"})
+            private_key = ("common_ssh_key_src" in body and ".pub" not in body
+                           and "ansible.builtin.copy" in t)
+            token = re.search(r"\bjupyterlab_token\b(?!_)", body) is not None
+            templated_token = (role.name == "jupyterlab" and "ansible.builtin.template" in t
+                               and "jupyter_server_config" in body)
+            if private_key or token or templated_token:
+                assert t.get("no_log") is True, f"{role.name}: {t.get('name')} lacks no_log"
+
+
+def _netshape_filters():
+    path = PLAYBOOKS / "roles" / "netshape" / "filter_plugins" / "netshape_filters.py"
+    spec = importlib.util.spec_from_file_location("netshape_filters", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("rate", ["100kbit", "2500kbit", "100mbit", "250mbit", "1gbit", "10gbit",
+                                  "25gbit", "0.5gbit"])
+def test_netshape_role_writes_the_bench_drivers_token_bucket(rate):
+    from scalelab.units import parse_rate_mbit
+
+    defaults = _yaml(PLAYBOOKS / "roles" / "netshape" / "defaults" / "main.yml")
+    want = _netshape_filters().netshape_want(rate, defaults["netshape_burst_s"],
+                                             defaults["netshape_min_burst_bytes"],
+                                             defaults["netshape_queue_s"])
+    driver = netshape.tbf_params(parse_rate_mbit(rate))
+    assert (want["rate_bit"], want["burst"], want["limit"]) == (
+        driver["rate_bit"], driver["burst_bytes"], driver["limit_bytes"])
+
+
+def test_netshape_reads_tc_output_as_tc_prints_it():
+    f = _netshape_filters()
+    want = f.netshape_want("100mbit")
+    # what `tc -j qdisc show` printed for the bench driver's 100mbit tbf (burst rounded by tc)
+    shown = [{"kind": "tbf", "handle": "80b5:", "root": True,
+              "options": {"rate": 12500000, "burst": 131062, "lat": 10486}}]
+    assert f.netshape_matches(shown, want)
+    assert not f.netshape_matches(shown, f.netshape_want("1gbit"))
+    assert not f.netshape_matches(shown, f.netshape_want("native"))
+    assert f.netshape_matches([{"kind": "noqueue", "root": True}], f.netshape_want("native"))
+    with pytest.raises(Exception, match="not a rate"):
+        f.netshape_want("fast")
+
+
+def test_yamllint_passes():
+    proc = subprocess.run([str(BIN / "yamllint"), "-s", "-c", ".yamllint", "playbooks",
+                           ".yamllint", ".ansible-lint"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=_tool_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_ansible_lint_production_profile_passes():
+    proc = subprocess.run([str(BIN / "ansible-lint"), "--nocolor", "playbooks"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=_tool_env())
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "production" in proc.stdout + proc.stderr
