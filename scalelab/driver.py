@@ -3,17 +3,27 @@
 Plan -> runs -> store. Every finished run is appended (and fsync'ed) to the sweep's
 runs.jsonl before the next one starts, so a crash loses at most the run in flight; `resume`
 runs only what the store lacks.
+
+Ctrl-C (SIGINT) and SIGTERM during start() or resume() do not cut the driver short: they
+stop the sweep at the next safe point. The run in flight is ended on every node and recorded
+as interrupted, link rates are restored, and then KeyboardInterrupt is raised. A driver killed
+outright (SIGKILL) leaves two notes in the sweep directory that --resume acts on: the
+process groups in flight (.inflight.json in the sweep directory), and the rate to restore
+(shaped.json in the cluster's state directory, so that any later sweep restores it).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import platform
+import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +31,13 @@ from typing import Any
 from scalelab import launch, netshape, ssh, store
 from scalelab.errors import ClusterError, CommandError, ScalelabError
 from scalelab.nodes import Node
-from scalelab.state import load_cluster
+from scalelab.state import cluster_dir, load_cluster, write_atomic
 
 log = logging.getLogger(__name__)
 
 BASE_PORT = 29400
 INFLIGHT = ".inflight.json"
+SHAPED = "shaped.json"  # in the cluster's state directory
 
 
 def utcnow() -> str:
@@ -46,17 +57,50 @@ def scalelab_commit() -> str:
 
 
 class Shaper:
-    """Sets one link rate on every node of a cluster; restores the starting rate at the end."""
+    """Sets one link rate on every node of a cluster; restores the starting rate at the end.
 
-    def __init__(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> None:
+    marker: a file that says which rate to go back to while the links are at another one
+    (the local target records the rate it is set to as the cluster's); a driver killed
+    with SIGKILL leaves it behind, and the next Shaper of the cluster restores from it,
+    unless the rate was changed by hand since.
+    """
+
+    def __init__(self, cluster: str, rec: dict[str, Any], nodes: list[Node],
+                 marker: Path | None = None) -> None:
         self.cluster, self.rec, self.nodes = cluster, rec, nodes
         self.local = rec["target"] == "local"
         self.initial = rec.get("bandwidth_mbit") if self.local else None
         self.current: float | None | str = "unset"
+        self.marker = marker
+        note = self._read_marker()
+        if note is not None and (not self.local or note.get("to") == self.initial):
+            self.initial, self.current = note.get("from"), note.get("to")
+            log.info("links were left at %s by an interrupted driver; %s is restored at the end",
+                     netshape.describe(self.current), netshape.describe(self.initial))
+        elif note is not None and self.marker is not None:
+            # the rate was set by hand since (invoke shape): that is the one to keep
+            with suppress(OSError):
+                self.marker.unlink()
+
+    def _read_marker(self) -> dict[str, Any] | None:
+        if self.marker is None:
+            return None
+        try:
+            note = json.loads(self.marker.read_text())
+        except (OSError, ValueError):
+            return None
+        return note if isinstance(note, dict) and "from" in note and "to" in note else None
 
     def set(self, mbit: float | None) -> None:
         if mbit == self.current:
             return
+        if self.marker is not None and mbit != self.initial:
+            # written before the links change, so a SIGKILL at any point leaves it behind
+            try:
+                write_atomic(self.marker, json.dumps({"from": self.initial, "to": mbit}) + "\n")
+            except OSError as exc:
+                raise ClusterError(f"cannot write {self.marker} ({exc.strerror}); links not "
+                                   "changed") from None
         if self.local:
             from scalelab.targets.local import LocalCluster
 
@@ -69,12 +113,15 @@ class Shaper:
                 ssh.run(n, self.rec["known_hosts"], sudo + netshape.shell_command(n.iface, mbit),
                         timeout=30)
         self.current = mbit
+        if self.marker is not None and mbit == self.initial:
+            with suppress(OSError):
+                self.marker.unlink(missing_ok=True)
 
     def restore(self) -> None:
         if self.current != "unset" and self.current != self.initial:
             try:
                 self.set(self.initial)
-            except ScalelabError as exc:
+            except (ScalelabError, OSError) as exc:
                 log.warning("could not restore the link rate: %s", exc)
 
 
@@ -87,8 +134,8 @@ class Progress:
     record: dict[str, Any] | None  # None when the run starts
 
 
-def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: float = 1.0
-                 ) -> float | None:
+def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: float = 1.0,
+                 stop: threading.Event | None = None) -> float | None:
     """Point-to-point TCP throughput head -> second node, in Mbit/s (netprobe)."""
     if len(nodes) < 2:
         return None
@@ -101,7 +148,7 @@ def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: floa
         launch.RankCommand(server, [rt.python, wl, "server", "--bind", server.private_address,
                                     "--port", str(port), "--timeout", str(int(seconds + 15))]),
     ]
-    res = launch.run(cmds, rt, timeout_s=seconds + 30)
+    res = launch.run(cmds, rt, timeout_s=seconds + 30, stop=stop)
     if res.status != "ok" or not res.result:
         log.warning("netprobe failed: %s", res.error)
         return None
@@ -130,17 +177,28 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
 
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             on_progress: Callable[[Progress], None] | None = None,
-            stop: threading.Event | None = None) -> dict[str, int]:
-    """Run the given plan entries in order, committing each record as soon as it finishes."""
+            stop: threading.Event | None = None, netprobe: bool = True) -> dict[str, int]:
+    """Run the given plan entries in order, committing each record as soon as it finishes.
+
+    stop (an Event, set by the signal handler of start/resume): no new run starts, the run
+    in flight is ended and recorded as interrupted, link rates are restored, then
+    KeyboardInterrupt is raised.
+    """
     rec = load_cluster(cluster)
     all_nodes = [Node.from_dict(n) for n in rec["nodes"]]
     rt = launch.default_runtime(rec)
-    shaper = Shaper(cluster, rec, all_nodes)
+    shaper = Shaper(cluster, rec, all_nodes, marker=cluster_dir(cluster) / SHAPED)
     sweep_id = sweep_dir.name
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
     links: dict[Any, float | None] = {}
+
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
     try:
         for k, run in enumerate(runs):
+            if stopped():
+                raise KeyboardInterrupt
             p = run.params
             rate = p.get("bandwidth_mbit")
             nodes = all_nodes[: p["nodes"]]
@@ -149,7 +207,10 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
                 on_progress(Progress(k, len(runs), run.run_id, desc, None))
             shaper.set(rate)
             if rate not in links:
-                links[rate] = measure_link(all_nodes, rt, BASE_PORT + 500 + k % 400)
+                links[rate] = (measure_link(all_nodes, rt, BASE_PORT + 500 + k % 400, stop=stop)
+                               if netprobe else None)
+            if stopped():
+                raise KeyboardInterrupt
             # a fresh port per run: the last one may still be in TIME_WAIT
             port = BASE_PORT + (os.getpid() * 7 + k) % 400
             if run.kind == "allreduce":
@@ -180,6 +241,33 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     finally:
         shaper.restore()
     return counts
+
+
+@contextmanager
+def interrupts_stop(stop: threading.Event) -> Iterator[threading.Event]:
+    """While the block runs, SIGINT and SIGTERM set stop instead of raising at once.
+
+    Cleanup (ending process groups over SSH, restoring link rates, committing the record)
+    then runs whole: a KeyboardInterrupt in the middle of it would leave ranks running and
+    links shaped. Only the main thread can own signal handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    seen = {"n": 0}
+
+    def handler(signum: int, frame: Any) -> None:
+        seen["n"] += 1
+        stop.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    if seen["n"] and stop.is_set():
+        log.info("stopped by a signal (%d received)", seen["n"])
 
 
 def describe(run) -> str:
@@ -259,12 +347,16 @@ def start(prep: Prepared, reports_root: Path,
     """Create the sweep in the store, run every planned run, write results.csv."""
     from scalelab import sweep
 
-    preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
-    sweep_id = sweep.new_sweep_id(dt.datetime.now(dt.UTC))
-    sweep_dir = store.create_sweep(reports_root, sweep_id, sweep_meta(prep, sweep_id))
-    store.update_latest(reports_root, sweep_id)
-    return sweep_dir, _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec.timeout_s,
-                                      on_progress, stop)
+    stop = stop if stop is not None else threading.Event()
+    with interrupts_stop(stop):
+        preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
+        if stop.is_set():
+            raise KeyboardInterrupt  # before anything is written
+        sweep_id = sweep.new_sweep_id(dt.datetime.now(dt.UTC))
+        sweep_dir = store.create_sweep(reports_root, sweep_id, sweep_meta(prep, sweep_id))
+        store.update_latest(reports_root, sweep_id)
+        return sweep_dir, _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec,
+                                          on_progress, stop)
 
 
 def prepare_resume(reports_root: Path, sweep_id: str) -> tuple[Path, Prepared]:
@@ -282,28 +374,44 @@ def prepare_resume(reports_root: Path, sweep_id: str) -> tuple[Path, Prepared]:
 def resume(sweep_dir: Path, prep: Prepared,
            on_progress: Callable[[Progress], None] | None = None,
            stop: threading.Event | None = None) -> dict[str, int]:
-    store.compact(sweep_dir)
-    rec = load_cluster(prep.cluster)
-    reaped = launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
-    if reaped:
-        log.warning("ended %d process groups left by the interrupted driver", reaped)
-    if prep.runs:
-        preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
-    return _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec.timeout_s,
-                           on_progress, stop)
+    stop = stop if stop is not None else threading.Event()
+    with interrupts_stop(stop):
+        with store.hold_sweep(sweep_dir):  # a second resume of the same sweep fails here
+            store.compact(sweep_dir)
+            rec = load_cluster(prep.cluster)
+            reaped = launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
+        if reaped:
+            log.warning("ended %d process groups left by the interrupted driver", reaped)
+        if prep.runs:
+            preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
+        if stop.is_set():
+            raise KeyboardInterrupt
+        return _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec, on_progress,
+                               stop)
 
 
-def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
+def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
                     on_progress, stop) -> dict[str, int]:
     from scalelab import results
 
+    ended = False
     try:
         with store.hold_sweep(sweep_dir):
-            counts = execute(cluster, sweep_dir, runs, timeout_s, on_progress, stop)
+            counts = execute(cluster, sweep_dir, runs, spec.timeout_s, on_progress, stop,
+                             netprobe=getattr(spec, "netprobe", True))
             store.finish_sweep(sweep_dir, utcnow())
+        ended = True
         return counts
+    except OSError as exc:
+        # a full disk (ENOSPC) or the like, where the store itself has no word for it
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise store.StoreError(f"sweep {sweep_dir.name} stopped: {exc.strerror}{where}; every "
+                               f"run recorded so far is kept; fix it (free space?), then "
+                               f"resume with invoke bench --resume {sweep_dir.name}") from None
     finally:
         try:
             results.write_csv(sweep_dir)
-        except ScalelabError as exc:
-            log.warning("results.csv not written: %s", exc)
+        except (ScalelabError, OSError) as exc:
+            # e.g. a full disk: when the sweep itself failed, its error is the one to show
+            log.log(logging.WARNING if ended else logging.INFO, "results.csv not written: %s",
+                    exc)

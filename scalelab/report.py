@@ -888,7 +888,7 @@ def build_report(sweep: str | Path, out_dir: Path | str | None = None, *,
     communication as fully overlapped with compute.
     """
     data = load_sweep_data(sweep, root)
-    out = Path(out_dir) if out_dir else data.path
+    out = _out_dir(Path(out_dir) if out_dir else data.path)
     csv_path = data.path / results.CSV_FILE
     write_atomic(csv_path, results.frame_to_csv(data.runs), mode=0o644)
     a = _analyse([data], alpha_s, overlap)
@@ -913,8 +913,8 @@ def build_comparison(sweeps: Sequence[str | Path], out_dir: Path | str | None = 
     ids = [d.sweep_id for d in datas]
     if len(set(ids)) < len(ids):
         raise ReportError(f"comparison lists the same sweep twice: {', '.join(ids)}")
-    out = Path(out_dir) if out_dir else (Path(root) if root else reports_dir()) / (
-        "compare-" + "-vs-".join(ids))
+    out = _out_dir(Path(out_dir) if out_dir else (Path(root) if root else reports_dir()) / (
+        "compare-" + "-vs-".join(ids)))
     links = []
     for d in datas:
         csv_path = d.path / results.CSV_FILE
@@ -928,6 +928,17 @@ def build_comparison(sweeps: Sequence[str | Path], out_dir: Path | str | None = 
     write_atomic(path, _render(a, title, True, links), mode=0o644)
     log.info("wrote %s", path)
     return path
+
+
+def _out_dir(out: Path) -> Path:
+    """The output directory, made if missing; a path that cannot be one is a ReportError
+    before anything is written."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"cannot write the report to {out}: {exc.strerror}; give --out a "
+                          "directory you can write") from None
+    return out
 
 
 def build(sweeps: Sequence[str | Path] | str | Path, out_dir: Path | str | None = None,

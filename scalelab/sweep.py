@@ -338,7 +338,18 @@ def _mapping_fields(data: Any, source: str) -> dict[str, Any]:
     for key in data:
         if key not in _KEYS:
             hint = suggest(str(key), SWEEP_KEYS) or f"valid keys: {', '.join(_KEYS)}"
-            raise InputError(f"{source}: unknown key {key!r}; {hint}")
+            # a key that is no name is not echoed: a wrong path (a credentials file, say)
+            # must not put that file's content into the terminal or a CI log
+            shown = repr(key) if re.fullmatch(r"[A-Za-z_][\w.-]{0,39}", str(key)) else \
+                "(not shown: it is not a name, is this a sweep file?)"
+            raise InputError(f"{source}: unknown key {shown}; {hint}")
+    for key, value in data.items():
+        # values are scalars or flat lists of them; anything deeper is refused before it is
+        # ever turned into text (YAML aliases can nest a list into billions of elements)
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, dict) or any(isinstance(i, list | dict) for i in items):
+            raise InputError(f"{source}: {key}: must be a value or a list of values, not a "
+                             "nested structure")
     return _fields_from(data, lambda k: f"{source}: {k}")
 
 
@@ -356,6 +367,9 @@ def _file_fields(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise InputError(f"sweep file {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"sweep file {path}: not a UTF-8 text file; give a YAML sweep file "
+                         "such as bench/sweeps/demo.yml") from None
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:

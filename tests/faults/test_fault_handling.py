@@ -1,0 +1,213 @@
+"""The pieces of fault handling that need no cluster: ending only our own process group,
+explaining a failure from what torchrun and ssh print, the inflight note on a full disk,
+the link-rate note a killed driver leaves, and Ctrl-C turned into a stop at a safe point."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from scalelab import driver, launch
+
+DATA = Path(__file__).parent / "data"
+
+
+# ------------------------------------------------------------------ reap only what is ours
+
+def _group(token: str) -> subprocess.Popen:
+    """A process group like a rank's: a shell leader and a child, with the launch token."""
+    env = {**os.environ, launch.TOKEN_VAR: token} if token else dict(os.environ)
+    return subprocess.Popen(["sh", "-c", "sleep 60 & wait"], env=env, start_new_session=True)
+
+
+def _alive(pgid: int) -> bool:
+    """Whether any member of the group still runs (zombies waiting for init do not)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("given, ended", [("ab12", True), ("ffff", False)])
+def test_reap_line_ends_a_group_only_if_it_carries_the_token(given, ended):
+    proc = _group("ab12")
+    try:
+        time.sleep(0.2)  # let the shell start its child
+        out = subprocess.run(["sh", "-c", launch.reap_line(proc.pid, given, 1.0)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        if ended:
+            proc.wait(timeout=5)
+        assert _alive(proc.pid) is not ended
+    finally:
+        if _alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group this test started
+        proc.wait(timeout=5)
+
+
+def test_reap_line_of_a_group_that_is_gone_exits_zero():
+    proc = _group("ab12")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
+    out = subprocess.run(["sh", "-c", launch.reap_line(proc.pid, "ab12", 0.5)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stderr == ""
+
+
+def test_a_bad_token_never_reaches_the_shell():
+    with pytest.raises(launch.LaunchError):
+        launch.reap_line(42, "ab'; rm -rf /; '")
+
+
+# ------------------------------------------------------------------ failures explained
+
+def test_explains_a_killed_rank_from_real_torchrun_output():
+    """stderr of a real 2-node run in which rank 1's process was sent SIGKILL."""
+    outs = [launch.RankOutcome("c-n0", 1, "", (DATA / "torchrun_rank0_peer_died.txt").read_text(),
+                               9.1),
+            launch.RankOutcome("c-n1", 1, "", (DATA / "torchrun_rank1_sigkill.txt").read_text(),
+                               8.2)]
+    text = launch.explain_failure(outs, "failed", 60)
+    assert text.startswith("c-n1: rank 1 killed by signal 9 (SIGKILL); c-n0: rank 0 exit 1: "
+                           "RuntimeError: "), text
+    assert "Connection closed by peer [10.213.2.11]" in text and "=====" not in text
+    assert len(text) < 400
+
+
+def test_explains_a_lost_node_and_the_ranks_scalelab_ended():
+    outs = [launch.RankOutcome("c-n0", 143, "", "SCALELAB_PGID 7\n[resnet.py] rank 0/2\n",
+                               None, reaped=True),
+            launch.RankOutcome("c-n1", 255, "", "SCALELAB_PGID 9\n[resnet.py] rank 1/2\n", 20.0)]
+    assert launch.explain_failure(outs, "failed", 60) == (
+        "c-n1: lost the SSH connection (node down, sshd gone or link cut); "
+        "still running and ended: c-n0")
+
+
+@pytest.mark.parametrize("stderr, code, expected", [
+    ("ssh: connect to host 10.0.0.11 port 22: No route to host\n", 255,
+     "ssh: connect to host 10.0.0.11 port 22: No route to host"),
+    ("root@10.0.0.11: Permission denied (publickey).\n", 255,
+     "root@10.0.0.11: Permission denied (publickey)."),
+    ("resnet.py: error: dataset /data/x not found\n", 2,
+     "exit 2: resnet.py: error: dataset /data/x not found"),
+    ("", 137, "exit 137: killed by SIGKILL"),
+    ("", -9, "killed by signal 9 (SIGKILL)"),
+    ("Traceback (most recent call last):\n  File \"x\", line 1\nMemoryError\n", 1,
+     "exit 1: MemoryError"),
+])
+def test_rank_reason(stderr, code, expected):
+    assert launch.rank_reason(stderr, code) == expected
+
+
+# ------------------------------------------------------------------ the inflight note
+
+def test_a_full_disk_while_noting_process_groups_is_a_clear_error(tmp_path, monkeypatch):
+    import scalelab.state
+
+    def full(path, text, mode=0o600):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(scalelab.state, "write_atomic", full)
+    path = tmp_path / "20261121-000000-ab12" / ".inflight.json"
+    with pytest.raises(launch.LaunchError, match=r"cannot write .*\.inflight\.json \(No space "
+                       r"left on device\); the run in flight was stopped and not recorded; "
+                       r"free space, then resume the sweep \(invoke bench --resume "
+                       r"20261121-000000-ab12\)"):
+        launch.save_inflight(path, [{"node": {}, "pgid": 1}])
+
+
+def test_unreachable_groups_stay_noted_for_later(tmp_path, monkeypatch):
+    path = tmp_path / ".inflight.json"
+    entries = [{"node": {"name": "a", "address": "10.0.0.1"}, "pgid": 5, "token": "ab"},
+               {"node": {"name": "b", "address": "10.0.0.2"}, "pgid": 6, "token": "ab"}]
+    path.write_text(json.dumps(entries))
+    monkeypatch.setattr(launch.Node, "from_dict", staticmethod(
+        lambda d: launch.Node(d["name"], d["address"], d["address"], "head", "local")))
+    monkeypatch.setattr(launch, "end_groups", lambda groups, *a, **k: [
+        g for g in groups if g[0].name == "b"])
+    assert launch.reap_inflight(path, "/kh") == 2
+    assert [e["node"]["name"] for e in json.loads(path.read_text())] == ["b"]
+    monkeypatch.setattr(launch, "end_groups", lambda groups, *a, **k: [])
+    launch.reap_inflight(path, "/kh")
+    assert not path.exists()
+
+
+# ------------------------------------------------------------------ the link-rate note
+
+class _FakeLocal:
+    rates: list = []
+
+    def __init__(self, name):
+        pass
+
+    def set_bandwidth(self, mbit):
+        _FakeLocal.rates.append(mbit)
+
+
+@pytest.fixture
+def fake_shaping(monkeypatch):
+    import scalelab.targets.local as local
+
+    _FakeLocal.rates = []
+    monkeypatch.setattr(local, "LocalCluster", _FakeLocal)
+    return _FakeLocal.rates
+
+
+def test_shaper_notes_the_rate_to_restore_and_a_later_one_restores_it(tmp_path, fake_shaping):
+    marker = tmp_path / "shaped.json"
+    rec = {"target": "local", "bandwidth_mbit": None}
+    s = driver.Shaper("c", rec, [], marker=marker)
+    s.set(1000.0)
+    assert json.loads(marker.read_text()) == {"from": None, "to": 1000.0}
+    # the driver is killed here: nothing restores; the local target now records 1000
+    later = driver.Shaper("c", {"target": "local", "bandwidth_mbit": 1000.0}, [], marker=marker)
+    later.restore()
+    assert fake_shaping == [1000.0, None]
+    assert not marker.exists()
+
+
+def test_a_rate_set_by_hand_since_wins_over_the_note(tmp_path, fake_shaping):
+    marker = tmp_path / "shaped.json"
+    marker.write_text(json.dumps({"from": None, "to": 1000.0}))
+    s = driver.Shaper("c", {"target": "local", "bandwidth_mbit": 100.0}, [], marker=marker)
+    s.restore()
+    assert fake_shaping == [] and not marker.exists()
+
+
+# ------------------------------------------------------------------ Ctrl-C at a safe point
+
+def test_sigint_and_sigterm_set_the_stop_flag_and_handlers_come_back():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    stop = threading.Event()
+    with driver.interrupts_stop(stop):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # no KeyboardInterrupt, no exit
+        assert stop.is_set()
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_outside_the_main_thread_signals_are_left_alone():
+    stop = threading.Event()
+    seen = {}
+
+    def body():
+        with driver.interrupts_stop(stop):
+            seen["handler"] = signal.getsignal(signal.SIGINT)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(5)
+    assert seen["handler"] is signal.getsignal(signal.SIGINT)

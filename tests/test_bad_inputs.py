@@ -1,0 +1,356 @@
+"""The table of bad inputs, one test each: every task, every kind of value (ranges, sizes,
+rates, names, paths, sweep files, var-files, sweep ids). Each ends with exactly one line on
+stderr naming the problem, a non-zero exit, and nothing written anywhere scalelab writes
+(state, inventories, reports; and for the local target no namespace or link).
+
+Tasks run as a user runs them (`python -m invoke ...`), against a fresh state, inventory
+and reports directory per case. Cases that need a cluster get a *recorded* one whose nodes
+are 127.0.0.1 on a closed port: if a bad input were ever let through, the worst it could do
+is fail to connect to the loopback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, unique_name
+from faults.faultlib import ledger
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scalelab.errors import InputError
+
+FAKE = unique_name("f")  # the recorded cluster's name; no real cluster by that name exists
+
+# sweep files, by name: written into the case's own directory (outside what is watched)
+SWEEP_FILES = {
+    "notyaml.yml": "nodes: [1\n",
+    "list.yml": "- 1\n- 2\n",
+    "empty.yml": "",
+    "dup.yml": "nodes: 1\nnodes: 2\nbatch_size: 16\n",
+    "typo.yml": "nodes: 1\nbatchsize: 16\n",
+    "noaxes.yml": "model: resnet20\n",
+    "model.yml": "nodes: 1\nbatch_size: 16\nmodel: resnet9\n",
+    "engine.yml": "nodes: 1\nbatch_size: 16\nengine: mpi\n",
+    "data.yml": "nodes: 1\nbatch_size: 16\ndata: rel/path\n",
+    "timeout.yml": "nodes: 1\nbatch_size: 16\ntimeout_s: -1\n",
+    "nan.yml": "nodes: 1\nbatch_size: 16\ntimeout_s: .nan\n",
+    "sizes.yml": "nodes: 1\nbatch_size: 16\nallreduce_sizes: [0]\n",
+    "sizes2.yml": "nodes: 1\nbatch_size: 16\nallreduce_sizes: [4Q]\n",
+    "iters.yml": "nodes: 1\nbatch_size: 16\nallreduce_iters: 0\n",
+    "image.yml": "nodes: 1\nbatch_size: 16\nimage_size: 4\n",
+    "boolint.yml": "nodes: 1\nbatch_size: 16\nrepeats: true\n",
+    "flag.yml": "nodes: 1\nbatch_size: 16\nnetprobe: maybe\n",
+    "emptylist.yml": "nodes: 1\nbatch_size: 16\nbandwidth: []\n",
+    "huge.yml": "nodes: 1-100000000\nbatch_size: 16\n",
+    "nested.yml": "nodes: [[1, 2]]\nbatch_size: 16\n",
+    "mapping.yml": "nodes: {a: 1}\nbatch_size: 16\n",
+    "pyobj.yml": "nodes: !!python/object/apply:os.system [\"true\"]\nbatch_size: 1\n",
+    "bomb.yml": ("nodes: 1\nbatch_size: 16\ndescription: [&a [x, x, x, x, x, x, x, x, x], "
+                 + ", ".join(f"&{b} [{', '.join([f'*{a}'] * 9)}]"
+                             for a, b in zip("abcdefghi", "bcdefghij", strict=True)) + "]\n"),
+    "binary.yml": b"\xff\xfe\x00\x01 not text",
+    "secretkey.yml": "ghp_notasweepfile:SECRETVALUE12345 and more: 1\n",
+    "varfile.tfvars.json": '{"region": "us-east-1", "nodes": 2',  # truncated JSON
+    "varfile2.tfvars.json": '{"region": "us-east-1", "no_such_variable": 1}',
+    "varfile3.tfvars": 'region = "us-east-1"\nnodes = [\n',
+}
+
+# (case id, setup, task arguments, what the one line must contain)
+#   setup: none | local (a recorded local cluster FAKE) | static (a recorded static cluster)
+#          | sweep (a finished sweep s1, reports/latest) | failed | norun | damaged | badmeta
+#   "{dir}" in an argument is the case's own directory (sweep files live there)
+CASES = [
+    # ---- provision: counts, CPU shares, rates, subnets, names, targets, var-files
+    ("prov-nodes-zero", "none", ["provision", "--nodes", "0"], "nodes: 0 must be 1 or more"),
+    ("prov-nodes-neg", "none", ["provision", "--nodes", "-3"], "must be 1 or more"),
+    ("prov-nodes-frac", "none", ["provision", "--nodes", "1.5"], "is not a whole number"),
+    ("prov-nodes-text", "none", ["provision", "--nodes", "four"], "is not a whole number"),
+    ("prov-nodes-empty", "none", ["provision", "--nodes="], "is not a whole number"),
+    ("prov-nodes-over", "none", ["provision", "--nodes", "65"], "limit of 64"),
+    ("prov-cpus-zero", "none", ["provision", "--cpus-per-node", "0"], "must be above 0"),
+    ("prov-cpus-neg", "none", ["provision", "--cpus-per-node", "-1"], "must be above 0"),
+    ("prov-cpus-text", "none", ["provision", "--cpus-per-node", "abc"], "is not a number"),
+    ("prov-cpus-nan", "none", ["provision", "--cpus-per-node", "nan"], "cpus-per-node"),
+    ("prov-cpus-inf", "none", ["provision", "--cpus-per-node", "inf"], "cpus-per-node"),
+    ("prov-rate-word", "none", ["provision", "--bandwidth", "fast"], "is not a rate"),
+    ("prov-rate-zero", "none", ["provision", "--bandwidth", "0mbit"], "is zero"),
+    ("prov-rate-neg", "none", ["provision", "--bandwidth", "-5mbit"], "is not a rate"),
+    ("prov-rate-unit", "none", ["provision", "--bandwidth", "10furlongs"], "is not a rate"),
+    ("prov-rate-huge", "none", ["provision", "--bandwidth", "1e999gbit"], "is not a rate"),
+    ("prov-subnet-public", "none", ["provision", "--subnet", "8.8.8.0/24"], "not a private range"),
+    ("prov-subnet-wide", "none", ["provision", "--subnet", "10.0.0.0/8"], "prefix of /16 to /26"),
+    ("prov-subnet-narrow", "none", ["provision", "--subnet", "10.213.7.0/30"], "/16 to /26"),
+    ("prov-subnet-text", "none", ["provision", "--subnet", "abc"], "is not an IPv4 network"),
+    ("prov-subnet-host", "none", ["provision", "--subnet", "10.213.7.1/24"], "host bits set"),
+    ("prov-subnet-v6", "none", ["provision", "--subnet", "fd00::/64"], "must be IPv4"),
+    ("prov-subnet-33", "none", ["provision", "--subnet", "10.0.0.0/33"], "subnet"),
+    ("prov-name-upper", "none", ["provision", "--cluster", "Bad_Name"], "is not a valid name"),
+    ("prov-name-empty", "none", ["provision", "--cluster="], "is not a valid name"),
+    ("prov-name-long", "none", ["provision", "--cluster", "a" * 40], "is not a valid name"),
+    ("prov-name-path", "none", ["provision", "--cluster", "../evil"], "is not a valid name"),
+    ("prov-name-dash", "none", ["provision", "--cluster", "-x"], "is not a valid name"),
+    ("prov-name-shell", "none", ["provision", "--cluster", "a;rm -rf x"], "is not a valid name"),
+    ("prov-target", "none", ["provision", "--target", "moon"], "target: 'moon' is unknown"),
+    ("prov-varfile-missing", "none", ["provision", "--target", "aws", "--var-file",
+                                      "{dir}/nope.tfvars.json"], "does not exist"),
+    ("prov-varfile-json", "none", ["provision", "--target", "aws", "--var-file",
+                                   "{dir}/varfile.tfvars.json"], "cannot be parsed"),
+    ("prov-varfile-hcl", "none", ["provision", "--target", "openstack", "--var-file",
+                                  "{dir}/varfile3.tfvars"], "cannot be parsed"),
+    ("prov-varfile-unknown", "none", ["provision", "--target", "aws", "--var-file",
+                                      "{dir}/varfile2.tfvars.json"], "no_such_variable"),
+    ("prov-aws-novars", "none", ["provision", "--target", "aws"], "needs variable 'region'"),
+    ("prov-static-novars", "none", ["provision", "--target", "static"], "needs variable"),
+    # ---- destroy / status / check: names and unknown clusters
+    ("destroy-unknown", "none", ["destroy", "--cluster", "nosuch"], "cluster 'nosuch' not found"),
+    ("destroy-name", "none", ["destroy", "--cluster", "Bad_Name"], "is not a valid name"),
+    ("destroy-path", "none", ["destroy", "--cluster", "../x"], "is not a valid name"),
+    ("status-unknown", "local", ["status", "--cluster", "nosuch"], "not found (known: " + FAKE),
+    ("status-name", "none", ["status", "--cluster", "Bad_Name"], "is not a valid name"),
+    ("check-unknown", "none", ["check", "--cluster", "nosuch"], "not found"),
+    ("check-name", "none", ["check", "--cluster", "a/b"], "is not a valid name"),
+    # ---- shape: rates, clusters, targets that cannot shape
+    ("shape-unknown", "none", ["shape", "--cluster", "nosuch", "--bandwidth", "1gbit"],
+     "not found"),
+    ("shape-word", "local", ["shape", "--cluster", FAKE, "--bandwidth", "fast"], "is not a rate"),
+    ("shape-zero", "local", ["shape", "--cluster", FAKE, "--bandwidth", "0mbit"], "is zero"),
+    ("shape-neg", "local", ["shape", "--cluster", FAKE, "--bandwidth", "-1gbit"], "is not a rate"),
+    ("shape-static", "static", ["shape", "--cluster", FAKE, "--bandwidth", "1gbit"],
+     "is a static cluster"),
+    # ---- bench: options
+    ("bench-unknown-cluster", "none", ["bench", "--cluster", "nosuch", "--nodes", "1",
+                                       "--batch-size", "16"], "not found"),
+    ("bench-cluster-name", "none", ["bench", "--cluster", "Bad_Name", "--nodes", "1",
+                                    "--batch-size", "16"], "is not a valid name"),
+    ("bench-nodes-beyond", "local", ["bench", "--nodes", "1-10", "--batch-size", "16"],
+     "provision more"),
+    ("bench-nodes-back", "local", ["bench", "--nodes", "3-1", "--batch-size", "16"],
+     "runs backwards"),
+    ("bench-nodes-zero", "local", ["bench", "--nodes", "0", "--batch-size", "16"],
+     "below the minimum of 1"),
+    ("bench-nodes-step0", "local", ["bench", "--nodes", "1-3:0", "--batch-size", "16"], "step"),
+    ("bench-nodes-gap", "local", ["bench", "--nodes", "1,,2", "--batch-size", "16"],
+     "is not a number or range"),
+    ("bench-nodes-huge", "local", ["bench", "--nodes", "1-100000000", "--batch-size", "16"],
+     "too many values"),
+    ("bench-batch-zero", "local", ["bench", "--nodes", "1", "--batch-size", "0"], "batch"),
+    ("bench-batch-neg", "local", ["bench", "--nodes", "1", "--batch-size", "-3"], "batch"),
+    ("bench-batch-text", "local", ["bench", "--nodes", "1", "--batch-size", "abc"], "batch"),
+    ("bench-steps-zero", "local", ["bench", "--nodes", "1", "--batch-size", "16", "--steps",
+                                   "0"], "--steps: 0 is below the minimum of 1"),
+    ("bench-steps-text", "local", ["bench", "--nodes", "1", "--batch-size", "16", "--steps",
+                                   "abc"], "is not a whole number"),
+    ("bench-repeats-zero", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                     "--repeats", "0"], "--repeats"),
+    ("bench-ppn-zero", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                 "--procs-per-node", "0"], "--procs-per-node"),
+    ("bench-model", "local", ["bench", "--nodes", "1", "--batch-size", "16", "--model",
+                              "resnet9000"], "resnet9000"),
+    ("bench-engine", "local", ["bench", "--nodes", "1", "--batch-size", "16", "--engine",
+                               "mpi4ever"], "mpi4ever"),
+    ("bench-precision", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                  "--precision", "fp64"], "unknown 'fp64'"),
+    ("bench-amp-cpu", "local", ["bench", "--nodes", "1", "--batch-size", "16", "--precision",
+                                "amp"], "needs GPUs"),
+    ("bench-rate-word", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                  "--bandwidth", "native,fast"], "'fast' is not a rate"),
+    ("bench-rate-zero", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                  "--bandwidth", "0mbit"], "is zero"),
+    ("bench-rate-static", "static", ["bench", "--nodes", "1", "--batch-size", "16",
+                                     "--bandwidth", "1gbit"], "cannot shape links"),
+    # ---- bench: sweep files and sweep ids
+    ("sweep-missing", "local", ["bench", "--sweep", "no-such-sweep"], "not found"),
+    ("sweep-dir", "local", ["bench", "--sweep", "{dir}"], "not found"),
+    *[(f"sweep-{name.split('.')[0]}", "local", ["bench", "--sweep", f"{{dir}}/{name}"], msg)
+      for name, msg in [
+          ("notyaml.yml", "not valid YAML"), ("list.yml", "must be a mapping"),
+          ("empty.yml", "must be a mapping"), ("dup.yml", "key 'nodes' given twice"),
+          ("typo.yml", "did you mean 'batch_size'?"), ("noaxes.yml", "gives no nodes"),
+          ("model.yml", "unknown 'resnet9'"), ("engine.yml", "unknown 'mpi'"),
+          ("data.yml", "absolute dataset path"), ("timeout.yml", "positive number of seconds"),
+          ("nan.yml", "positive number of seconds"), ("sizes.yml", "1 byte or more"),
+          ("sizes2.yml", "allreduce_sizes"), ("iters.yml", "allreduce_iters"),
+          ("image.yml", "below the minimum of 8"), ("boolint.yml", "is not a whole number"),
+          ("flag.yml", "is not true or false"), ("emptylist.yml", "empty list"),
+          ("huge.yml", "too many values"), ("nested.yml", "not a nested structure"),
+          ("mapping.yml", "not a nested structure"), ("pyobj.yml", "not valid YAML"),
+          ("bomb.yml", "not a nested structure"), ("binary.yml", "not a UTF-8 text file"),
+          ("secretkey.yml", "unknown key (not shown")]],
+    ("resume-missing", "none", ["bench", "--resume", "20990101-000000-dead"], "not found"),
+    ("resume-path", "none", ["bench", "--resume", "../x"], "is not valid"),
+    ("resume-hidden", "none", ["bench", "--resume", ".hidden"], "is not valid"),
+    ("resume-none", "none", ["bench", "--resume", "latest"], "no latest sweep"),
+    ("resume-damaged", "damaged", ["bench", "--resume", "s1"], "runs.jsonl:2: not a run record"),
+    ("resume-badmeta", "badmeta", ["bench", "--resume", "s1"], "cannot read the manifest"),
+    # ---- report
+    ("report-unknown", "none", ["report", "--sweep", "nosuch"], "not found"),
+    ("report-path", "none", ["report", "--sweep", "../etc"], "not found"),
+    ("report-latest-none", "none", ["report", "--sweep", "latest"], "no latest sweep"),
+    ("report-compare-one", "sweep", ["report", "--compare", "s1"], "two or more sweeps"),
+    ("report-compare-twice", "sweep", ["report", "--compare", "s1,s1"], "the same sweep twice"),
+    ("report-compare-unknown", "sweep", ["report", "--compare", "s1,nosuch"], "not found"),
+    ("report-out-file", "sweep", ["report", "--sweep", "s1", "--out", "/etc/hostname"],
+     "cannot write the report to /etc/hostname"),
+    ("report-out-proc", "sweep", ["report", "--sweep", "s1", "--out", "/proc/nope"],
+     "cannot write the report to /proc/nope"),
+    ("report-all-failed", "failed", ["report", "--sweep", "s1"], "training runs of sweep 's1' failed"),
+    ("report-no-runs", "norun", ["report", "--sweep", "s1"], "has no runs recorded yet"),
+    ("report-damaged", "damaged", ["report", "--sweep", "s1"], "not a run record"),
+    ("report-badmeta", "badmeta", ["report", "--sweep", "s1"], "sweep.json"),
+    # ---- configure (checked once the task is wired into tasks.py)
+    ("configure-unknown", "none", ["configure", "--cluster", "nosuch"], "not found"),
+    ("configure-name", "none", ["configure", "--cluster", "Bad_Name"], "is not a valid name"),
+    # ---- demo: what fails before anything is provisioned
+    ("demo-sweep", "none", ["demo", "--sweep", "no-such-sweep"], "not found"),
+    ("demo-sweep-file", "none", ["demo", "--sweep", "{dir}/dup.yml"], "given twice"),
+    ("demo-nodes", "none", ["demo", "--nodes", "0"], "nodes: 0 must be 1 or more"),
+]
+
+NEEDS_CLUSTER_OPTION = ("bench", "check", "shape")
+
+
+def _fake_cluster(state: Path, target: str) -> None:
+    cdir = state / "clusters" / FAKE
+    cdir.mkdir(parents=True, mode=0o700)
+    nodes = [{"name": f"{FAKE}-n{i}", "address": "127.0.0.1", "private_address": "127.0.0.1",
+              "role": "head" if i == 0 else "worker", "target": target, "ssh_user": "root",
+              "ssh_port": 9, "ssh_key": str(cdir / "id_ed25519"), "cpus": 1.0, "gpus": 0,
+              "iface": "eth0" if target == "local" else None, "extra": {}} for i in range(2)]
+    rec = {"name": FAKE, "target": target, "nodes": nodes, "pids": {},
+           "known_hosts": str(cdir / "known_hosts"), "ssh_key": str(cdir / "id_ed25519"),
+           "subnet": "10.213.250.0/24", "bandwidth_mbit": None, "cpus_per_node": 1.0}
+    (cdir / "cluster.json").write_text(json.dumps(rec))
+
+
+def _sweep(reports: Path, setup: str) -> None:
+    from scalelab import results
+
+    kw = {"repeats": 1, "batch_sizes": (16,), "bandwidths": (1000.0,)}
+    if setup == "failed":
+        results.synthetic_sweep(reports, "s1", nodes=(1,), failed=["boom"], **kw)
+        return
+    d = results.synthetic_sweep(reports, "s1", nodes=(1, 2), **kw)
+    os.symlink("s1", reports / "latest")
+    runs = d / "runs.jsonl"
+    if setup == "norun":
+        runs.write_text("")
+    elif setup == "damaged":
+        lines = runs.read_text().splitlines()
+        lines[1] = '{"run_id": "torn'
+        runs.write_text("\n".join(lines) + "\n")
+    elif setup == "badmeta":
+        (d / "sweep.json").write_text("{not json")
+
+
+@functools.cache
+def _tasks() -> frozenset[str]:
+    listing = subprocess.run([sys.executable, "-m", "invoke", "--list", "--list-format", "json"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    return frozenset(t["name"] for t in json.loads(listing.stdout)["tasks"])
+
+
+def _tree(base: Path) -> list[tuple[str, int, int]]:
+    return sorted((str(p.relative_to(base)), p.lstat().st_size, p.lstat().st_mtime_ns)
+                  for p in base.rglob("*"))
+
+
+def _params():
+    from conftest import needs_root
+
+    for c in CASES:
+        # the subnet is checked against the host's routes, after the root check
+        marks = [needs_root] if c[0].startswith("prov-subnet") else []
+        yield pytest.param(*c, id=c[0], marks=marks)
+
+
+@pytest.mark.parametrize("case, setup, args, message", list(_params()))
+def test_bad_input(case, setup, args, message, tmp_path):
+    if args[0] not in _tasks():
+        pytest.skip(f"no {args[0]} task in tasks.py yet")
+    files = tmp_path / "files"
+    files.mkdir()
+    for name, text in SWEEP_FILES.items():
+        (files / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    base = tmp_path / "w"
+    state, inv, reports = base / "state", base / "inv", base / "reports"
+    for d in (state, inv, reports):
+        d.mkdir(parents=True)
+    if setup in ("local", "static"):
+        _fake_cluster(state, setup)
+    elif setup != "none":
+        _sweep(reports, setup)
+    argv = [a.replace("{dir}", str(files)) for a in args]
+    task = argv[0]
+    name = None
+    if task == "provision" and not any(a.startswith("--cluster") for a in argv):
+        name = unique_name("f")  # never "demo" or anyone's real cluster
+        argv += ["--cluster", name]
+    elif task in NEEDS_CLUSTER_OPTION and "--cluster" not in argv and setup in ("local", "static"):
+        argv += ["--cluster", FAKE]
+    env = {**os.environ, "SCALELAB_HOME": str(state), "SCALELAB_INVENTORIES": str(inv),
+           "SCALELAB_REPORTS": str(reports), "SCALELAB_LOG": "WARNING"}
+    before = _tree(base)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "invoke", *argv], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=90)
+    finally:
+        _undo_if_created(state, env)
+    err = proc.stderr.strip()
+    assert proc.returncode != 0, f"accepted: {argv}\n{proc.stdout[-500:]}"
+    assert "Traceback" not in err, err[-2000:]
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: "), err
+    assert message in err, err
+    assert _tree(base) == before, "something was written"
+    if name is not None:
+        from scalelab.targets.local import leftovers
+
+        left = leftovers(name)
+        assert left["netns"] == [] and left["links"] == [] and left["cgroups"] == []
+    ledger("bad_input", case)
+
+
+def _undo_if_created(state: Path, env: dict) -> None:
+    """A safety net: if a case ever provisioned a cluster, destroy it (by its record)."""
+    clusters = state / "clusters"
+    if not clusters.is_dir():
+        return
+    for c in clusters.iterdir():
+        if c.name != FAKE and (c / "cluster.json").exists():
+            subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", c.name],
+                           cwd=ROOT, env=env, capture_output=True, timeout=120)
+
+
+def test_every_task_has_bad_input_cases():
+    covered = {c[2][0] for c in CASES}
+    # lint and test take no values to get wrong
+    wanted = _tasks() - {"lint", "test"}
+    assert wanted <= covered, f"tasks without a bad-input case: {sorted(wanted - covered)}"
+
+
+# ------------------------------------------------------------------ sweep files, any bytes
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.binary(max_size=300), st.text(max_size=300),
+                 st.builds(lambda k, v: f"{k}: {v}\n", st.sampled_from(
+                     ["nodes", "batch_size", "bandwidth", "model", "steps", "timeout_s",
+                      "allreduce_sizes", "data", "description", "repeats"]),
+                     st.text(max_size=40))))
+def test_any_sweep_file_is_a_spec_or_one_input_error(tmp_path_factory, content):
+    from scalelab import sweep
+
+    path = tmp_path_factory.mktemp("anyfile") / "s.yml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    try:
+        sweep.load_sweep_file(path)
+    except InputError as exc:  # anything else (a traceback for the user) fails the test
+        assert "\n" not in str(exc), str(exc)
+        ledger("bad_input_generated", "sweep-file")
