@@ -112,6 +112,20 @@ class SweepData:
         return bool(self.meta.get("synthetic"))
 
 
+# per-run facts that differ by design between runs of one sweep: who ran, not what software
+_PER_RUN_ENV = ("hostnames", "nodes", "tc", "pid")
+
+
+def software_fingerprint(env: dict[str, Any]) -> str:
+    """The software and hardware part of a run's environment, as one comparable string.
+
+    >>> a = {"torch": "2.13.0", "hostnames": ["n0"], "tc": "1gbit"}
+    >>> software_fingerprint(a) == software_fingerprint({**a, "hostnames": ["n0", "n1"]})
+    True
+    """
+    return json.dumps({k: v for k, v in env.items() if k not in _PER_RUN_ENV}, sort_keys=True)
+
+
 def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
     """Resolve, read and check a sweep; a ReportError says why it cannot be reported."""
     path = resolve_sweep(ref, root)
@@ -143,7 +157,7 @@ def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
           "duration_s": float(r.get("duration_s") or 0.0)}
          for r in records if r.get("kind") == "allreduce"],
         columns=["sweep_id", "run_id", "status", "error", "duration_s"])
-    envs = len({json.dumps(r.get("env") or {}, sort_keys=True) for r in records})
+    envs = len({software_fingerprint(r.get("env") or {}) for r in records})
     # The raw records are not kept: a million live dicts make every garbage collection
     # during figure drawing slow.
     return SweepData(path, sweep_id, meta, runs, results.allreduce_frame(records), probes,
