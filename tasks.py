@@ -152,12 +152,13 @@ def _print_nodes(result) -> None:
     "sweep": "sweep file: a path or a name under bench/sweeps/ (demo, slices, ci); options override it",
     "dry_run": "print every planned run, the count and an estimated duration; run nothing",
     "resume": "sweep id (or latest) to complete: runs only what its store lacks",
+    "retry_failed": "with --resume: run failed and timed-out runs again too",
     "report": "write the HTML report when the sweep ends",
 })
 @friendly
 def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
-          resume="", report=True):
+          resume="", retry_failed=False, report=True):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -168,7 +169,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
 
     root = reports_dir()
     if resume:
-        sweep_dir, prep = driver.prepare_resume(root, resume)
+        sweep_dir, prep = driver.prepare_resume(root, resume, retry_failed=retry_failed)
         print(f"resuming {sweep_dir.name}: {len(prep.runs)} runs missing")
     else:
         if not (sweep or nodes):

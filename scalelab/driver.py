@@ -359,15 +359,17 @@ def start(prep: Prepared, reports_root: Path,
                                           on_progress, stop)
 
 
-def prepare_resume(reports_root: Path, sweep_id: str) -> tuple[Path, Prepared]:
-    """The runs of an earlier sweep that its store lacks (or that were interrupted)."""
+def prepare_resume(reports_root: Path, sweep_id: str,
+                   retry_failed: bool = False) -> tuple[Path, Prepared]:
+    """The runs of an earlier sweep that its store lacks (or that were interrupted; with
+    retry_failed, also those that failed or timed out)."""
     from scalelab import sweep
 
     stored = store.load_sweep(reports_root, sweep_id)
     sweep_dir, meta = stored.path, stored.meta
     spec = sweep.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
     prep = prepare(meta["cluster"], spec)
-    todo = store.missing_runs(sweep_dir, prep.runs)
+    todo = store.missing_runs(sweep_dir, prep.runs, retry_failed=retry_failed)
     return sweep_dir, Prepared(meta["cluster"], spec, todo, sweep.estimate_duration_s(todo))
 
 

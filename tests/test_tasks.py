@@ -1,0 +1,38 @@
+"""Meta-tests that keep the task layer honest: every task has help, every option too."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+
+import pytest
+from conftest import ROOT, invoke
+
+_spec = importlib.util.spec_from_file_location("scalelab_tasks", ROOT / "tasks.py")
+tasks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tasks)
+
+TASKS = sorted(tasks.ns.tasks)
+
+
+def test_the_tasks_the_readme_promises_exist():
+    assert {"provision", "configure", "bench", "report", "destroy", "status", "demo", "test",
+            "lint"} <= set(TASKS)
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_every_task_has_a_summary_and_help_on_every_option(name):
+    task = tasks.ns.tasks[name]
+    assert (task.__doc__ or "").strip(), f"{name} has no docstring"
+    params = [p for p in inspect.signature(task.body).parameters if p != "c"]
+    missing = [p for p in params if p not in (task.help or {})]
+    assert not missing, f"invoke {name}: no help for {missing}"
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_help_runs_and_every_task_is_in_the_readme(name):
+    proc = invoke("--help", name)
+    assert proc.returncode == 0, proc.stderr
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(rf"`{name}`", readme), f"README does not mention invoke {name}"
