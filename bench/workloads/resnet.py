@@ -405,6 +405,10 @@ def run(a: argparse.Namespace) -> int:
             }
         )
     if hvd is None:
+        # every rank reaches here with its own sends finished before the group is torn down;
+        # without it gloo sometimes aborts at exit ("terminate called without an active
+        # exception") and a good run is reported as failed
+        dist.barrier()
         dist.destroy_process_group()
     else:
         hvd.shutdown()
