@@ -103,21 +103,53 @@ def status(c, cluster=""):
         print("no clusters; create one with: invoke provision --target local --nodes 2")
         return
     for info in rows:
-        print(f"{info.name}: target={info.target} nodes={len(info.nodes)} "
-              f"bandwidth={info.bandwidth} cpus/node={info.cpus_per_node}")
+        extra = " ".join(f"{k}={v}" for k, v in info.summary.items())
+        print(f"{info.name}: target={info.target} nodes={len(info.nodes)} {extra}".rstrip())
         for n, alive in zip(info.nodes, info.alive, strict=True):
             mark = "up" if alive else "DOWN"
             print(f"  {n.name:<16} {n.role:<6} {n.address:<15} {mark}")
 
 
-@task(help={"cluster": "cluster to check"})
+@task(help={"cluster": "cluster to check",
+            "links": "also measure every pair of nodes with iperf3 (one pair at a time) and "
+                     "flag pairs far below the others: a slow cable or a misconfigured NIC",
+            "seconds": "with --links: seconds per pair"})
 @friendly
-def check(c, cluster="demo"):
-    """Connectivity check: SSH to every node with the cluster key, then node-to-node."""
+def check(c, cluster="demo", links=False, seconds="1"):
+    """Connectivity check: SSH to every node, node-to-node; --links: all-pairs link rates."""
     from scalelab import provisioning
 
+    try:
+        secs = float(seconds)
+        if not 0.1 <= secs <= 60:
+            raise ValueError
+    except ValueError:
+        raise Exit(f"error: seconds: {seconds!r} must be a number of seconds from 0.1 to 60, "
+                   "e.g. --seconds 2", code=1) from None
     for line in provisioning.connectivity_check(cluster):
         print(line)
+    if not links:
+        return
+    from scalelab import linkprobe
+    from scalelab.state import cluster_nodes, load_cluster
+
+    nodes = cluster_nodes(cluster)
+    pairs = len(linkprobe.all_pairs(nodes))
+    print(f"measuring {pairs} pairs, one at a time, {secs:g} s each")
+
+    def show(k, total, m) -> None:
+        rate = f"{m.mbit:8.1f} Mbit/s" if m.mbit is not None else f"failed: {m.error}"
+        print(f"  [{k}/{total}] {m.client} -> {m.server}: {rate}", flush=True)
+
+    results = linkprobe.check_links(nodes, load_cluster(cluster)["known_hosts"], seconds=secs,
+                                    progress=show)
+    slow = linkprobe.slow_pairs(results)
+    for _, why in slow:
+        print(f"SLOW {why}")
+    if slow:
+        raise Exit(f"error: {len(slow)} of {len(results)} pairs are slow or failed; fix those "
+                   "links before trusting a sweep", code=1)
+    print(f"links: all {len(results)} pairs within 80 % of the median")
 
 
 @task(help={"cluster": "cluster to change", "bandwidth": "new link rate, e.g. 1gbit or native"})
@@ -242,10 +274,12 @@ def _progress_bar(total: int, estimate_s: float) -> _Bar:
             "jupyterlab, netshape",
     "check": "check mode: report what would change, change nothing",
     "verify": "afterwards, run playbooks/verify.yml (observable state of every role)",
+    "bundle": "install from this offline bundle (made by invoke bundle): for hosts that "
+              "cannot reach a package index",
 }, auto_shortflags=False)
 @friendly
-def configure(c, cluster="demo", tags="", check=False, verify=False):
-    """Run playbooks/site.yml on a cluster through ansible-runner, with progress per task."""
+def configure(c, cluster="demo", tags="", check=False, verify=False, bundle=""):
+    """Run playbooks/site.yml on a cluster through ansible-runner, record the node facts."""
     from scalelab import configure as cfg
 
     def show(p) -> None:
@@ -253,11 +287,49 @@ def configure(c, cluster="demo", tags="", check=False, verify=False):
         if line:
             print(line, flush=True)
 
-    result = cfg.run(cluster, tags=tags or None, check=check, progress=show)
+    result = cfg.run(cluster, tags=tags or None, check=check, progress=show,
+                     bundle=bundle or None)
     print(f"{cluster}: configured in {result.duration_s:.0f} s, {result.changed} changes")
+    if not check:
+        from scalelab.state import load_cluster
+
+        for n in load_cluster(cluster)["nodes"]:
+            f = n.get("facts") or {}
+            gpu = f", {f['gpus']} x {f['gpu_model']}" if f.get("gpus") else ""
+            stack = f.get("python") or "no training stack yet"
+            print(f"  {n['name']:<16} {f.get('iface') or '?'}  {f.get('cores', '?')} cores, "
+                  f"{f.get('memory_mb', 0) // 1024} GiB{gpu}; {stack}")
     if verify:
         cfg.verify(cluster, tags=tags or None, progress=show)
         print(f"{cluster}: verified")
+
+
+@task(help={
+    "out": "directory to write the bundle into (made whole or not at all)",
+    "wheel_dir": "more directories with wheels to include (comma-separated); default: the "
+                 "Horovod wheel cache of scripts/build_horovod.sh",
+})
+@friendly
+def bundle(c, out="bundle", wheel_dir=""):
+    """Build an offline bundle (Debian packages + wheelhouse) for hosts without internet."""
+    from pathlib import Path
+
+    from scalelab import bundle as bundles
+
+    dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
+        [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
+              Path.home() / ".cache" / "scalelab" / "wheels")]
+    for d in dirs:
+        if not d.is_dir():
+            raise Exit(f"error: wheel-dir {d} is not a directory; build Horovod first "
+                       "(scripts/build_horovod.sh) or name the directory of your wheels", code=1)
+    apt, reqs = bundles.default_contents()
+    manifest = bundles.build(Path(out), apt_packages=apt, requirements=reqs,
+                             constraints=Path(__file__).resolve().parent / "constraints.txt",
+                             wheel_dirs=dirs, progress=lambda line: print(line, flush=True))
+    print(f"bundle: {Path(out).resolve()} ({len(manifest.get('debs', []))} Debian packages, "
+          f"{len(manifest.get('wheels', []))} wheels); use it with "
+          f"invoke configure --cluster NAME --bundle {out}")
 
 
 @task(help={
@@ -344,5 +416,5 @@ def lint(c):
     print("lint: all clean")
 
 
-ns = Collection(provision, destroy, status, check, shape, configure, bench, report, demo, test,
-                lint)
+ns = Collection(provision, destroy, status, check, shape, configure, bundle, bench, report, demo,
+                test, lint)

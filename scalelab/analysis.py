@@ -397,8 +397,11 @@ def host_limits(sweep: dict[str, Any]) -> dict[str, Any]:
     host_cpus is read from the top level, then from software/plan; node CPUs are the smallest
     known ``cpus`` of the nodes (0 = unknown).
 
+    emulated: the nodes share one machine's CPUs (the target says so in sweep.json; sweeps
+    recorded before that field existed had host_cpus only when emulated).
+
     >>> host_limits({"target": "local", "host_cpus": 2, "nodes": [{"cpus": 0.5}, {"cpus": 1}]})
-    {'target': 'local', 'host_cpus': 2.0, 'node_cpus': 0.5}
+    {'target': 'local', 'emulated': True, 'host_cpus': 2.0, 'node_cpus': 0.5}
     """
     def pick(*dicts: Any) -> float:
         for d in dicts:
@@ -409,7 +412,8 @@ def host_limits(sweep: dict[str, Any]) -> dict[str, Any]:
     host = pick(sweep, sweep.get("software"), sweep.get("plan"), sweep.get("env"))
     cpus = [float(n.get("cpus") or 0) for n in sweep.get("nodes") or [] if isinstance(n, dict)]
     cpus = [c for c in cpus if c > 0]
-    return {"target": sweep.get("target") or "", "host_cpus": host,
+    emulated = bool(sweep.get("emulated", bool(sweep.get("host_cpus"))))
+    return {"target": sweep.get("target") or "", "emulated": emulated, "host_cpus": host,
             "node_cpus": min(cpus) if cpus else math.nan}
 
 
@@ -479,11 +483,11 @@ def _judge(series: dict[str, Any], row: pd.Series, grp: pd.DataFrame, synth: pd.
     host = float(lim.get("host_cpus") or math.nan)
     node_cpus = float(lim.get("node_cpus") or math.nan)
     ppn = int(series["procs_per_node"])
-    if lim.get("target") == "local" and host > 0 and n > host:
+    if lim.get("emulated") and host > 0 and n > host:
         return "emulation-bound", (
-            f"{n} ranks share {host:g} host cores on the local target, so they compete for "
+            f"{n} ranks share {host:g} host cores of the emulated cluster, so they compete for "
             f"CPU and the {_pct(eff)} efficiency reflects the emulation, not the network.")
-    if lim.get("target") == "local" and node_cpus > 0 and ppn > node_cpus:
+    if lim.get("emulated") and node_cpus > 0 and ppn > node_cpus:
         return "emulation-bound", (
             f"{ppn} processes per node share a {node_cpus:g}-CPU node, so they compete for CPU "
             f"and the {_pct(eff)} efficiency reflects the emulation, not the network.")
@@ -493,7 +497,7 @@ def _judge(series: dict[str, Any], row: pd.Series, grp: pd.DataFrame, synth: pd.
         what = (f"Each rank's compute per step grew from {float(base['compute_time_mean_s']):.3g}"
                 f" s at {int(base['world_size'])} to {float(row['compute_time_mean_s']):.3g} s at "
                 f"{n} ranks for the same work")
-        if lim.get("target") == "local":
+        if lim.get("emulated"):
             return "emulation-bound", (
                 f"{what}: the emulated nodes compete for the host's CPU cores, so the "
                 f"{_pct(eff)} efficiency reflects the emulation, not the network.")

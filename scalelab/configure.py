@@ -335,17 +335,36 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
         extravars: Mapping[str, Any] | None = None,
         progress: Callable[[Progress], None] | None = None, *,
         playbook: str = SITE, skip_tags: Sequence[str] | str | None = None,
-        limit: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> ConfigureResult:
+        limit: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+        bundle: str | Path | None = None) -> ConfigureResult:
     """Apply playbooks/site.yml (or another playbook there) to a cluster.
 
     tags/skip_tags pick roles by their site.yml tags; check runs Ansible in check mode with
     diffs; extravars override role defaults (e.g. {"netshape_rate": "1gbit"}); progress gets a
-    Progress record per play, task and host result. Raises ConfigureError unless every host
-    succeeded.
+    Progress record per play, task and host result; bundle: an offline bundle made by
+    `invoke bundle` that the roles install from (hosts without internet). Raises
+    ConfigureError unless every host succeeded.
+
+    Before Ansible changes anything, every node is probed (scalelab.facts): an unreachable
+    node, a node without an interface holding its cluster address, or a bundle that lacks a
+    package is refused then, with nothing changed on any host. After a successful site.yml
+    run the facts (interface, cores, memory, GPUs, interpreter, workdir) are recorded in the
+    cluster record, where bench and the report read them.
     """
     import ansible_runner  # heavy import, only when configuring
 
+    from scalelab import facts
+    from scalelab.nodes import Node
+
     rec = load_cluster(cluster)  # raises ClusterError with a hint when unknown
+    variables_extra: dict[str, Any] = {}
+    if bundle:
+        from scalelab import bundle as bundles
+
+        bundle_dir = Path(bundle).expanduser().resolve()
+        apt, reqs = bundles.default_contents()
+        bundles.check(bundle_dir, apt, reqs)
+        variables_extra["scalelab_bundle_dir"] = str(bundle_dir)
     inventory = inventory_dir() / f"{cluster}.yml"
     if not inventory.exists():
         raise ConfigureError(f"configure {cluster}: inventory {inventory} is missing; "
@@ -356,11 +375,16 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
     tag_list = parse_tags(tags, allowed)
     skip_list = parse_tags(skip_tags, allowed)
 
+    nodes = [Node.from_dict(n) for n in rec.get("nodes", [])]
+    if playbook == SITE:
+        found = facts.probe(nodes, rec["known_hosts"])
+        facts.check_interfaces(cluster, nodes, found)
+
     state = cluster_dir(cluster)
     private = private_dir(state / "ansible")
     private_dir(private / "artifacts")
     ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    variables = {"scalelab_state_dir": str(state), **dict(extravars or {})}
+    variables = {"scalelab_state_dir": str(state), **variables_extra, **dict(extravars or {})}
     kwargs = runner_kwargs(private_data_dir=private, playbook=playbook, inventory=inventory,
                            extravars=variables, tags=tag_list, skip_tags=skip_list, check=check,
                            limit=limit, timeout_s=timeout_s, ident=ident,
@@ -410,6 +434,8 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
                              artifact_dir=artifact_dir)
     log.info("configure %s: %s in %.1f s, %d changes", cluster, playbook, duration,
              result.changed)
+    if playbook == SITE and not check:
+        facts.record(cluster, facts.probe(nodes, rec["known_hosts"]))
     return result
 
 

@@ -15,7 +15,6 @@ process groups in flight (.inflight.json in the sweep directory), and the rate t
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import platform
@@ -23,15 +22,17 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab import launch, netshape, ssh, store
+from scalelab import facts, launch, netshape, ssh, store
 from scalelab.errors import ClusterError, CommandError, ScalelabError
 from scalelab.nodes import Node
-from scalelab.state import cluster_dir, load_cluster, write_atomic
+from scalelab.shaping import Shaper
+from scalelab.state import cluster_dir, load_cluster
+from scalelab.targets import base as targets
 
 log = logging.getLogger(__name__)
 
@@ -56,75 +57,6 @@ def scalelab_commit() -> str:
         return "unknown"
 
 
-class Shaper:
-    """Sets one link rate on every node of a cluster; restores the starting rate at the end.
-
-    marker: a file that says which rate to go back to while the links are at another one
-    (the local target records the rate it is set to as the cluster's); a driver killed
-    with SIGKILL leaves it behind, and the next Shaper of the cluster restores from it,
-    unless the rate was changed by hand since.
-    """
-
-    def __init__(self, cluster: str, rec: dict[str, Any], nodes: list[Node],
-                 marker: Path | None = None) -> None:
-        self.cluster, self.rec, self.nodes = cluster, rec, nodes
-        self.local = rec["target"] == "local"
-        self.initial = rec.get("bandwidth_mbit") if self.local else None
-        self.current: float | None | str = "unset"
-        self.marker = marker
-        note = self._read_marker()
-        if note is not None and (not self.local or note.get("to") == self.initial):
-            self.initial, self.current = note.get("from"), note.get("to")
-            log.info("links were left at %s by an interrupted driver; %s is restored at the end",
-                     netshape.describe(self.current), netshape.describe(self.initial))
-        elif note is not None and self.marker is not None:
-            # the rate was set by hand since (invoke shape): that is the one to keep
-            with suppress(OSError):
-                self.marker.unlink()
-
-    def _read_marker(self) -> dict[str, Any] | None:
-        if self.marker is None:
-            return None
-        try:
-            note = json.loads(self.marker.read_text())
-        except (OSError, ValueError):
-            return None
-        return note if isinstance(note, dict) and "from" in note and "to" in note else None
-
-    def set(self, mbit: float | None) -> None:
-        if mbit == self.current:
-            return
-        if self.marker is not None and mbit != self.initial:
-            # written before the links change, so a SIGKILL at any point leaves it behind
-            try:
-                write_atomic(self.marker, json.dumps({"from": self.initial, "to": mbit}) + "\n")
-            except OSError as exc:
-                raise ClusterError(f"cannot write {self.marker} ({exc.strerror}); links not "
-                                   "changed") from None
-        if self.local:
-            from scalelab.targets.local import LocalCluster
-
-            LocalCluster(self.cluster).set_bandwidth(mbit)
-        else:
-            for n in self.nodes:
-                if not n.iface:
-                    raise ClusterError(f"{n.name} has no cluster interface recorded; cannot shape")
-                sudo = "" if n.ssh_user == "root" else "sudo -n "
-                ssh.run(n, self.rec["known_hosts"], sudo + netshape.shell_command(n.iface, mbit),
-                        timeout=30)
-        self.current = mbit
-        if self.marker is not None and mbit == self.initial:
-            with suppress(OSError):
-                self.marker.unlink(missing_ok=True)
-
-    def restore(self) -> None:
-        if self.current != "unset" and self.current != self.initial:
-            try:
-                self.set(self.initial)
-            except (ScalelabError, OSError) as exc:
-                log.warning("could not restore the link rate: %s", exc)
-
-
 @dataclass
 class Progress:
     index: int  # 0-based position among the runs to do now
@@ -135,28 +67,21 @@ class Progress:
 
 
 def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: float = 1.0,
-                 stop: threading.Event | None = None) -> float | None:
-    """Point-to-point TCP throughput head -> second node, in Mbit/s (netprobe)."""
+                 stop: threading.Event | None = None) -> tuple[float | None, str]:
+    """TCP rate head -> second node in Mbit/s (iperf3), and why not when it failed."""
+    from scalelab import linkprobe
+
     if len(nodes) < 2:
-        return None
-    server, client = nodes[1], nodes[0]
-    wl = f"{rt.workdir}/{launch.WORKLOADS}/netprobe.py"
-    cmds = [
-        launch.RankCommand(client, ["sh", "-c", f"sleep 0.5; exec {rt.python} {wl} client "
-                                    f"--connect {server.private_address} --port {port} "
-                                    f"--seconds {seconds:g}"]),
-        launch.RankCommand(server, [rt.python, wl, "server", "--bind", server.private_address,
-                                    "--port", str(port), "--timeout", str(int(seconds + 15))]),
-    ]
-    res = launch.run(cmds, rt, timeout_s=seconds + 30, stop=stop)
-    if res.status != "ok" or not res.result:
-        log.warning("netprobe failed: %s", res.error)
-        return None
-    return float(res.result["mbit"])
+        return None, ""
+    m = linkprobe.measure(nodes[1], nodes[0], rt.known_hosts, port, seconds, stop=stop)
+    if m.mbit is None:
+        log.warning("link measurement failed: %s", m.error)
+    return m.mbit, m.error
 
 
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
-               link_mbit: float | None, rate: float | None) -> dict[str, Any]:
+               link_mbit: float | None, rate: float | None,
+               link_error: str = "") -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md)."""
     result = res.result or {}
     env = dict(result.get("env") or {})
@@ -164,7 +89,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                 "target": target, "nodes": list(run.node_names), "tc": netshape.describe(rate)})
     measured: dict[str, Any] = {"ranks": result.get("ranks", []), "env": env,
                                 "gradient_bytes": result.get("gradient_bytes"),
-                                "link_mbit_measured": link_mbit}
+                                "link_mbit_measured": link_mbit,
+                                "link_error": link_error}
     if run.kind == "allreduce":
         measured["allreduce"] = result.get("sizes", [])
     status = res.status
@@ -186,11 +112,12 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     """
     rec = load_cluster(cluster)
     all_nodes = [Node.from_dict(n) for n in rec["nodes"]]
-    rt = launch.default_runtime(rec)
-    shaper = Shaper(cluster, rec, all_nodes, marker=cluster_dir(cluster) / SHAPED)
+    target = targets.of(rec)
+    rt = target.runtime(rec)
+    shaper = Shaper(target.links(cluster, rec, all_nodes), marker=cluster_dir(cluster) / SHAPED)
     sweep_id = sweep_dir.name
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
-    links: dict[Any, float | None] = {}
+    links: dict[Any, tuple[float | None, str]] = {}
 
     def stopped() -> bool:
         return stop is not None and stop.is_set()
@@ -231,7 +158,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             except KeyboardInterrupt:
                 interrupted = True
                 res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
-            record = run_record(sweep_id, run, rec["target"], res, started, links[rate], rate)
+            record = run_record(sweep_id, run, rec["target"], res, started, links[rate][0], rate,
+                                links[rate][1])
             store.append_run(sweep_dir, record)
             counts[res.status] = counts.get(res.status, 0) + 1
             if on_progress:
@@ -320,11 +248,14 @@ class Prepared:
 
 def prepare(cluster: str, spec) -> Prepared:
     """Validate the sweep against the cluster and expand it; writes nothing."""
-    from scalelab import provisioning, sweep
+    from scalelab import sweep
 
-    nodes = [Node.from_dict(n) for n in load_cluster(cluster)["nodes"]]
-    runs = sweep.plan(spec, nodes, provisioning.can_shape(cluster), cluster=cluster)
-    return Prepared(cluster, spec, runs, sweep.estimate_duration_s(runs))
+    rec = load_cluster(cluster)
+    facts.require_configured(rec)
+    nodes = [Node.from_dict(n) for n in rec["nodes"]]
+    runs = sweep.plan(spec, nodes, targets.of(rec).can_shape(rec), cluster=cluster)
+    device = "gpu" if any(n.gpus > 0 for n in nodes) else "cpu"
+    return Prepared(cluster, spec, runs, sweep.estimate_duration_s(runs, device=device))
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
@@ -335,7 +266,8 @@ def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
         "sweep_id": sweep_id, "cluster": prep.cluster, "target": rec["target"],
         "created_at": utcnow(), "finished_at": None, "plan": sweep.spec_to_dict(prep.spec),
         "nodes": rec["nodes"], "bandwidth_mbit_cluster": rec.get("bandwidth_mbit"),
-        "host_cpus": host_cpus() if rec["target"] == "local" else None,
+        "emulated": targets.of(rec).emulated,
+        "host_cpus": host_cpus() if targets.of(rec).emulated else None,
         "software": {"scalelab": scalelab_commit(), "python": platform.python_version()},
         "planned_runs": [r.run_id for r in prep.runs],
     }
@@ -370,7 +302,10 @@ def prepare_resume(reports_root: Path, sweep_id: str,
     spec = sweep.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
     prep = prepare(meta["cluster"], spec)
     todo = store.missing_runs(sweep_dir, prep.runs, retry_failed=retry_failed)
-    return sweep_dir, Prepared(meta["cluster"], spec, todo, sweep.estimate_duration_s(todo))
+    device = "gpu" if any(n.get("gpus") for n in load_cluster(meta["cluster"])["nodes"]) \
+        else "cpu"
+    return sweep_dir, Prepared(meta["cluster"], spec, todo,
+                               sweep.estimate_duration_s(todo, device=device))
 
 
 def resume(sweep_dir: Path, prep: Prepared,

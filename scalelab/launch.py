@@ -31,6 +31,7 @@ from typing import Any
 from scalelab import ssh
 from scalelab.errors import CommandError, ScalelabError
 from scalelab.nodes import Node
+from scalelab.targets.base import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +46,6 @@ KEEPALIVE = ["-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3"]
 
 class LaunchError(ScalelabError):
     """A run could not be started, or its result could not be read."""
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """Where the training stack lives on the nodes."""
-
-    python: str  # interpreter on the nodes, e.g. /work/main/.venv/bin/python
-    workdir: str  # directory holding bench/workloads on the nodes
-    known_hosts: str  # pinned host keys, on the controller
 
 
 @dataclass
@@ -94,11 +86,14 @@ def allreduce_args(params: dict[str, Any], sizes: tuple[int, ...]) -> list[str]:
 
 
 def threads_per_rank(node: Node, procs_per_node: int) -> int:
-    """CPU threads each rank may use: the node's CPU share split between its ranks.
+    """CPU threads each rank may use: the node's cores (configure's facts; the CPU share on
+    the local target) split between its ranks.
 
     >>> n = Node("a", "x", "x", "head", "local", cpus=1.0)
     >>> threads_per_rank(n, 1), threads_per_rank(n, 4)
     (1, 1)
+    >>> threads_per_rank(Node("b", "x", "x", "head", "static", cpus=32.0), 4)
+    8
     """
     cpus = node.cpus or 1.0
     return max(1, int(cpus // procs_per_node))
@@ -161,10 +156,23 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
 
 
 def remote_line(cmd: RankCommand, workdir: str) -> str:
-    """The shell line sent over SSH: a new session that reports its process-group id first."""
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(cmd.env.items()))
-    inner = f"echo SCALELAB_PGID $$ >&2; exec env {env} {shlex.join(cmd.argv)}"
-    return f"cd {shlex.quote(workdir)} && exec setsid -w sh -c {shlex.quote(inner)}"
+    """The shell line sent over SSH: a new session that reports its process-group id first.
+
+    The launch token goes into the environment before the session starts, so every process
+    of the launch carries it from its first instruction: a driver killed right after the
+    launch can still find and end them by the token alone (reap_line).
+
+    >>> remote_line(RankCommand(Node("n", "a", "a", "head", "static"), ["python3", "x.py"],
+    ...             {"SCALELAB_LAUNCH": "ab12", "OMP_NUM_THREADS": "4"}), "/w")
+    "cd /w && exec env SCALELAB_LAUNCH=ab12 setsid -w sh -c 'echo SCALELAB_PGID $$ >&2; exec env OMP_NUM_THREADS=4 python3 x.py'"
+    """
+    token = cmd.env.get(TOKEN_VAR, "")
+    rest = {k: v for k, v in cmd.env.items() if k != TOKEN_VAR}
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(rest.items()))
+    inner = f"echo SCALELAB_PGID $$ >&2; exec env {env} {shlex.join(cmd.argv)}" if env else \
+        f"echo SCALELAB_PGID $$ >&2; exec {shlex.join(cmd.argv)}"
+    tag = f"env {TOKEN_VAR}={shlex.quote(token)} " if token else ""
+    return f"cd {shlex.quote(workdir)} && exec {tag}setsid -w sh -c {shlex.quote(inner)}"
 
 
 def ssh_argv(node: Node, known_hosts: str) -> list[str]:
@@ -178,35 +186,42 @@ def ssh_argv(node: Node, known_hosts: str) -> list[str]:
     return [base[0], *KEEPALIVE, *base[1:]]
 
 
-def reap_line(pgid: int, token: str = "", grace_s: float = 3.0) -> str:
-    """Shell line that ends a process group on a node: TERM, up to grace_s, then KILL.
+def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0) -> str:
+    """Shell line that ends a launch on a node: TERM, up to grace_s, then KILL.
 
-    With a token, only a group one of whose members carries SCALELAB_LAUNCH=<token> in its
-    environment is touched (so a reused group id is left alone). Exits 0 whenever it ran, so
-    a non-zero exit means ssh itself failed.
+    With a token, the process groups ended are exactly those of the processes that carry
+    SCALELAB_LAUNCH=<token> in their environment (found in /proc): a group id the node has
+    since given to someone else is never touched, and a launch whose group id was never
+    read (a driver killed right after it) is still found. Without a token, the group pgid.
+    Exits 0 whenever it ran, so a non-zero exit means ssh itself failed.
 
     >>> line = reap_line(4242, "ab12", 1.0)
-    >>> "kill -TERM -4242" in line and "SCALELAB_LAUNCH=ab12" in line
+    >>> "SCALELAB_LAUNCH=ab12" in line and "kill -TERM -$g" in line
     True
-    >>> "environ" in reap_line(4242)
-    False
+    >>> "kill -TERM -4242" in reap_line(4242) and "environ" not in reap_line(4242)
+    True
     """
-    pgid = int(pgid)
     ticks = max(1, int(grace_s * 10))
+    if token:
+        if not re.fullmatch(r"[0-9a-f]{1,64}", token):
+            raise LaunchError(f"launch token {token!r} is not hex")
+        find = ("groups() { for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
+                "{ tr '\\0' '\\n' < \"$e\"; } 2>/dev/null | grep -qx '" + f"{TOKEN_VAR}={token}" +
+                "' || continue; { read -r l < /proc/$p/stat; } 2>/dev/null || continue; "
+                "set -- ${l##*) }; echo $3; done | sort -u; }; ")
+        return (find + "gs=$(groups); [ -n \"$gs\" ] || exit 0; "
+                "for g in $gs; do kill -TERM -$g 2>/dev/null; done; i=0; "
+                f"while [ $i -lt {ticks} ]; do gs=$(groups); [ -n \"$gs\" ] || exit 0; "
+                "sleep 0.1; i=$((i+1)); done; "
+                "for g in $(groups); do kill -KILL -$g 2>/dev/null; done; exit 0")
+    if pgid is None:
+        raise LaunchError("nothing to end: neither a process group nor a launch token")
+    pgid = int(pgid)
     # `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash (a node's /bin/sh, or a login shell)
     # refuses the `--` and would end nothing
-    end = (f"kill -TERM -{pgid} 2>/dev/null; i=0; while [ $i -lt {ticks} ]; do "
-           f"kill -0 -{pgid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; "
-           f"kill -KILL -{pgid} 2>/dev/null; exit 0")
-    if not token:
-        return end
-    if not re.fullmatch(r"[0-9a-f]{1,64}", token):
-        raise LaunchError(f"launch token {token!r} is not hex")
-    ours = ("ours() { for s in /proc/[0-9]*/stat; do { read -r l < \"$s\"; } 2>/dev/null || "
-            "continue; set -- ${l##*) }; [ \"$3\" = \"" + str(pgid) + "\" ] || continue; "
-            "p=${s#/proc/}; p=${p%/stat}; tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | "
-            f"grep -qx '{TOKEN_VAR}={token}' && return 0; done; return 1; }}; ")
-    return ours + "ours || exit 0; " + end
+    return (f"kill -TERM -{pgid} 2>/dev/null; i=0; while [ $i -lt {ticks} ]; do "
+            f"kill -0 -{pgid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; "
+            f"kill -KILL -{pgid} 2>/dev/null; exit 0")
 
 
 @dataclass
@@ -229,7 +244,7 @@ class LaunchResult:
     unreaped: list[str] = field(default_factory=list)  # nodes whose process group is left over
 
 
-def end_groups(groups: list[tuple[Node, int]], known_hosts: str, token: str = "",
+def end_groups(groups: list[tuple[Node, int | None]], known_hosts: str, token: str = "",
                grace_s: float = 3.0, retry_s: float = 20.0) -> list[tuple[Node, int]]:
     """End process groups on their nodes, in parallel; return those that could not be reached.
 
@@ -239,7 +254,7 @@ def end_groups(groups: list[tuple[Node, int]], known_hosts: str, token: str = ""
     failed: list[tuple[Node, int]] = []
     lock = threading.Lock()
 
-    def one(node: Node, pgid: int) -> None:
+    def one(node: Node, pgid: int | None) -> None:
         deadline = time.monotonic() + retry_s
         line = reap_line(pgid, token, grace_s)
         while True:
@@ -281,8 +296,11 @@ class Launch:
         self._buffers: list[tuple[list[str], list[str]]] = []
         self._threads: list[threading.Thread] = []
 
-    def start(self) -> None:
+    def start(self, inflight: Path | None = None) -> None:
         self._t0 = time.monotonic()
+        if inflight is not None:
+            # before any rank exists: a driver killed from here on leaves their token behind
+            save_inflight(inflight, self.entries())
         for cmd in self.commands:
             env = {**cmd.env, TOKEN_VAR: self.token} if self.token else cmd.env
             line = remote_line(RankCommand(cmd.node, cmd.argv, env), self.rt.workdir)
@@ -318,10 +336,10 @@ class Launch:
         return codes
 
     def entries(self) -> list[dict[str, Any]]:
-        """What the inflight file lists: this launch's groups, and older ones still to end."""
-        return self.pending + [{"node": c.node.to_dict(), "pgid": self.pgids[c.node.name],
-                                "token": self.token}
-                               for c in self.commands if c.node.name in self.pgids]
+        """What the inflight file lists: this launch on every node (its group id once read;
+        the token finds it before that), and older launches still to end."""
+        return self.pending + [{"node": c.node.to_dict(), "pgid": self.pgids.get(c.node.name),
+                                "token": self.token} for c in self.commands]
 
     def wait(self, timeout_s: float, fail_grace_s: float = 5.0,
              stop: threading.Event | None = None, inflight: Path | None = None) -> str:
@@ -334,7 +352,7 @@ class Launch:
         """
         deadline = time.monotonic() + timeout_s
         first_fail: float | None = None
-        written = -1 if self.pending else 0
+        written = -1
         while True:
             if inflight is not None and len(self.pgids) != written:
                 written = len(self.pgids)
@@ -362,8 +380,10 @@ class Launch:
         self._note_exits()
         # every group, also of ranks whose ssh client has exited: after a lost connection
         # (exit 255) the group may well still run on the node
-        groups = [(c.node, self.pgids[c.node.name]) for c in self.commands
-                  if c.node.name in self.pgids]
+        # with a token, also the nodes whose group id was never read (the launch is found by
+        # the token in its environment)
+        groups = [(c.node, self.pgids.get(c.node.name)) for c in self.commands
+                  if c.node.name in self.pgids or self.token]
         failed = end_groups(groups, self.rt.known_hosts, self.token, grace_s, retry_s)
         self.pending += [{"node": n.to_dict(), "pgid": g, "token": self.token} for n, g in failed]
         for p in self.procs:
@@ -540,8 +560,13 @@ def _load_inflight(path: Path) -> list[dict[str, Any]]:
     except (OSError, ValueError) as exc:
         log.warning("%s unreadable (%s); no process groups to end from it", path, exc)
         return []
-    return [e for e in entries if isinstance(e, dict) and "node" in e and "pgid" in e] \
+    return [e for e in entries if isinstance(e, dict) and "node" in e
+            and (e.get("pgid") is not None or e.get("token"))] \
         if isinstance(entries, list) else []
+
+
+def _pgid(entry: dict[str, Any]) -> int | None:
+    return None if entry.get("pgid") is None else int(entry["pgid"])
 
 
 def _end_entries(entries: list[dict[str, Any]], known_hosts: str,
@@ -552,9 +577,9 @@ def _end_entries(entries: list[dict[str, Any]], known_hosts: str,
     for e in entries:
         by_token.setdefault(str(e.get("token") or ""), []).append(e)
     for token, group in by_token.items():
-        nodes = [(Node.from_dict(e["node"]), int(e["pgid"])) for e in group]
+        nodes = [(Node.from_dict(e["node"]), _pgid(e)) for e in group]
         failed = {(n.name, g) for n, g in end_groups(nodes, known_hosts, token, retry_s=retry_s)}
-        left += [e for e in group if (e["node"]["name"], int(e["pgid"])) in failed]
+        left += [e for e in group if (e["node"]["name"], _pgid(e)) in failed]
     return left
 
 
@@ -591,7 +616,7 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
     status = "failed"
     unreaped: list[str] = []
     try:
-        launch.start()
+        launch.start(inflight)
         status = launch.wait(timeout_s, stop=stop, inflight=inflight)
     except KeyboardInterrupt:
         status = "interrupted"
@@ -616,15 +641,3 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
         else:
             error += f"; {note}"
     return LaunchResult(status, result, error, outcomes, time.monotonic() - t0, unreaped)
-
-
-def default_runtime(cluster_rec: dict[str, Any]) -> Runtime:
-    """Local clusters see the controller's venv and checkout; others use configure's paths."""
-    project = Path(__file__).resolve().parent.parent
-    if cluster_rec["target"] == "local":
-        import sys
-
-        return Runtime(str(Path(sys.executable).parent / "python"), str(project),
-                       cluster_rec["known_hosts"])
-    return Runtime(cluster_rec.get("python", "/opt/scalelab/venv/bin/python"),
-                   cluster_rec.get("workdir", "/opt/scalelab"), cluster_rec["known_hosts"])

@@ -47,6 +47,9 @@ class Node:
     gpus: int = 0
     iface: str = ""  # cluster-network interface on the node, e.g. eth0; "" = let the stack pick
     extra: dict[str, Any] = field(default_factory=dict)
+    # what configure found on the node (scalelab.facts): cores, memory_mb, gpus, gpu_model,
+    # iface, python, workdir; empty until the cluster is configured
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab import ssh
-from scalelab.errors import ClusterError, InputError
+from scalelab.errors import ClusterError
 from scalelab.nodes import Node, check_cluster_name
 from scalelab.state import inventory_dir, list_clusters, load_cluster
-from scalelab.targets import TARGETS
-from scalelab.units import format_rate
+from scalelab.targets import base
+from scalelab.units import parse_rate_mbit
 
 log = logging.getLogger(__name__)
 
@@ -25,36 +25,28 @@ class ClusterInfo:
     bandwidth: str = "native"
     cpus_per_node: float | str = "-"
     alive: list[bool] = field(default_factory=list)
-
-
-def _check_target(target: str) -> str:
-    if target not in TARGETS:
-        raise InputError(f"target: {target!r} is unknown; choose one of {', '.join(TARGETS)}")
-    return target
+    summary: dict[str, str] = field(default_factory=dict)
 
 
 def provision(target: str, nodes: int | str, cluster: str, cpus_per_node: str | float = 1.0,
               bandwidth: str = "native", subnet: str | None = None, var_file: str | None = None,
               keep_on_failure: bool = False, dry_run: bool = False) -> ClusterInfo | None:
     """Create or resize a cluster; returns its records (None for a dry run)."""
-    _check_target(target)
+    impl = base.get(target)
     check_cluster_name(cluster)
-    if target == "local":
-        from scalelab.targets.local import LocalCluster
-
-        lc = LocalCluster(cluster)
-        recs = lc.provision(nodes, cpus_per_node=cpus_per_node, bandwidth=bandwidth,
-                            subnet=subnet)
-        rec = lc.load() or {}
-        return ClusterInfo(cluster, target, recs, inventory_dir() / f"{cluster}.yml",
-                           format_rate(rec.get("bandwidth_mbit")), rec.get("cpus_per_node", "-"))
-    from scalelab.targets import tf
-
-    recs = tf.provision(cluster=cluster, target=target, nodes=nodes, var_file=var_file,
-                        keep_on_failure=keep_on_failure, dry_run=dry_run)
+    recs = impl.provision(cluster, nodes, cpus_per_node=cpus_per_node, bandwidth=bandwidth,
+                          subnet=subnet, var_file=var_file, keep_on_failure=keep_on_failure,
+                          dry_run=dry_run)
     if recs is None:
         return None
-    return ClusterInfo(cluster, target, recs, inventory_dir() / f"{cluster}.yml")
+    return _info(cluster, load_cluster(cluster), recs)
+
+
+def _info(name: str, rec: dict, nodes: list[Node]) -> ClusterInfo:
+    summary = base.of(rec).summary(rec)
+    return ClusterInfo(name, rec["target"], nodes, inventory_dir() / f"{name}.yml",
+                       summary.get("bandwidth", "native"), summary.get("cpus/node", "-"),
+                       summary=summary)
 
 
 def target_of(cluster: str) -> str:
@@ -64,7 +56,7 @@ def target_of(cluster: str) -> str:
 def destroy(cluster: str) -> None:
     check_cluster_name(cluster)
     try:
-        target = target_of(cluster)
+        rec = load_cluster(cluster)
     except ClusterError:
         # nothing recorded; a crashed local provision may still have left pieces behind
         from scalelab.targets.local import LocalCluster, leftovers
@@ -73,14 +65,7 @@ def destroy(cluster: str) -> None:
             LocalCluster(cluster).destroy()
             return
         raise
-    if target == "local":
-        from scalelab.targets.local import LocalCluster
-
-        LocalCluster(cluster).destroy()
-    else:
-        from scalelab.targets import tf
-
-        tf.destroy(cluster)
+    base.of(rec).destroy(cluster)
 
 
 def status(cluster: str | None = None) -> list[ClusterInfo]:
@@ -89,17 +74,8 @@ def status(cluster: str | None = None) -> list[ClusterInfo]:
     for name in names:
         rec = load_cluster(name)
         nodes = [Node.from_dict(n) for n in rec.get("nodes", [])]
-        info = ClusterInfo(name, rec["target"], nodes, inventory_dir() / f"{name}.yml")
-        if rec["target"] == "local":
-            from scalelab.targets.local import LocalCluster
-
-            info.bandwidth = format_rate(rec.get("bandwidth_mbit"))
-            info.cpus_per_node = rec.get("cpus_per_node", "-")
-            info.alive = LocalCluster(name).alive()
-        else:
-            from scalelab.targets import tf
-
-            info.alive = tf.alive(name, nodes)
+        info = _info(name, rec, nodes)
+        info.alive = base.of(rec).alive(name, nodes)
         out.append(info)
     return out
 
@@ -107,17 +83,12 @@ def status(cluster: str | None = None) -> list[ClusterInfo]:
 def can_shape(cluster: str) -> bool:
     """Whether scalelab can set link rates on this cluster's nodes."""
     rec = load_cluster(cluster)
-    return rec["target"] == "local" or bool(rec.get("shaping_iface"))
+    return base.of(rec).can_shape(rec)
 
 
 def set_bandwidth(cluster: str, bandwidth: str) -> None:
-    target = target_of(cluster)
-    if target != "local":
-        raise InputError(f"cluster {cluster} is a {target} cluster; its rate is set per run by "
-                         "invoke bench (netshape over SSH), not here")
-    from scalelab.targets.local import LocalCluster
-
-    LocalCluster(cluster).set_bandwidth(bandwidth)
+    rec = load_cluster(cluster)
+    base.of(rec).set_rate(cluster, parse_rate_mbit(bandwidth))
 
 
 def connectivity_check(cluster: str) -> list[str]:

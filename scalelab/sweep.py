@@ -504,7 +504,7 @@ def _check_cluster(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
         have = len(nodes)
         fits = [n for n in spec.nodes if n <= have]
         fix_nodes = f"--nodes {format_int_list(fits)}" if fits else f"--nodes 1-{have}"
-        target_opt = "" if target == "local" else f" --target {target}"
+        target_opt = f" --target {target}"
         raise InputError(
             f"--nodes {format_int_list(spec.nodes)} but {name} has {have} node"
             f"{'s' if have != 1 else ''}; provision more with invoke provision{target_opt} "

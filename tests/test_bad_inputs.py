@@ -163,8 +163,14 @@ CASES = [
                                   "--bandwidth", "native,fast"], "'fast' is not a rate"),
     ("bench-rate-zero", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                   "--bandwidth", "0mbit"], "is zero"),
-    ("bench-rate-static", "static", ["bench", "--nodes", "1", "--batch-size", "16",
-                                     "--bandwidth", "1gbit"], "cannot shape links"),
+    ("bench-unconfigured", "static", ["bench", "--nodes", "1", "--batch-size", "16",
+                                      "--bandwidth", "1gbit"],
+     "has not been configured (no facts recorded for node "),
+    ("configure-no-bundle", "static", ["configure", "--bundle", "{dir}/no-such-bundle"],
+     "bundle"),
+    ("bundle-no-wheel-dir", "none", ["bundle", "--out", "{dir}/b", "--wheel-dir",
+                                     "{dir}/no-such-dir"], "is not a directory"),
+    ("check-links-seconds", "static", ["check", "--links", "--seconds", "0"], "seconds"),
     # ---- bench: sweep files and sweep ids
     ("sweep-missing", "local", ["bench", "--sweep", "no-such-sweep"], "not found"),
     ("sweep-dir", "local", ["bench", "--sweep", "{dir}"], "not found"),
@@ -226,6 +232,11 @@ def _fake_cluster(state: Path, target: str) -> None:
     rec = {"name": FAKE, "target": target, "nodes": nodes, "pids": {},
            "known_hosts": str(cdir / "known_hosts"), "ssh_key": str(cdir / "id_ed25519"),
            "subnet": "10.213.250.0/24", "bandwidth_mbit": None, "cpus_per_node": 1.0}
+    if target == "local":
+        from scalelab.targets.local import local_facts
+
+        for n in nodes:
+            n["facts"] = local_facts(n)
     (cdir / "cluster.json").write_text(json.dumps(rec))
 
 

@@ -52,7 +52,7 @@ def _tasks(role: Path) -> list[dict]:
 
 def test_the_roles_the_brief_names_are_all_there():
     assert set(ROLE_NAMES) == {"common", "docker_nvidia", "nfs_server", "nfs_client", "pytorch",
-                               "horovod", "netshape", "jupyterlab"}
+                               "horovod", "netshape", "jupyterlab", "workloads"}
 
 
 def test_site_yml_applies_every_role_tagged_with_its_own_name():

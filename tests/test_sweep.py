@@ -197,7 +197,7 @@ def test_more_nodes_than_the_cluster_says_how_to_fix():
         plan(spec(nodes="1-10"), make_cluster(3), can_shape=True, cluster="demo")
     assert str(err.value) == (
         "--nodes 1-10 but cluster demo has 3 nodes; provision more with "
-        "invoke provision --cluster demo --nodes 10 or use --nodes 1-3")
+        "invoke provision --target local --cluster demo --nodes 10 or use --nodes 1-3")
 
 
 def test_more_nodes_than_a_cloud_cluster_names_the_target():

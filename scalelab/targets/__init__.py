@@ -1,4 +1,5 @@
-"""Targets: where clusters come from. Each returns the same Node records."""
+"""Targets: where clusters come from. Each implements scalelab.targets.base.Target."""
 
-TARGETS = ("local", "static", "openstack", "aws")
-TERRAFORM_TARGETS = ("static", "openstack", "aws")
+from scalelab.targets.base import TARGETS, TERRAFORM_TARGETS
+
+__all__ = ["TARGETS", "TERRAFORM_TARGETS"]

@@ -393,6 +393,8 @@ class LocalCluster:
                 self._shape_all(rec, rate)
             self._write_known_hosts(rec)
             self._write_hosts(rec)
+            for n in rec["nodes"]:
+                n["facts"] = local_facts(n)
             self.save(rec)
             inventory.write(self.name, self.nodes(rec), known_hosts=str(self.known_hosts))
         except Exception as exc:
@@ -701,6 +703,102 @@ def _sshd_config(addr: str) -> str:
         "Subsystem sftp internal-sftp",
         "",
     ])
+
+
+def runtime_paths() -> tuple[str, str]:
+    """The local target's shortcut: nodes see the controller's venv and checkout at the same
+    paths through their overlay's lower layer, so they need no install. Only this target may
+    take it; every other target runs what configure installed (scalelab.facts)."""
+    import sys
+
+    project = Path(__file__).resolve().parent.parent.parent
+    return str(Path(sys.executable).parent / "python"), str(project)
+
+
+def _host_memory_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def local_facts(node: dict[str, Any]) -> dict[str, Any]:
+    """What the local target knows of a node it made, without probing it: its CPU share is
+    the cgroup quota, not the host's core count that nproc would show inside the node."""
+    python, workdir = runtime_paths()
+    return {"cores": node.get("cpus", 1.0), "memory_mb": _host_memory_mb(),
+            "iface": NODE_IFACE, "gpus": 0, "gpu_model": "", "gpu_memory_mb": 0,
+            "python": python, "workdir": workdir, "source": "local target"}
+
+
+class LocalLinks:
+    """Both ends of every node's veth, set from the host (the record keeps the standing rate)."""
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = LocalCluster(cluster)
+
+    def _rate(self) -> float | None:
+        return (self.cluster.load() or {}).get("bandwidth_mbit")
+
+    def snapshot(self) -> float | None:
+        return self._rate()
+
+    def apply(self, mbit: float | None) -> None:
+        self.cluster.set_bandwidth(mbit)
+
+    def restore(self, snapshot: float | None) -> None:
+        self.cluster.set_bandwidth(snapshot)
+
+    def still_as_left(self, mbit: float | None) -> bool:
+        # a rate set by hand since (invoke shape) is the one to keep
+        return self._rate() == mbit
+
+
+class LocalTarget:
+    """The Target interface (scalelab.targets.base) of emulated clusters."""
+
+    name = TARGET
+    emulated = True
+
+    def provision(self, cluster: str, nodes: int | str, **options: Any) -> list[Node]:
+        allowed = {"cpus_per_node", "bandwidth", "subnet"}
+        return LocalCluster(cluster).provision(
+            nodes, **{k: v for k, v in options.items() if k in allowed and v is not None})
+
+    def destroy(self, cluster: str) -> None:
+        LocalCluster(cluster).destroy()
+
+    def alive(self, cluster: str, nodes: list[Node]) -> list[bool]:
+        return LocalCluster(cluster).alive()
+
+    def summary(self, rec: dict[str, Any]) -> dict[str, str]:
+        return {"bandwidth": format_rate(rec.get("bandwidth_mbit")),
+                "cpus/node": f"{rec.get('cpus_per_node', '-')}"}
+
+    def adjust_facts(self, rec: dict[str, Any], node: dict[str, Any],
+                     facts: dict[str, Any]) -> dict[str, Any]:
+        own = local_facts(node)
+        return {**facts, "cores": own["cores"], "python": own["python"],
+                "workdir": own["workdir"], "iface": facts.get("iface") or NODE_IFACE}
+
+    def runtime(self, rec: dict[str, Any]) -> Any:
+        from scalelab.targets.base import Runtime
+
+        python, workdir = runtime_paths()
+        return Runtime(python, workdir, rec["known_hosts"])
+
+    def can_shape(self, rec: dict[str, Any]) -> bool:
+        return True
+
+    def links(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> LocalLinks:
+        return LocalLinks(cluster)
+
+    def set_rate(self, cluster: str, mbit: float | None) -> None:
+        LocalCluster(cluster).set_bandwidth(mbit)
+
+
+def target(name: str = TARGET) -> LocalTarget:
+    return LocalTarget()
 
 
 def describe_rate(rec: dict[str, Any]) -> str:

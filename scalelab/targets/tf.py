@@ -723,3 +723,66 @@ def _ssh_probe(n: Node, bastion: str, known_hosts: str, timeout_s: float) -> boo
                               stdin=subprocess.DEVNULL).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+# ---------------------------------------------------------------- the Target interface
+
+
+class TerraformTarget:
+    """The Target interface (scalelab.targets.base) of static, openstack and aws clusters.
+
+    Their nodes are real hosts: the training stack is what configure installed there, the
+    cluster interface is what configure found (scalelab.facts), and link rates are set by
+    the sweep driver with tc over SSH and put back afterwards (scalelab.shaping.SshLinks).
+    """
+
+    emulated = False
+
+    def __init__(self, name: str) -> None:
+        target_module(name)
+        self.name = name
+
+    def provision(self, cluster: str, nodes: int | str, **options: Any) -> list[Node] | None:
+        allowed = {"var_file", "keep_on_failure", "dry_run"}
+        return provision(cluster=cluster, target=self.name, nodes=nodes,
+                         **{k: v for k, v in options.items() if k in allowed})
+
+    def destroy(self, cluster: str) -> None:
+        destroy(cluster)
+
+    def alive(self, cluster: str, nodes: list[Node]) -> list[bool]:
+        return alive(cluster, nodes)
+
+    def summary(self, rec: dict[str, Any]) -> dict[str, str]:
+        configured = rec.get("configured_at")
+        return {"bandwidth": "set per sweep", "configured": configured or
+                f"no (run invoke configure --cluster {rec.get('name')})"}
+
+    def adjust_facts(self, rec: dict[str, Any], node: dict[str, Any],
+                     facts: dict[str, Any]) -> dict[str, Any]:
+        if not facts.get("gpus") and node.get("gpus"):
+            # the host list says GPUs but nvidia-smi found none: keep the count, flag it
+            facts = {**facts, "gpus": node["gpus"], "gpu_note": "declared, not detected"}
+        return facts
+
+    def runtime(self, rec: dict[str, Any]) -> Any:
+        from scalelab.targets.base import runtime_from_facts
+
+        return runtime_from_facts(rec)
+
+    def can_shape(self, rec: dict[str, Any]) -> bool:
+        nodes = rec.get("nodes") or []
+        return bool(nodes) and all((n.get("facts") or {}).get("iface") for n in nodes)
+
+    def links(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> Any:
+        from scalelab.shaping import SshLinks
+
+        return SshLinks(nodes, rec["known_hosts"])
+
+    def set_rate(self, cluster: str, mbit: float | None) -> None:
+        raise InputError(f"cluster {cluster} is a {self.name} cluster: its links are shaped per "
+                         "run by invoke bench --bandwidth (and restored after), not here")
+
+
+def target(name: str) -> TerraformTarget:
+    return TerraformTarget(name)

@@ -1,0 +1,123 @@
+"""The one interface every target implements, and the one place that picks a target.
+
+The rest of scalelab never asks which target a cluster is on: it asks the cluster's Target.
+A target that cannot do something (shape links before configure has found the interfaces,
+change a rate outside a sweep) says so through this interface, in one line with the fix.
+
+Lifecycle: provision -> (configure records node facts) -> bench (runtime, links) -> destroy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from scalelab.errors import ClusterError, InputError
+from scalelab.nodes import Node
+
+TARGETS = ("local", "static", "openstack", "aws")
+TERRAFORM_TARGETS = ("static", "openstack", "aws")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where the training stack lives on a cluster's nodes."""
+
+    python: str  # interpreter on the nodes, e.g. /opt/scalelab/venv/bin/python
+    workdir: str  # directory holding bench/workloads on the nodes
+    known_hosts: str  # pinned host keys, on the controller
+
+
+@runtime_checkable
+class Links(Protocol):
+    """Link-rate control of one cluster, as the sweep driver uses it.
+
+    snapshot() is taken before the first change and is JSON-able, so a driver killed outright
+    can leave it in a file and a later one restore() from it.
+    """
+
+    def snapshot(self) -> Any:
+        """What the links are now, enough to put them back exactly."""
+
+    def apply(self, mbit: float | None) -> None:
+        """Put one rate (Mbit/s; None: unshaped) on every node's cluster link."""
+
+    def restore(self, snapshot: Any) -> None:
+        """Put the links back as snapshot() found them."""
+
+    def still_as_left(self, mbit: float | None) -> bool:
+        """Whether the links may still be at the rate a killed driver left (not reset by hand)."""
+
+
+@runtime_checkable
+class Target(Protocol):
+    """What a target does for the rest of scalelab."""
+
+    name: str
+    emulated: bool  # nodes share this machine's CPUs (the report says so when they contend)
+
+    def provision(self, cluster: str, nodes: int | str, **options: Any) -> list[Node] | None:
+        """Create or resize a cluster; write cluster.json and the inventory."""
+
+    def destroy(self, cluster: str) -> None:
+        """Remove the cluster and everything scalelab made for it."""
+
+    def alive(self, cluster: str, nodes: list[Node]) -> list[bool]:
+        """Whether each node answers, without running anything on it."""
+
+    def summary(self, rec: dict[str, Any]) -> dict[str, str]:
+        """What `invoke status` shows beside the nodes (link rate, CPU share)."""
+
+    def adjust_facts(self, rec: dict[str, Any], node: dict[str, Any],
+                     facts: dict[str, Any]) -> dict[str, Any]:
+        """Facts configure found on a node, corrected by what the target knows better."""
+
+    def runtime(self, rec: dict[str, Any]) -> Runtime:
+        """Interpreter and workload directory on the nodes."""
+
+    def can_shape(self, rec: dict[str, Any]) -> bool:
+        """Whether link rates can be set on this cluster."""
+
+    def links(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> Links:
+        """Link-rate control for the sweep driver."""
+
+    def set_rate(self, cluster: str, mbit: float | None) -> None:
+        """`invoke shape`: change the cluster's standing link rate."""
+
+
+def get(name: str) -> Target:
+    """The Target object of a target name; InputError for an unknown one.
+
+    >>> get("static").name, get("local").emulated
+    ('static', True)
+    """
+    if name not in TARGETS:
+        raise InputError(f"target: {name!r} is unknown; choose one of {', '.join(TARGETS)}")
+    module = importlib.import_module(f"scalelab.targets.{'local' if name == 'local' else 'tf'}")
+    return module.target(name)
+
+
+def of(rec: dict[str, Any]) -> Target:
+    """The Target of a cluster record (cluster.json)."""
+    try:
+        return get(rec["target"])
+    except KeyError:
+        raise ClusterError(f"cluster record {rec.get('name', '?')} names no target; destroy and "
+                           "provision it again") from None
+
+
+def runtime_from_facts(rec: dict[str, Any]) -> Runtime:
+    """The runtime configure recorded on the head node (the same paths on every node).
+
+    >>> runtime_from_facts({"known_hosts": "/kh", "name": "lab", "nodes": [{"name": "h",
+    ...     "facts": {"python": "/opt/scalelab/venv/bin/python", "workdir": "/opt/scalelab"}}]})
+    Runtime(python='/opt/scalelab/venv/bin/python', workdir='/opt/scalelab', known_hosts='/kh')
+    """
+    nodes = rec.get("nodes") or []
+    facts = (nodes[0].get("facts") or {}) if nodes else {}
+    if not facts.get("python") or not facts.get("workdir"):
+        name = rec.get("name", "NAME")
+        raise ClusterError(f"cluster {name} has not been configured (no training stack "
+                           f"recorded on its nodes); run invoke configure --cluster {name}")
+    return Runtime(facts["python"], facts["workdir"], rec["known_hosts"])
