@@ -666,6 +666,11 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
     requested = plan.get("bandwidth") or plan.get("bandwidths") or sorted(runs["bandwidth"].unique())
     measured = runs.groupby("bandwidth")["link_mbit_measured"].mean().dropna()
     measured_txt = ", ".join(f"{bw}: {v:.0f} Mbit/s" for bw, v in measured.items()) or "not measured"
+    if "link_error" in runs:
+        # a failed measurement is shown, never only logged: the model then uses the requested rate
+        failed = runs[(runs["link_error"] != "") & runs["link_mbit_measured"].isna()]
+        for bw, err in failed.groupby("bandwidth")["link_error"].first().items():
+            measured_txt += f"; {bw}: measurement failed ({err})"
     busbw_txt = "no allreduce probes"
     if not ar.empty and ar["busbw_mb_s"].notna().any():
         okar = ar[ar["status"] == "ok"]

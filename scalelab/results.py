@@ -33,7 +33,7 @@ CSV_COLUMNS = [
     "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
     "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "images_per_sec",
     "images_per_sec_per_worker", "step_time_mean_s", "step_time_p95_s", "comm_fraction",
-    "busbw_mb_s", "link_mbit_measured", "scaling_efficiency", "started_at", "duration_s", "error",
+    "busbw_mb_s", "link_mbit_measured", "scaling_efficiency", "started_at", "duration_s", "error", "link_error",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -133,6 +133,7 @@ def to_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
             "bandwidth_mbit": bw, "repeat": _num(p.get("repeat")),
             "status": str(rec.get("status", "")),
             "link_mbit_measured": _num(rec.get("link_mbit_measured")),
+            "link_error": str(rec.get("link_error") or ""),
             "started_at": str(rec.get("started_at") or ""), "duration_s": _num(rec.get("duration_s")),
             "error": str(rec.get("error") or ""), "data": str(p.get("data") or "synthetic"),
             "bandwidth": _bandwidth_label(bw), "steps": _num(p.get("steps")),
@@ -142,7 +143,7 @@ def to_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
         "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "link_mbit_measured",
-        "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
+        "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
         "gradient_bytes"])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm"])
     for col in ("ips", "step", "p95", "compute", "comm"):

@@ -56,9 +56,10 @@ RETRIED_WITH_FAILED = ("interrupted", "failed", "timeout")
 
 # runs.jsonl record keys (CONTRACTS.md), in contract order; "allreduce" for probes only
 RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node_names",
-               "ranks", "gradient_bytes", "link_mbit_measured", "env", "started_at",
-               "duration_s", "error")
-MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "env")
+               "ranks", "gradient_bytes", "link_mbit_measured", "link_error", "env",
+               "started_at", "duration_s", "error")
+MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
+                 "env")
 # sweep.json keys the caller must give; sweep_id, finished_at and software are filled in
 SWEEP_KEYS = ("cluster", "target", "created_at", "plan", "nodes", "planned_runs")
 
@@ -266,7 +267,8 @@ def new_record(sweep_id: str, run: RunPlan, *, target: str, status: str, started
                duration_s: float = 0.0, error: str = "", **measured: Any) -> dict[str, Any]:
     """A complete runs.jsonl record for a planned run; measured fields default to empty.
 
-    measured: ranks, allreduce, gradient_bytes, link_mbit_measured, env.
+    measured: ranks, allreduce, gradient_bytes, link_mbit_measured, link_error (why the link
+    could not be measured, "" when it was or was not asked), env.
     """
     unknown = sorted(set(measured) - set(MEASURED_KEYS))
     if unknown:
@@ -274,8 +276,8 @@ def new_record(sweep_id: str, run: RunPlan, *, target: str, status: str, started
     record: dict[str, Any] = {
         "sweep_id": sweep_id, "run_id": run.run_id, "kind": run.kind, "status": status,
         "params": dict(run.params), "target": target, "node_names": list(run.node_names),
-        "ranks": [], "gradient_bytes": None, "link_mbit_measured": None, "env": {},
-        "started_at": started_at, "duration_s": duration_s, "error": error,
+        "ranks": [], "gradient_bytes": None, "link_mbit_measured": None, "link_error": "",
+        "env": {}, "started_at": started_at, "duration_s": duration_s, "error": error,
     }
     if run.kind == "allreduce":
         record["allreduce"] = []
