@@ -58,8 +58,11 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
     machines = hosts.nodes()
     key = tmp_path / "testbed_key"
     shutil.copy(hosts.key, key)
+    shutil.copy(f"{hosts.key}.pub", f"{key}.pub")  # the common role hands it to the nodes
     os.chmod(key, 0o600)
-    names = [unique_name("a"), unique_name("b")]
+    # named as the machines call themselves, as a testbed's hosts are (the emulated machines
+    # cannot take a new hostname that outlives an SSH session)
+    names = [m.name for m in machines]
     var_file = tmp_path / "lab.tfvars.json"
     var_file.write_text(json.dumps({
         "hosts": [{"name": names[0], "address": machines[0].address, "role": "head"},
