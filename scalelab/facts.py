@@ -59,7 +59,8 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
     (16, 257658, 'ens5', 2, 'NVIDIA A100-SXM4-40GB', 40960)
     >>> f["python"], f["workdir"], f["torch"]
     ('/opt/v/bin/python', '/opt/w', '2.13.0')
-    >>> parse_probe("cores=2\\naddr_json=[]\\n", "/p", "/w")["iface"], _["python"]
+    >>> bare = parse_probe("cores=2\\naddr_json=[]\\n", "/p", "/w")
+    >>> bare["iface"], bare["python"]
     ('', '')
     """
     kv: dict[str, list[str]] = {}
