@@ -92,15 +92,17 @@ def _literal(value: Any, where: str) -> Any:
 def default_contents(roles_dir: Path = ROLES_DIR) -> tuple[list[str], list[str]]:
     """(apt package names, Python requirements) the roles install, from their defaults/main.yml.
 
-    apt: common_packages, then pytorch_packages. Python: torch==pytorch_torch_version,
-    pytorch_extra_packages, horovod==horovod_version. Not horovod_packages: that is the compile
-    toolchain, and with a bundle the nodes install the prebuilt wheel (Gloo, no MPI).
+    apt: common_packages, common_chrony_packages (real hosts run time sync), then
+    pytorch_packages. Python: torch==pytorch_torch_version, pytorch_extra_packages,
+    horovod==horovod_version. Not horovod_packages: that is the compile toolchain, and with a
+    bundle the nodes install the prebuilt wheel (Gloo, no MPI).
     """
     common = _role_defaults(roles_dir, "common")
     pytorch = _role_defaults(roles_dir, "pytorch")
     horovod = _role_defaults(roles_dir, "horovod")
     apt: list[str] = []
     for role, key, data in (("common", "common_packages", common),
+                            ("common", "common_chrony_packages", common),
                             ("pytorch", "pytorch_packages", pytorch)):
         for name in _literal(data.get(key) or [], f"{role} default {key}"):
             if str(name) not in apt:
@@ -570,7 +572,8 @@ def _pip(args: Sequence[str], *, isolated: bool, timeout: float) -> subprocess.C
 
 def _build_wheels(wheels: Path, requirements: Sequence[str], constraints: Path | None,
                   local: Sequence[Path], old_dir: Path | None,
-                  say: Callable[[str], None], work: Path) -> list[dict]:
+                  say: Callable[[str], None], work: Path,
+                  pip_args: Sequence[str] = ()) -> list[dict]:
     """Fill wheels/ with the requirements' wheels and their dependencies, nothing else."""
     if not requirements:
         return []
@@ -586,7 +589,8 @@ def _build_wheels(wheels: Path, requirements: Sequence[str], constraints: Path |
     # --find-links wheels/: what the previous bundle and scalelab's own builds hold counts as
     # already downloaded; pip fetches only what is not there yet
     _pip(["download", "--only-binary=:all:", "--dest", str(wheels), "--find-links", str(wheels),
-          "--progress-bar", "off", *cons, *requirements], isolated=False, timeout=PIP_TIMEOUT_S)
+          "--progress-bar", "off", *pip_args, *cons, *requirements], isolated=False,
+         timeout=PIP_TIMEOUT_S)
     fetched = [n for n in (p.name for p in wheels.glob("*.whl")) if n not in before]
     say(f"wheels: {len(fetched)} downloaded")
 
@@ -647,14 +651,17 @@ def _comparable(manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def build(out_dir: Path, *, apt_packages: Sequence[str], requirements: Sequence[str],
           constraints: Path | None, wheel_dirs: Sequence[Path] = (),
-          progress: Callable[[str], None] | None = None) -> dict:
+          progress: Callable[[str], None] | None = None,
+          pip_args: Sequence[str] = ()) -> dict:
     """Build (or bring up to date) the bundle in out_dir; return its manifest.
 
     debs/: apt_packages and their dependency closure (`apt-cache depends --recurse`, no
     recommends), fetched with `apt-get download`, and a flat-repository Packages index.
     wheels/: `pip download --only-binary=:all:` of the requirements under the constraints
     file, with the wheels found in wheel_dirs (e.g. scalelab's Horovod build) on offer; then an
-    offline resolution from wheels/ alone proves they install without an index.
+    offline resolution from wheels/ alone proves they install without an index. pip_args go
+    to pip download only, e.g. ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
+    where no CPU build of torch is on offer otherwise.
 
     Idempotent: files of the previous bundle are reused (hard links), so a second build with
     the same inputs downloads nothing, and when nothing changed out_dir is left untouched. The
@@ -690,7 +697,7 @@ def build(out_dir: Path, *, apt_packages: Sequence[str], requirements: Sequence[
                            out_dir / "debs" if old else None, old, note)
         wheels = _build_wheels(staging / "wheels", list(requirements),
                                Path(constraints) if constraints else None, local,
-                               out_dir / "wheels" if old else None, note, work)
+                               out_dir / "wheels" if old else None, note, work, pip_args)
         shutil.rmtree(work)
         release = _os_release()
         manifest = {
@@ -706,6 +713,7 @@ def build(out_dir: Path, *, apt_packages: Sequence[str], requirements: Sequence[
             "apt_packages": list(apt_packages),
             "requirements": list(requirements),
             "constraints": Path(constraints).read_text() if constraints else None,
+            "pip_args": list(pip_args),
             "debs": debs,
             "wheels": wheels,
         }
