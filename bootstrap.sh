@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 APT_PACKAGES=(openssh-server openssh-client iproute2 iperf3 procps chromium
-              nfs-ganesha nfs-ganesha-vfs libnfs-utils rsync g++ make)
+              nfs-ganesha nfs-ganesha-vfs libnfs-utils rsync g++ make dpkg-dev)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
