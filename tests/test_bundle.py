@@ -324,13 +324,15 @@ def _playbook(path: Path, roles: list[str]) -> Path:
     return path
 
 
-def _ansible(playbook: Path, inventory: Path, extravars: dict) -> dict[str, dict[str, int]]:
+def _ansible(playbook: Path, inventory: Path, extravars: dict,
+             check: bool = False) -> dict[str, dict[str, int]]:
     """ansible-playbook as the controller runs it; the counts of its recap, per host."""
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "playbooks" / "ansible.cfg"),
            "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1",
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "-e",
-                           json.dumps(extravars), str(playbook)], cwd=ROOT, env=env,
+                           json.dumps(extravars), *(["--check"] if check else []),
+                           str(playbook)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     recap = proc.stdout[proc.stdout.rindex("PLAY RECAP"):]
@@ -386,6 +388,11 @@ def test_roles_install_from_the_bundle_on_a_node_with_no_route_out(tmp_path, loc
     assert "default" not in on("ip -4 route show").stdout  # nowhere to download from
     apt_before = on("find /etc/apt -type f | sort | xargs sha256sum").stdout
 
+    started = time.monotonic()
+    dry = _ansible(playbook, inv, extravars, check=True)
+    TIMINGS["roles from the bundle, check mode"] = time.monotonic() - started
+    assert dry[node.name]["changed"] > 0
+    assert on("test -e /opt/scalelab", check=False).returncode != 0  # check mode changed nothing
     started = time.monotonic()
     first = _ansible(playbook, inv, extravars)
     TIMINGS["roles from the bundle, first run"] = time.monotonic() - started
