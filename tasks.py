@@ -117,20 +117,13 @@ def status(c, cluster=""):
 @friendly
 def check(c, cluster="demo", links=False, seconds="1"):
     """Connectivity check: SSH to every node, node-to-node; --links: all-pairs link rates."""
-    from scalelab import provisioning
+    from scalelab import linkprobe, provisioning
 
-    try:
-        secs = float(seconds)
-        if not 0.1 <= secs <= 60:
-            raise ValueError
-    except ValueError:
-        raise Exit(f"error: seconds: {seconds!r} must be a number of seconds from 0.1 to 60, "
-                   "e.g. --seconds 2", code=1) from None
+    secs = linkprobe.check_seconds(seconds)  # before anything connects
     for line in provisioning.connectivity_check(cluster):
         print(line)
     if not links:
         return
-    from scalelab import linkprobe
     from scalelab.state import cluster_nodes, load_cluster
 
     nodes = cluster_nodes(cluster)
@@ -319,10 +312,6 @@ def bundle(c, out="bundle", wheel_dir=""):
     dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
         [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
               Path.home() / ".cache" / "scalelab" / "wheels")]
-    for d in dirs:
-        if not d.is_dir():
-            raise Exit(f"error: wheel-dir {d} is not a directory; build Horovod first "
-                       "(scripts/build_horovod.sh) or name the directory of your wheels", code=1)
     apt, reqs = bundles.default_contents()
     manifest = bundles.build(Path(out), apt_packages=apt, requirements=reqs,
                              constraints=Path(__file__).resolve().parent / "constraints.txt",

@@ -291,7 +291,9 @@ def pick_local_wheels(dirs: Iterable[Path], torch_pin: str | None = None) -> lis
     for d in dirs:
         d = Path(d)
         if not d.is_dir():
-            raise BundleError(f"wheel directory {d} does not exist")
+            raise BundleError(f"wheel directory {d} does not exist; build Horovod first "
+                              "(scripts/build_horovod.sh) or name your wheels' directory "
+                              "with --wheel-dir")
         for whl in sorted(d.rglob("*.whl")):
             found.setdefault(whl.name, []).append(whl)
     picked: list[Path] = []

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab import facts, launch, netshape, ssh, store
-from scalelab.errors import ClusterError, CommandError, ScalelabError
+from scalelab.errors import ClusterError, ScalelabError
 from scalelab.nodes import Node
 from scalelab.shaping import Shaper
 from scalelab.state import cluster_dir, load_cluster
@@ -211,22 +211,10 @@ def preflight(cluster: str, nodes_needed: int) -> None:
     """Before any run: every node the sweep uses must answer SSH; name the first that doesn't."""
     rec = load_cluster(cluster)
     nodes = [Node.from_dict(n) for n in rec["nodes"]][:nodes_needed]
-    errors: dict[str, str] = {}
-
-    def probe(n: Node) -> None:
-        try:
-            ssh.run(n, rec["known_hosts"], "true", timeout=15)
-        except CommandError as exc:
-            errors[n.name] = str(exc)
-
-    threads = [threading.Thread(target=probe, args=(n,)) for n in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        name = sorted(errors, key=lambda x: [n.name for n in nodes].index(x))[0]
-        raise ClusterError(f"node {name} does not answer SSH ({errors[name]}); check it with "
+    _, errors = ssh.on_each(nodes, lambda n: ssh.run(n, rec["known_hosts"], "true", timeout=15))
+    bad = ssh.first_error(nodes, errors)
+    if bad:
+        raise ClusterError(f"node {bad[0]} does not answer SSH ({bad[1]}); check it with "
                            f"invoke status --cluster {cluster}, or reprovision")
 
 
@@ -246,6 +234,11 @@ class Prepared:
     estimate_s: float
 
 
+def _device(rec: dict[str, Any]) -> str:
+    """Which default step times estimate a cluster's runs: gpu when its nodes have GPUs."""
+    return "gpu" if any(n.get("gpus") for n in rec["nodes"]) else "cpu"
+
+
 def prepare(cluster: str, spec) -> Prepared:
     """Validate the sweep against the cluster and expand it; writes nothing."""
     from scalelab import sweep
@@ -254,8 +247,7 @@ def prepare(cluster: str, spec) -> Prepared:
     facts.require_configured(rec)
     nodes = [Node.from_dict(n) for n in rec["nodes"]]
     runs = sweep.plan(spec, nodes, targets.of(rec).can_shape(rec), cluster=cluster)
-    device = "gpu" if any(n.gpus > 0 for n in nodes) else "cpu"
-    return Prepared(cluster, spec, runs, sweep.estimate_duration_s(runs, device=device))
+    return Prepared(cluster, spec, runs, sweep.estimate_duration_s(runs, device=_device(rec)))
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
@@ -302,10 +294,8 @@ def prepare_resume(reports_root: Path, sweep_id: str,
     spec = sweep.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
     prep = prepare(meta["cluster"], spec)
     todo = store.missing_runs(sweep_dir, prep.runs, retry_failed=retry_failed)
-    device = "gpu" if any(n.get("gpus") for n in load_cluster(meta["cluster"])["nodes"]) \
-        else "cpu"
-    return sweep_dir, Prepared(meta["cluster"], spec, todo,
-                               sweep.estimate_duration_s(todo, device=device))
+    return sweep_dir, Prepared(meta["cluster"], spec, todo, sweep.estimate_duration_s(
+        todo, device=_device(load_cluster(meta["cluster"]))))
 
 
 def resume(sweep_dir: Path, prep: Prepared,

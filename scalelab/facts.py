@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import threading
 import time
 from typing import Any
 
 from scalelab import inventory, ssh
-from scalelab.errors import ClusterError, CommandError
+from scalelab.errors import ClusterError
 from scalelab.nodes import Node
 from scalelab.state import load_cluster, save_cluster
 
@@ -98,26 +97,13 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
 def probe(nodes: list[Node], known_hosts: str, python: str = DEFAULT_PYTHON,
           workdir: str = DEFAULT_WORKDIR, timeout_s: float = 60.0) -> dict[str, dict[str, Any]]:
     """Probe every node in parallel; ClusterError naming the first node that cannot be reached."""
-    out: dict[str, dict[str, Any]] = {}
-    errors: dict[str, str] = {}
-
-    def one(n: Node) -> None:
-        try:
-            text = ssh.run(n, known_hosts, probe_script(n.private_address, python, workdir),
-                           timeout=timeout_s).stdout
-            out[n.name] = parse_probe(text, python, workdir)
-        except CommandError as exc:
-            errors[n.name] = str(exc)
-
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=timeout_s + 10)
-    for n in nodes:
-        if n.name in errors or n.name not in out:
-            raise ClusterError(f"cannot read the facts of node {n.name}: "
-                               f"{errors.get(n.name, 'no answer')}; check it with invoke check")
+    out, errors = ssh.on_each(nodes, lambda n: parse_probe(ssh.run(
+        n, known_hosts, probe_script(n.private_address, python, workdir),
+        timeout=timeout_s).stdout, python, workdir), timeout_s + 10)
+    bad = ssh.first_error(nodes, errors)
+    if bad:
+        raise ClusterError(f"cannot read the facts of node {bad[0]}: {bad[1]}; check it with "
+                           "invoke check")
     return out
 
 

@@ -547,11 +547,6 @@ def save_inflight(path: Path, entries: list[dict[str, Any]]) -> None:
                           f"(invoke bench --resume {path.parent.name})") from None
 
 
-def write_inflight(path: Path, commands: list[RankCommand], pgids: dict[str, int]) -> None:
-    save_inflight(path, [{"node": c.node.to_dict(), "pgid": pgids[c.node.name]}
-                         for c in commands if c.node.name in pgids])
-
-
 def _load_inflight(path: Path) -> list[dict[str, Any]]:
     try:
         entries = json.loads(path.read_text() or "[]")

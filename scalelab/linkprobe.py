@@ -65,6 +65,27 @@ def _check_port(port: int) -> int:
     return port
 
 
+def check_seconds(value: str | float) -> int:
+    """Seconds per measured pair, as the user gave them: a whole number from 1 to 60
+    (iperf3 -t counts whole seconds).
+
+    >>> check_seconds("2")
+    2
+    >>> check_seconds("0")
+    Traceback (most recent call last):
+    ...
+    scalelab.errors.InputError: seconds: '0' must be a whole number of seconds from 1 to 60, e.g. --seconds 2
+    """
+    try:
+        secs = float(value)
+        if secs != int(secs) or not 1 <= secs <= 60:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InputError(f"seconds: {value!r} must be a whole number of seconds from 1 to 60, "
+                         "e.g. --seconds 2") from None
+    return int(secs)
+
+
 def iperf_seconds(seconds: float) -> int:
     """The whole seconds iperf3 -t gets for a requested duration (at least 1).
 

@@ -22,8 +22,6 @@ class ClusterInfo:
     target: str
     nodes: list[Node]
     inventory: Path
-    bandwidth: str = "native"
-    cpus_per_node: float | str = "-"
     alive: list[bool] = field(default_factory=list)
     summary: dict[str, str] = field(default_factory=dict)
 
@@ -45,12 +43,7 @@ def provision(target: str, nodes: int | str, cluster: str, cpus_per_node: str | 
 def _info(name: str, rec: dict, nodes: list[Node]) -> ClusterInfo:
     summary = base.of(rec).summary(rec)
     return ClusterInfo(name, rec["target"], nodes, inventory_dir() / f"{name}.yml",
-                       summary.get("bandwidth", "native"), summary.get("cpus/node", "-"),
                        summary=summary)
-
-
-def target_of(cluster: str) -> str:
-    return load_cluster(cluster)["target"]
 
 
 def destroy(cluster: str) -> None:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import threading
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from scalelab import netshape, ssh
-from scalelab.errors import ClusterError, CommandError, ScalelabError
+from scalelab.errors import ClusterError, ScalelabError
 from scalelab.nodes import Node
 from scalelab.state import write_atomic
 
@@ -177,25 +176,12 @@ class SshLinks:
             line = f"sudo -n sh -c {shlex.quote(line)}"
         return ssh.run(node, self.known_hosts, line, timeout=30).stdout
 
-    def _each(self, fn) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        errors: dict[str, str] = {}
-
-        def one(n: Node) -> None:
-            try:
-                out[n.name] = fn(n)
-            except (ScalelabError, KeyError, ValueError) as exc:
-                errors[n.name] = str(exc)
-
-        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in self.nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        if errors:
-            name = next(n.name for n in self.nodes if n.name in errors)
-            raise ClusterError(f"links: {name}: {errors[name]}")
-        return out
+    def _each(self, fn: Any) -> dict[str, Any]:
+        results, errors = ssh.on_each(self.nodes, fn, timeout_s=60)
+        bad = ssh.first_error(self.nodes, errors)
+        if bad:
+            raise ClusterError(f"links: {bad[0]}: {bad[1]}")
+        return results
 
     def read(self) -> dict[str, dict[str, Any]]:
         """Each node's root qdisc on its cluster interface."""
@@ -236,11 +222,3 @@ class SshLinks:
 
     def still_as_left(self, mbit: float | None) -> bool:
         return True
-
-
-def read_qdiscs(nodes: list[Node], known_hosts: str) -> dict[str, dict[str, Any]]:
-    """Every node's root qdisc on its cluster interface (tests and `invoke check` use it)."""
-    try:
-        return SshLinks(nodes, known_hosts).read()
-    except CommandError as exc:
-        raise ClusterError(str(exc)) from None

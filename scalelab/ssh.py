@@ -5,9 +5,15 @@ from __future__ import annotations
 import logging
 import shlex
 import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
-from scalelab.errors import CommandError
+from scalelab.errors import CommandError, ScalelabError
 from scalelab.nodes import Node
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +36,42 @@ def ssh_args(node: Node, known_hosts: str, connect_timeout: int = 5) -> list[str
              "-o", "LogLevel=ERROR",
              "-p", str(node.ssh_port), f"{node.ssh_user}@{node.address}"]
     return args
+
+
+def on_each(nodes: list[Node], fn: Callable[[Node], T],
+            timeout_s: float = 120.0) -> tuple[dict[str, T], dict[str, str]]:
+    """fn(node) for every node at once (each is bounded by its own ssh timeouts).
+
+    Returns (results, errors) by node name; a ScalelabError, KeyError or ValueError from fn
+    is that node's error, and a node still busy after timeout_s is one too.
+    """
+    results: dict[str, T] = {}
+    errors: dict[str, str] = {}
+
+    def one(n: Node) -> None:
+        try:
+            results[n.name] = fn(n)
+        except (ScalelabError, KeyError, ValueError) as exc:
+            errors[n.name] = str(exc)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    for n in nodes:
+        if n.name not in results and n.name not in errors:
+            errors[n.name] = f"no answer within {timeout_s:g} s"
+    return results, errors
+
+
+def first_error(nodes: list[Node], errors: dict[str, str]) -> tuple[str, str] | None:
+    """The error of the first node, in cluster order, that has one."""
+    for n in nodes:
+        if n.name in errors:
+            return n.name, errors[n.name]
+    return None
 
 
 def run(node: Node, known_hosts: str, command: str, timeout: float = 30.0,

@@ -170,7 +170,7 @@ CASES = [
                                        "{dir}/no-such-bundle"],
      "bundle"),
     ("bundle-no-wheel-dir", "none", ["bundle", "--out", "{dir}/b", "--wheel-dir",
-                                     "{dir}/no-such-dir"], "is not a directory"),
+                                     "{dir}/no-such-dir"], "does not exist; build Horovod first"),
     ("check-links-seconds", "static", ["check", "--links", "--seconds", "0"], "seconds"),
     # ---- bench: sweep files and sweep ids
     ("sweep-missing", "local", ["bench", "--sweep", "no-such-sweep"], "not found"),

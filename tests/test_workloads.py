@@ -150,7 +150,7 @@ def check_train_result(res: dict, world: int, model: str = "resnet20") -> None:
     assert res["env"]["torch"] == torch.__version__
 
 
-@pytest.mark.parametrize("name", ["common", "models", "allreduce", "netprobe"])
+@pytest.mark.parametrize("name", ["common", "models", "allreduce"])
 def test_docstring_examples_hold(name):
     import doctest
 
@@ -428,80 +428,6 @@ def test_allreduce_two_ranks_on_loopback():
         assert s["time_s"] == max(s["per_rank_time_s"])
         assert s["algbw_mb_s"] == pytest.approx(s["size_bytes"] / s["time_s"] / 1e6)
         assert s["busbw_mb_s"] == pytest.approx(s["algbw_mb_s"] * 2 * (2 - 1) / 2)
-
-
-# -- netprobe.py -----------------------------------------------------------------------------
-
-
-def test_netprobe_measures_loopback_throughput():
-    server = subprocess.Popen(
-        [PY, str(WORKLOADS / "netprobe.py"), "server", "--bind", "127.0.0.1", "--port", "0", "--timeout", "20"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        listen = server.stdout.readline()  # printed once listening; EOF at worst after 20 s
-        assert listen.startswith("SCALELAB_LISTEN "), listen
-        port = json.loads(listen.split(" ", 1)[1])["port"]
-        proc = run_cmd(
-            [
-                PY,
-                str(WORKLOADS / "netprobe.py"),
-                "client",
-                "--connect",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--seconds",
-                "0.5",
-            ],
-            timeout=30,
-        )
-        res = parse_result(proc.stdout)
-        out, _ = server.communicate(timeout=30)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(timeout=10)
-    assert server.returncode == 0
-    served = parse_result(out)
-    assert len(served["connections"]) == 1
-    assert served["connections"][0]["bytes"] == res["bytes"] > 0
-    assert 0.5 <= res["seconds"] < 10
-    assert res["mbit"] == pytest.approx(res["bytes"] * 8 / res["seconds"] / 1e6)
-
-
-def test_netprobe_refused_connection_is_a_clear_error():
-    proc = subprocess.run(
-        [
-            PY,
-            str(WORKLOADS / "netprobe.py"),
-            "client",
-            "--connect",
-            "127.0.0.1",
-            "--port",
-            str(free_port()),
-            "--seconds",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert proc.returncode == 2
-    assert "refused" in proc.stderr and "SCALELAB_RESULT" not in proc.stdout
-
-
-def test_netprobe_server_exits_after_its_timeout():
-    proc = subprocess.run(
-        [PY, str(WORKLOADS / "netprobe.py"), "server", "--bind", "127.0.0.1", "--port", "0", "--timeout", "0.3"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert proc.returncode == 0
-    assert parse_result(proc.stdout)["connections"] == []
 
 
 # -- horovod ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from scalelab.targets import local
 from scalelab.targets.local import CpuCgroup, LocalCluster, leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKLOAD_MARKS = ("resnet.py", "allreduce.py", "netprobe.py", "torch.distributed.run",
+WORKLOAD_MARKS = ("resnet.py", "allreduce.py", "iperf3", "torch.distributed.run",
                   "horovodrun")
 LEDGER_VAR = "SCALELAB_FAULT_LEDGER"
 
