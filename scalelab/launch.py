@@ -205,15 +205,17 @@ def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0) -> str:
     if token:
         if not re.fullmatch(r"[0-9a-f]{1,64}", token):
             raise LaunchError(f"launch token {token!r} is not hex")
-        find = ("groups() { for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
-                "{ tr '\\0' '\\n' < \"$e\"; } 2>/dev/null | grep -qx '" + f"{TOKEN_VAR}={token}" +
-                "' || continue; { read -r l < /proc/$p/stat; } 2>/dev/null || continue; "
-                "set -- ${l##*) }; echo $3; done | sort -u; }; ")
-        return (find + "gs=$(groups); [ -n \"$gs\" ] || exit 0; "
+        # one grep over every environ (NUL-separated entries), not a process per process:
+        # the scan must stay cheap on a node with hundreds of processes
+        find = ("gs=$(for e in $(grep -lzx '" + f"{TOKEN_VAR}={token}" + "' /proc/[0-9]*/environ "
+                "2>/dev/null); do p=${e#/proc/}; p=${p%/environ}; "
+                "{ read -r l < /proc/$p/stat; } 2>/dev/null || continue; set -- ${l##*) }; "
+                "echo $3; done | sort -u); ")
+        return (find + "[ -n \"$gs\" ] || exit 0; "
                 "for g in $gs; do kill -TERM -$g 2>/dev/null; done; i=0; "
-                f"while [ $i -lt {ticks} ]; do gs=$(groups); [ -n \"$gs\" ] || exit 0; "
-                "sleep 0.1; i=$((i+1)); done; "
-                "for g in $(groups); do kill -KILL -$g 2>/dev/null; done; exit 0")
+                f"while [ $i -lt {ticks} ]; do a=; for g in $gs; do kill -0 -$g 2>/dev/null "
+                "&& a=1; done; [ -n \"$a\" ] || exit 0; sleep 0.1; i=$((i+1)); done; "
+                "for g in $gs; do kill -KILL -$g 2>/dev/null; done; exit 0")
     if pgid is None:
         raise LaunchError("nothing to end: neither a process group nor a launch token")
     pgid = int(pgid)

@@ -313,10 +313,6 @@ def test_build_makes_a_flat_repo_wheels_and_manifest_and_a_second_build_is_a_no_
 
 # ------------------------------------------------------------------ the roles, from a bundle
 
-def _horovod_wheel_dirs() -> list[Path]:
-    return [WHEEL_CACHE] if list(WHEEL_CACHE.rglob("horovod-*.whl")) else []
-
-
 def _playbook(path: Path, roles: list[str]) -> Path:
     path.write_text(yaml.safe_dump([{
         "name": "Install from the offline bundle", "hosts": "all",
@@ -348,25 +344,23 @@ def _ansible(playbook: Path, inventory: Path, extravars: dict,
 @pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt (Debian or Ubuntu)")
 def test_roles_install_from_the_bundle_on_a_node_with_no_route_out(tmp_path, local_cluster):
     """A real host's path (scalelab_target static) on a local node, which has no route off
-    the cluster: common installs a package the host lacks from the bundle's debs, pytorch
-    creates /opt/scalelab/venv from its wheels, horovod installs the prebuilt wheel; the
-    second run changes nothing, the node's apt configuration is as it was, the host untouched."""
+    the cluster: common installs a package the host lacks from the bundle's debs; check mode
+    changes nothing, the second run changes nothing, the node's apt configuration is as it
+    was, the host untouched. (The venv from the bundle's wheels, torch and Horovod, is
+    installed for real, twice, by tests/test_real_hosts.py; not again here.)"""
     from scalelab import inventory, ssh
 
     extra_pkg = "hello"  # tiny, not installed on the host
     if subprocess.run(["dpkg-query", "-W", extra_pkg], capture_output=True).returncode == 0:
         pytest.skip(f"{extra_pkg} is installed on this host; the test needs a package it lacks")
     assert not Path("/opt/scalelab").exists(), "/opt/scalelab exists on the host already"
-    apt, requirements = bundle.default_contents()
-    wheel_dirs = _horovod_wheel_dirs()
-    roles = ["common", "pytorch", "horovod"] if wheel_dirs else ["common", "pytorch"]
-    if not wheel_dirs:
-        requirements = [r for r in requirements if not r.startswith("horovod")]
+    apt, _ = bundle.default_contents()
+    roles = ["common"]
     started = time.monotonic()
     b = tmp_path / "bundle"
-    bundle.build(b, apt_packages=[*apt, extra_pkg], requirements=requirements,
-                 constraints=ROOT / "constraints.txt", wheel_dirs=wheel_dirs)
-    bundle.check(b, [*apt, extra_pkg], requirements)
+    bundle.build(b, apt_packages=[*apt, extra_pkg], requirements=["six"],
+                 constraints=ROOT / "constraints.txt")
+    bundle.check(b, [*apt, extra_pkg], ["six"])
     TIMINGS["default bundle build"] = time.monotonic() - started
 
     lc = local_cluster(1)
@@ -403,12 +397,6 @@ def test_roles_install_from_the_bundle_on_a_node_with_no_route_out(tmp_path, loc
     assert second[node.name]["changed"] == 0, second
 
     assert on(f"dpkg-query -W -f '${{db:Status-Status}}' {extra_pkg}").stdout == "installed"
-    versions = on("/opt/scalelab/venv/bin/python -c 'import torch; print(torch.__version__)'")
-    assert versions.stdout.strip().split("+")[0] == _defaults("pytorch")["pytorch_torch_version"]
-    if "horovod" in roles:
-        hvd = on("/opt/scalelab/venv/bin/python -c "
-                 "'import horovod, horovod.torch; print(horovod.__version__)'").stdout.strip()
-        assert hvd == _defaults("horovod")["horovod_version"]
     # apt on the node: configuration as it was, no list or working directory of the bundle
     assert on("find /etc/apt -type f | sort | xargs sha256sum").stdout == apt_before
     assert on("ls /var/lib/apt/lists").stdout.count("scalelab") == 0

@@ -120,6 +120,12 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
             upper = hosts.dir / "nodes" / machines[lab_nodes.index(n)].name / "upper"
             assert (upper / "opt/scalelab/venv/bin/python").exists()
         assert not Path("/opt/scalelab").exists()
+        # the roles converge: a second configure changes nothing
+        proc = invoke("configure", "--cluster", lab, "--tags", TAGS, "--bundle",
+                      str(bundle_dir), timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"{lab}: configured in" in proc.stdout and ", 0 changes" in proc.stdout, \
+            proc.stdout[-3000:]
 
         proc = invoke("bench", "--cluster", lab, "--sweep", "ci", "--bandwidth", "100mbit,1gbit",
                       "--no-report", timeout=1200)
