@@ -135,7 +135,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             shaper.set(rate)
             if rate not in links:
                 links[rate] = (measure_link(all_nodes, rt, BASE_PORT + 500 + k % 400, stop=stop)
-                               if netprobe else None)
+                               if netprobe else (None, ""))
             if stopped():
                 raise KeyboardInterrupt
             # a fresh port per run: the last one may still be in TIME_WAIT
