@@ -186,28 +186,43 @@ def ssh_argv(node: Node, known_hosts: str) -> list[str]:
     return [base[0], *KEEPALIVE, *base[1:]]
 
 
-def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0) -> str:
+def token_mark(token: str, node: str = "") -> str:
+    """The value of SCALELAB_LAUNCH for the processes a launch starts on one node.
+
+    The node's name is in it because nodes may share one PID namespace (the local target's
+    do, and so do containers on one host): a node's reaper must find its own ranks only.
+
+    >>> token_mark("ab12", "lab-n1"), token_mark("ab12")
+    ('ab12@lab-n1', 'ab12')
+    """
+    if not re.fullmatch(r"[0-9a-f]{1,64}", token):
+        raise LaunchError(f"launch token {token!r} is not hex")
+    if node and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", node):
+        raise LaunchError(f"node name {node!r} cannot be part of a launch token")
+    return f"{token}@{node}" if node else token
+
+
+def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str = "") -> str:
     """Shell line that ends a launch on a node: TERM, up to grace_s, then KILL.
 
     With a token, the process groups ended are exactly those of the processes that carry
-    SCALELAB_LAUNCH=<token> in their environment (found in /proc): a group id the node has
+    SCALELAB_LAUNCH=token_mark(token, node) in their environment (found in /proc): a group id the node has
     since given to someone else is never touched, and a launch whose group id was never
     read (a driver killed right after it) is still found. Without a token, the group pgid.
     Exits 0 whenever it ran, so a non-zero exit means ssh itself failed.
 
-    >>> line = reap_line(4242, "ab12", 1.0)
-    >>> "SCALELAB_LAUNCH=ab12" in line and "kill -TERM -$g" in line
+    >>> line = reap_line(4242, "ab12", 1.0, "lab-n1")
+    >>> "SCALELAB_LAUNCH=ab12@lab-n1" in line and "kill -TERM -$g" in line
     True
     >>> "kill -TERM -4242" in reap_line(4242) and "environ" not in reap_line(4242)
     True
     """
     ticks = max(1, int(grace_s * 10))
     if token:
-        if not re.fullmatch(r"[0-9a-f]{1,64}", token):
-            raise LaunchError(f"launch token {token!r} is not hex")
+        mark = token_mark(token, node)
         # one grep over every environ (NUL-separated entries), not a process per process:
         # the scan must stay cheap on a node with hundreds of processes
-        find = ("gs=$(for e in $(grep -lzx '" + f"{TOKEN_VAR}={token}" + "' /proc/[0-9]*/environ "
+        find = ("gs=$(for e in $(grep -lzxF '" + f"{TOKEN_VAR}={mark}" + "' /proc/[0-9]*/environ "
                 "2>/dev/null); do p=${e#/proc/}; p=${p%/environ}; "
                 "{ read -r l < /proc/$p/stat; } 2>/dev/null || continue; set -- ${l##*) }; "
                 "echo $3; done | sort -u); ")
@@ -258,7 +273,7 @@ def end_groups(groups: list[tuple[Node, int | None]], known_hosts: str, token: s
 
     def one(node: Node, pgid: int | None) -> None:
         deadline = time.monotonic() + retry_s
-        line = reap_line(pgid, token, grace_s)
+        line = reap_line(pgid, token, grace_s, node.name)
         while True:
             try:
                 proc = ssh.run(node, known_hosts, line, timeout=grace_s + 10, check=False)
@@ -304,7 +319,8 @@ class Launch:
             # before any rank exists: a driver killed from here on leaves their token behind
             save_inflight(inflight, self.entries())
         for cmd in self.commands:
-            env = {**cmd.env, TOKEN_VAR: self.token} if self.token else cmd.env
+            env = {**cmd.env, TOKEN_VAR: token_mark(self.token, cmd.node.name)} \
+                if self.token else cmd.env
             line = remote_line(RankCommand(cmd.node, cmd.argv, env), self.rt.workdir)
             argv = ssh_argv(cmd.node, self.rt.known_hosts) + ["--", line]
             log.debug("launch on %s: %s", cmd.node.name, shlex.join(cmd.argv))
