@@ -11,7 +11,9 @@ Definitions used throughout:
   link and talk to each other without it: mixing 1x2 and 2x1 layouts would put two different
   machines at the same world size.
 * Scaling efficiency of a run = throughput(N) / ((N / N0) x throughput(N0)), N0 the smallest
-  world size of its series, throughput(N0) the mean over that size's ok repeats.
+  world size the plan gives its series (its baseline_world_size), throughput(N0) the mean over
+  that size's ok repeats; no ok run at N0 means no efficiency for the series, never a silently
+  larger N0.
 * Confidence intervals are 95 %, Student t, over repeats. The interval of the efficiency (a
   ratio) is the t interval of the per-repeat efficiencies, each computed against the *mean*
   baseline: it carries the spread of the run at N but treats the baseline mean as exact, so it
@@ -22,6 +24,7 @@ Definitions used throughout:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -168,10 +171,39 @@ def _ok_mask(frame: pd.DataFrame) -> pd.Series:
             & frame["world_size"].notna() & frame["batch_size"].notna())
 
 
-def add_efficiency(frame: pd.DataFrame) -> pd.Series:
+def baseline_world_size(frame: pd.DataFrame,
+                        min_nodes: Mapping[str, int] | None = None) -> pd.Series:
+    """The world size each run's efficiency is measured against: its series' planned smallest.
+
+    With the plan known (min_nodes: sweep id -> the plan's smallest node count) it is that
+    node count x the series' procs per node; without it, the smallest world size recorded for
+    the series, whatever the runs' status. Never the smallest that happened to succeed: if the
+    baseline's runs all failed, efficiency is empty rather than silently measured against 2.
+
+    >>> df = pd.DataFrame({"sweep_id": "s", "model": "resnet50", "engine": "ddp",
+    ...     "precision": "fp32", "data": "synthetic", "batch_size": 32, "bandwidth": "1gbit",
+    ...     "procs_per_node": 2, "world_size": [4, 6]})
+    >>> baseline_world_size(df).tolist(), baseline_world_size(df, {"s": 1}).tolist()
+    ([4.0, 4.0], [2.0, 2.0])
+    """
+    if frame.empty:
+        return pd.Series(np.nan, index=frame.index, dtype=float)
+    keys = list(SERIES_KEYS)
+    seen = frame.groupby(keys, dropna=False)["world_size"].transform("min").astype(float)
+    if not min_nodes:
+        return seen
+    planned = frame["sweep_id"].map(lambda s: min_nodes.get(str(s), math.nan)).astype(float)
+    planned = planned * frame["procs_per_node"].astype(float)
+    return planned.fillna(seen)
+
+
+def add_efficiency(frame: pd.DataFrame, min_nodes: Mapping[str, int] | None = None,
+                   base_ws: pd.Series | None = None) -> pd.Series:
     """Per-run scaling efficiency against the mean baseline of its series (NaN if not ok).
 
-    The frame needs SERIES_KEYS, world_size, status and images_per_sec.
+    The frame needs SERIES_KEYS, world_size, status and images_per_sec. The baseline is
+    baseline_world_size's (pass it as base_ws when already worked out); a series with no ok run
+    at its baseline gets no efficiency at all.
 
     >>> df = pd.DataFrame({"sweep_id": "s", "model": "resnet50", "engine": "ddp",
     ...     "precision": "fp32", "data": "synthetic", "batch_size": 32, "bandwidth": "1gbit",
@@ -179,20 +211,44 @@ def add_efficiency(frame: pd.DataFrame) -> pd.Series:
     ...     "images_per_sec": [99.0, 101.0, 180.0, 190.0]})
     >>> add_efficiency(df).round(3).tolist()
     [0.99, 1.01, 0.9, 0.95]
+    >>> df.loc[:1, "status"] = "failed"  # every 1-node run failed: no baseline, no efficiency
+    >>> add_efficiency(df).tolist()
+    [nan, nan, nan, nan]
     """
     out = pd.Series(np.nan, index=frame.index, dtype=float)
     ok = _ok_mask(frame)
     if not ok.any():
         return out
-    good = frame.loc[ok, [*SERIES_KEYS, "world_size", "images_per_sec"]]
+    if base_ws is None:
+        base_ws = baseline_world_size(frame, min_nodes)
     keys = list(SERIES_KEYS)
-    base_ws = good.groupby(keys, dropna=False)["world_size"].transform("min")
-    at_base = good[good["world_size"] == base_ws]
+    good = frame.loc[ok, [*SERIES_KEYS, "world_size", "images_per_sec"]].assign(
+        _base_ws=base_ws[ok])
+    at_base = good[good["world_size"].astype(float) == good["_base_ws"]]
     base = at_base.groupby(keys, dropna=False)["images_per_sec"].mean().rename("_base_thr")
-    merged = good.join(base, on=keys)
-    eff = merged["images_per_sec"] / ((merged["world_size"] / base_ws) * merged["_base_thr"])
-    out.loc[good.index] = eff.to_numpy()
+    merged = good.join(base, on=keys)  # series without an ok baseline run: NaN
+    eff = merged["images_per_sec"] / ((merged["world_size"] / merged["_base_ws"])
+                                      * merged["_base_thr"])
+    out.loc[good.index] = eff.to_numpy(dtype=float)
     return out
+
+
+def missing_baselines(frame: pd.DataFrame) -> pd.DataFrame:
+    """Series that have ok runs but no ok run at their baseline: their efficiency is empty.
+
+    The frame needs baseline_world_size (results.to_frame adds it). One row per such series:
+    SERIES_KEYS and baseline_world_size.
+    """
+    cols = [*SERIES_KEYS, "baseline_world_size"]
+    if frame.empty or "baseline_world_size" not in frame:
+        return pd.DataFrame(columns=cols)
+    ok = _ok_mask(frame)
+    at_base = ok & (frame["world_size"].astype(float) == frame["baseline_world_size"])
+    keys = list(SERIES_KEYS)
+    g = frame.assign(_ok=ok, _at=at_base).groupby(keys, dropna=False)
+    flags = g.agg(_ok=("_ok", "any"), _at=("_at", "any"),
+                  baseline_world_size=("baseline_world_size", "first")).reset_index()
+    return flags[flags["_ok"] & ~flags["_at"]][cols].reset_index(drop=True)
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
@@ -208,10 +264,9 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     ok = frame[_ok_mask(frame)]
     if ok.empty:
         return pd.DataFrame(columns=[*keys, "n"])
-    if "scaling_efficiency" in ok and ok["scaling_efficiency"].notna().any():
-        eff = ok["scaling_efficiency"]
-    else:
-        eff = add_efficiency(ok)
+    # worked out over every run, not only ok ones: the baseline is the planned smallest size
+    eff = (frame["scaling_efficiency"] if "scaling_efficiency" in frame
+           else add_efficiency(frame))[ok.index]
     work = ok.assign(_eff=eff)
     g = work.groupby(keys, dropna=False, sort=True)
     out = g.agg(

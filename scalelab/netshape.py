@@ -14,8 +14,11 @@ from scalelab.units import format_rate
 MIN_BURST_BYTES = 131072  # must exceed the largest GSO skb (64 KiB) or tbf drops it
 
 
-def tbf_params(mbit: float) -> dict[str, int]:
+def tbf_params(mbit: float, burst_s: float = 0.004, min_burst_bytes: int = MIN_BURST_BYTES,
+               queue_s: float = 0.020) -> dict[str, int]:
     """Token-bucket parameters for a rate: 4 ms of traffic as burst, 20 ms of queue.
+
+    The netshape role calls this too, with its own (documented) burst and queue settings.
 
     >>> tbf_params(1000.0)
     {'rate_bit': 1000000000, 'burst_bytes': 500000, 'limit_bytes': 2500000}
@@ -24,8 +27,8 @@ def tbf_params(mbit: float) -> dict[str, int]:
     """
     rate_bit = int(mbit * 1e6)
     bytes_per_s = rate_bit / 8
-    burst = max(int(bytes_per_s * 0.004), MIN_BURST_BYTES)
-    limit = max(int(bytes_per_s * 0.020), 2 * burst)
+    burst = max(int(bytes_per_s * burst_s), min_burst_bytes)
+    limit = max(int(bytes_per_s * queue_s), 2 * burst)
     return {"rate_bit": rate_bit, "burst_bytes": burst, "limit_bytes": limit}
 
 

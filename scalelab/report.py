@@ -135,7 +135,7 @@ def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
     if not records:
         raise ReportError(f"sweep {sweep_id!r} has no runs recorded yet ({path / results.RUNS_FILE}"
                           " is empty or missing); run or resume it with invoke bench")
-    runs = results.to_frame(records)
+    runs = results.to_frame(records, results.plan_min_nodes({"sweep_id": sweep_id, **meta}))
     if runs.empty:
         raise ReportError(f"sweep {sweep_id!r} has no training runs, only allreduce probes; "
                           "nothing to report")
@@ -654,7 +654,23 @@ def _banners(sweeps: list[SweepData]) -> str:
         elif not s.meta.get("finished_at") and s.meta:
             out.append(f'<div class="banner partial">Sweep {_e(s.sweep_id)} has no finished_at:'
                        " it may still be running or was interrupted.</div>")
+        out.extend(_baseline_banner(s))
     return "".join(out)
+
+
+def _baseline_banner(s: SweepData) -> list[str]:
+    """Series whose efficiency is empty because no run at their baseline succeeded."""
+    missing = analysis.missing_baselines(s.runs)
+    if missing.empty:
+        return []
+    series = "; ".join(
+        f"{r.model} {r.engine} batch {int(r.batch_size)} at {r.bandwidth}, "
+        f"{int(r.procs_per_node)} per node (N0 = {int(r.baseline_world_size)})"
+        for r in missing.itertuples())
+    return [f'<div class="banner partial">No scaling efficiency for {_e(series)}: no run at '
+            "the baseline world size N0 (the plan's smallest) succeeded, and efficiency is never "
+            "measured against a larger N0. Run them again with <code>invoke bench --resume "
+            f"{_e(s.sweep_id)} --retry-failed</code>.</div>"]
 
 
 def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:

@@ -34,6 +34,7 @@ CSV_COLUMNS = [
     "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "images_per_sec",
     "images_per_sec_per_worker", "step_time_mean_s", "step_time_p95_s", "comm_fraction",
     "busbw_mb_s", "link_mbit_measured", "scaling_efficiency", "started_at", "duration_s", "error", "link_error",
+    "baseline_world_size",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -97,7 +98,23 @@ def _params(rec: dict[str, Any]) -> dict[str, Any]:
     return p if isinstance(p, dict) else {}
 
 
-def to_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def plan_min_nodes(meta: dict[str, Any]) -> dict[str, int]:
+    """{sweep id: the plan's smallest node count} from sweep.json ({} when it has no plan).
+
+    >>> plan_min_nodes({"sweep_id": "s1", "plan": {"nodes": [2, 4, 8]}})
+    {'s1': 2}
+    >>> plan_min_nodes({})
+    {}
+    """
+    nodes = (meta.get("plan") or {}).get("nodes") if isinstance(meta.get("plan"), dict) else None
+    ints = [n for n in nodes or [] if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
+    if not ints or not meta.get("sweep_id"):
+        return {}
+    return {str(meta["sweep_id"]): min(ints)}
+
+
+def to_frame(records: Sequence[dict[str, Any]],
+             min_nodes: dict[str, int] | None = None) -> pd.DataFrame:
     """One row per train run: CSV_COLUMNS then EXTRA_COLUMNS.
 
     Per-rank figures are combined, never extrapolated from rank 0:
@@ -108,7 +125,9 @@ def to_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     comm_fraction = mean over ranks of comm_time_mean_s / step_time_mean_s.
     busbw_mb_s comes from the allreduce probe with the same nodes, procs per node and
     bandwidth, at its largest message (mean over ok probes). scaling_efficiency: see
-    scalelab.analysis.add_efficiency.
+    scalelab.analysis.add_efficiency; baseline_world_size, the N0 it is measured against, is
+    the plan's smallest node count (min_nodes: sweep id -> count, from plan_min_nodes) x procs
+    per node.
     """
     runs: list[dict[str, Any]] = []
     rank_rows: list[tuple] = []
@@ -168,7 +187,9 @@ def to_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     for col in ("nodes", "procs_per_node", "world_size", "batch_size", "repeat"):
         frame[col] = frame[col].astype("Int64") if frame[col].isna().any() else frame[col].astype(int)
     frame["busbw_mb_s"] = _probe_busbw(frame, allreduce_frame(records))
-    frame["scaling_efficiency"] = analysis.add_efficiency(frame) if len(frame) else []
+    frame["baseline_world_size"] = analysis.baseline_world_size(frame, min_nodes)
+    frame["scaling_efficiency"] = (analysis.add_efficiency(
+        frame, base_ws=frame["baseline_world_size"]) if len(frame) else [])
     return frame[CSV_COLUMNS + EXTRA_COLUMNS]
 
 
@@ -219,7 +240,8 @@ def write_csv(sweep_dir: Path | str) -> Path:
     """Write reports/<sweep_id>/results.csv from runs.jsonl, whole or not at all."""
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / CSV_FILE
-    write_atomic(path, frame_to_csv(to_frame(load_runs(sweep_dir))), mode=0o644)
+    frame = to_frame(load_runs(sweep_dir), plan_min_nodes(load_sweep(sweep_dir)))
+    write_atomic(path, frame_to_csv(frame), mode=0o644)
     log.info("wrote %s", path)
     return path
 

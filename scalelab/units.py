@@ -10,7 +10,11 @@ import re
 from scalelab.errors import InputError
 
 _RANGE_ITEM = re.compile(r"^(?P<lo>-?\d+)(?:-(?P<hi>-?\d+)(?::(?P<step>-?\d+))?)?$")
-_RATE = re.compile(r"^(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmg]?)(?:bit|bps)?$", re.IGNORECASE)
+_RATE = re.compile(r"^(?P<num>\d+(?:\.\d+)?)(?P<unit>[kmg]?)bit$")
+# what people write that tc reads differently: tc's "mbps" is megaBYTES per second, 8 times
+# what most mean by it, and a bare number is bits per second; both are refused with the fix
+_PER_SECOND = re.compile(r"^(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kKmMgG]?)(?P<b>[bB])(?:ps|/s)$")
+_BARE = re.compile(r"^(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kKmMgG]?)$")
 _SIZE = re.compile(r"^(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmgt]?)(?:i?b)?$", re.IGNORECASE)
 
 # powers of ten to Mbit/s; dividing by 10**3 (not multiplying by 1e-3, which is inexact) makes
@@ -73,16 +77,14 @@ def parse_rate_mbit(text: str) -> float | None:
     >>> parse_rate_mbit("native") is None
     True
     """
-    raw = str(text).strip().lower()
+    given = str(text).strip()
+    raw = given.lower()
     if raw == NATIVE:
         return None
     m = _RATE.match(raw)
     if not m:
-        raise InputError(
-            f"bandwidth: {text!r} is not a rate; give e.g. 100mbit, 1gbit, 10gbit or native"
-        )
-    exp = _RATE_EXP[m["unit"].lower()]
-    mbit = float(m["num"]) * 10**exp if exp >= 0 else float(m["num"]) / 10**-exp
+        raise InputError(_rate_hint(text, given))
+    mbit = _mbit(m["num"], m["unit"])
     if mbit <= 0:
         raise InputError(f"bandwidth: {text!r} is zero; give a positive rate or native")
     if mbit < 0.1:
@@ -90,6 +92,31 @@ def parse_rate_mbit(text: str) -> float | None:
     if mbit > 400_000:
         raise InputError(f"bandwidth: {text!r} is above 400gbit; give a realistic link rate")
     return mbit
+
+
+def _rate_hint(text: str, given: str) -> str:
+    """The one line that says why a rate was refused and what to write instead."""
+    ps = _PER_SECOND.match(given)
+    if ps:
+        unit = ps["unit"].lower()
+        if ps["b"] == "B":  # bytes per second, e.g. 125MBps: say it in bits
+            return (f"bandwidth: {text!r} is bytes per second; tc and scalelab take bits: "
+                    f"write {format_rate(_mbit(ps['num'], unit) * 8)}")
+        return (f"bandwidth: {text!r} is ambiguous (tc reads {unit}bps as {unit.upper()}B/s, "
+                f"8 times more); write {ps['num']}{unit}bit")
+    bare = _BARE.match(given)
+    if bare:
+        unit = bare["unit"].lower()
+        if unit:
+            return f"bandwidth: {text!r} has no unit; write {bare['num']}{unit}bit"
+        return (f"bandwidth: {text!r} has no unit; write e.g. {bare['num']}mbit or "
+                f"{bare['num']}gbit")
+    return f"bandwidth: {text!r} is not a rate; give e.g. 100mbit, 1gbit, 10gbit or native"
+
+
+def _mbit(num: str, unit: str) -> float:
+    exp = _RATE_EXP[unit]
+    return float(num) * 10**exp if exp >= 0 else float(num) / 10**-exp
 
 
 def format_rate(mbit: float | None) -> str:

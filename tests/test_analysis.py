@@ -13,6 +13,8 @@ import pytest
 from scalelab import analysis, results
 from scalelab.analysis import (
     add_efficiency,
+    baseline_world_size,
+    missing_baselines,
     add_model,
     classify,
     fit_alpha_s,
@@ -137,6 +139,23 @@ def test_baseline_is_the_smallest_world_size_of_each_series():
             layout_run(2, 0.4, procs_per_node=2, images_per_sec=240.0)]
     eff = add_efficiency(pd.DataFrame(rows))
     assert eff.tolist() == pytest.approx([1.0, 150 / 160, 1.0, 0.8])
+
+
+def test_baseline_is_the_planned_smallest_size_never_the_smallest_that_succeeded():
+    rows = [layout_run(1, 0.4, images_per_sec=100.0, status="failed"),
+            layout_run(2, 0.4, images_per_sec=180.0),
+            layout_run(4, 0.4, images_per_sec=320.0)]
+    frame = pd.DataFrame(rows)
+    # the 1-node run failed: no efficiency at all (2 nodes would otherwise read 100 %)
+    assert add_efficiency(frame).isna().all()
+    assert baseline_world_size(frame).tolist() == [1.0, 1.0, 1.0]
+    # the plan started at 1 node but no 1-node run was recorded yet: the plan still decides
+    later = frame.iloc[1:]
+    assert add_efficiency(later, {"s": 1}).isna().all()
+    assert add_efficiency(later).tolist() == pytest.approx([1.0, 320 / 360])  # no plan: as recorded
+    frame["baseline_world_size"] = baseline_world_size(frame)
+    assert missing_baselines(frame)[["batch_size", "baseline_world_size"]].values.tolist() == [
+        [32, 1.0]]
 
 
 # ------------------------------------------------------------------------------ the model

@@ -280,11 +280,13 @@ class TestSiteOnALocalCluster:
     def test_a_failed_task_names_its_hosts_and_task(self, cluster):
         lc, _, _ = cluster
         with pytest.raises(ConfigureError) as err:
-            cfg.run(lc.name, tags="netshape", extravars={"netshape_rate": "fast"})
+            cfg.run(lc.name, tags="netshape", extravars={"netshape_rate": "100Mbps"})
         msg = str(err.value)
         for n in lc.nodes():
             assert n.name in msg
-        assert 'task "Check the inputs of the netshape role"' in msg and "fast" in msg
+        # the role reads rates with the bench driver's parser: megabytes refused with the fix
+        assert 'task "Check the inputs of the netshape role"' in msg
+        assert "netshape_rate '100Mbps' is ambiguous" in msg and "write 100mbit" in msg
         assert {f.host for f in err.value.failures} == {n.name for n in lc.nodes()}
 
     def test_a_package_missing_on_the_host_is_named_with_the_fix(self, cluster):

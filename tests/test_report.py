@@ -8,6 +8,7 @@ no websocket client, no port on the network.
 from __future__ import annotations
 
 import base64
+import csv
 import json
 import os
 import re
@@ -309,3 +310,28 @@ def test_single_repeat_sweep_has_no_error_bars_but_renders(tmp_path):
     page = report.build("one", root=tmp_path)[0].read_text()
     assert page.count("<img ") == 5  # no allreduce probes: no busbw figure
     assert "native" in page
+
+
+def test_a_failed_baseline_empties_efficiency_and_says_so(tmp_path):
+    """Every 1-node run of batch 32 failed: batch 32 gets no efficiency (never 2 nodes = 100 %),
+    the page says why in a banner, and results.csv names the baseline of every row."""
+    d = results.synthetic_sweep(tmp_path, "nobase", nodes=(1, 2, 3), batch_sizes=(32, 64),
+                                bandwidths=(1000.0,), repeats=2, allreduce=False)
+    lines = []
+    for line in (d / "runs.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["params"]["nodes"] == 1 and rec["params"]["batch_size"] == 32:
+            rec.update(status="failed", ranks=[], error="rank 0: connection reset by peer")
+        lines.append(json.dumps(rec))
+    (d / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    page = report.build("nobase", root=tmp_path)[0].read_text()
+    assert "No scaling efficiency for resnet18 ddp batch 32 at 1gbit, 1 per node (N0 = 1)" in page
+    assert "invoke bench --resume nobase --retry-failed" in page
+    assert "batch 64" not in page.split("No scaling efficiency")[1].split("</div>")[0]
+    with open(d / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["baseline_world_size"] for r in rows} == {"1"}
+    b32 = [r for r in rows if r["batch_size"] == "32" and r["status"] == "ok"]
+    b64 = [r for r in rows if r["batch_size"] == "64" and r["status"] == "ok"]
+    assert len(b32) == 4 and all(r["scaling_efficiency"] == "" for r in b32)
+    assert len(b64) == 6 and all(0 < float(r["scaling_efficiency"]) < 1.2 for r in b64)

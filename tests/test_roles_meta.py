@@ -163,6 +163,10 @@ def test_netshape_reads_tc_output_as_tc_prints_it():
     assert f.netshape_matches([{"kind": "noqueue", "root": True}], f.netshape_want("native"))
     with pytest.raises(Exception, match="not a rate"):
         f.netshape_want("fast")
+    # the role refuses what the bench driver refuses, with the same hint
+    with pytest.raises(Exception, match=r"^netshape: netshape_rate '100Mbps' is ambiguous .*"
+                                        r"write 100mbit$"):
+        f.netshape_want("100Mbps")
 
 
 def test_yamllint_passes():

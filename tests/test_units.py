@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+from conftest import ROOT
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -78,7 +83,7 @@ def test_parse_int_range_only_ever_raises_input_error(text):
 
 @pytest.mark.parametrize("text, mbit", [
     ("1gbit", 1000.0), ("10gbit", 10_000.0), ("100mbit", 100.0), ("1.5gbit", 1500.0),
-    ("100kbit", 0.1), ("1000000bit", 1.0), ("100Mbps", 100.0), ("1G", 1000.0),
+    ("100kbit", 0.1), ("1000000bit", 1.0), ("1Gbit", 1000.0), (" 10GBIT ", 10_000.0),
     ("native", None), (" Native ", None),
 ])
 def test_parse_rate_golden(text, mbit):
@@ -120,6 +125,32 @@ def test_parse_rate_only_ever_raises_input_error(text):
     except InputError:
         return
     assert mbit is None or 0.1 <= mbit <= 400_000
+
+
+@pytest.mark.parametrize("text, hint", [
+    # tc reads "mbps" as megabytes per second: 8 times what a user writing 100Mbps means
+    ("100Mbps", "'100Mbps' is ambiguous (tc reads mbps as MB/s, 8 times more); write 100mbit"),
+    ("10gbps", "'10gbps' is ambiguous (tc reads gbps as GB/s, 8 times more); write 10gbit"),
+    ("125MBps", "'125MBps' is bytes per second; tc and scalelab take bits: write 1gbit"),
+    ("12.5MB/s", "'12.5MB/s' is bytes per second; tc and scalelab take bits: write 100mbit"),
+    ("100", "'100' has no unit; write e.g. 100mbit or 100gbit"),
+    ("1G", "'1G' has no unit; write 1gbit"),
+    ("2.5 m", "'2.5 m' has no unit; write 2.5mbit"),
+])
+def test_parse_rate_refuses_what_tc_would_read_otherwise(text, hint):
+    with pytest.raises(InputError) as e:
+        parse_rate_mbit(text)
+    assert str(e.value) == f"bandwidth: {hint}"
+
+
+def test_bench_refuses_a_megabytes_rate_before_planning(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "invoke", "bench", "--cluster", "nosuch",
+                           "--bandwidth", "1gbit,100Mbps", "--dry-run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SCALELAB_HOME": str(tmp_path)})
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith("write 100mbit")
+    assert not any(tmp_path.iterdir())
 
 
 def test_parse_rate_list_keeps_order_and_drops_repeats():

@@ -1,17 +1,41 @@
 """Filters of the netshape role: the wanted token bucket for a rate, and whether tc shows it.
 
-The arithmetic is the bench driver's (scalelab.netshape.tbf_params); tests/test_roles_meta.py
-holds the two to the same numbers, so either side reads the other's qdisc as unchanged.
+The rate is read by scalelab's own parser and the bucket worked out by the bench driver's
+arithmetic (scalelab.units, scalelab.netshape), so the role and `invoke bench` accept the same
+rates, refuse the same ones with the same hint, and read each other's qdisc as unchanged.
 """
 
 from __future__ import annotations
 
-import re
+import sys
+from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
-_RATE = re.compile(r"^(?P<num>\d+(?:\.\d+)?)(?P<unit>[kmg])bit$")
-_MBIT_PER_UNIT = {"k": 0.001, "m": 1.0, "g": 1000.0}
+try:
+    from scalelab.errors import InputError
+except ImportError:  # ansible's interpreter without scalelab installed: the checkout's copy
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+    from scalelab.errors import InputError
+from scalelab.netshape import tbf_params
+from scalelab.units import parse_rate_mbit
+
+
+def netshape_rate_error(rate):
+    """"" for a rate the bench driver accepts (or "" for leave-alone), else the one-line reason.
+
+    >>> netshape_rate_error("1gbit"), netshape_rate_error("")
+    ('', '')
+    >>> netshape_rate_error("100Mbps")
+    "netshape: netshape_rate '100Mbps' is ambiguous (tc reads mbps as MB/s, 8 times more); write 100mbit"
+    """
+    if str(rate).strip() == "":
+        return ""
+    try:
+        parse_rate_mbit(str(rate))
+    except InputError as e:
+        return f"netshape: {e}".replace("bandwidth: ", "netshape_rate ", 1)
+    return ""
 
 
 def netshape_want(rate, burst_s=0.004, min_burst_bytes=131072, queue_s=0.020):
@@ -20,20 +44,15 @@ def netshape_want(rate, burst_s=0.004, min_burst_bytes=131072, queue_s=0.020):
     >>> netshape_want("1gbit")
     {'shaped': True, 'mbit': 1000.0, 'rate_bit': 1000000000, 'burst': 500000, 'limit': 2500000}
     """
-    raw = str(rate).strip().lower()
-    if raw == "native":
+    error = netshape_rate_error(rate)
+    if error:
+        raise AnsibleFilterError(error)
+    mbit = parse_rate_mbit(str(rate))
+    if mbit is None:
         return {"shaped": False}
-    m = _RATE.match(raw)
-    if not m:
-        raise AnsibleFilterError(f"netshape: {rate!r} is not a rate such as 100mbit or 1gbit")
-    mbit = float(m["num"]) * _MBIT_PER_UNIT[m["unit"]]
-    if not 0.1 <= mbit <= 400_000:
-        raise AnsibleFilterError(f"netshape: {rate!r} is outside 100kbit-400gbit")
-    rate_bit = int(mbit * 1e6)
-    bytes_per_s = rate_bit / 8
-    burst = max(int(bytes_per_s * float(burst_s)), int(min_burst_bytes))
-    limit = max(int(bytes_per_s * float(queue_s)), 2 * burst)
-    return {"shaped": True, "mbit": mbit, "rate_bit": rate_bit, "burst": burst, "limit": limit}
+    p = tbf_params(mbit, float(burst_s), int(min_burst_bytes), float(queue_s))
+    return {"shaped": True, "mbit": mbit, "rate_bit": p["rate_bit"], "burst": p["burst_bytes"],
+            "limit": p["limit_bytes"]}
 
 
 def netshape_matches(qdiscs, want, tolerance=0.02):
@@ -56,7 +75,8 @@ def netshape_matches(qdiscs, want, tolerance=0.02):
 
 
 class FilterModule:
-    """netshape_want, netshape_matches."""
+    """netshape_rate_error, netshape_want, netshape_matches."""
 
     def filters(self):
-        return {"netshape_want": netshape_want, "netshape_matches": netshape_matches}
+        return {"netshape_want": netshape_want, "netshape_matches": netshape_matches,
+                "netshape_rate_error": netshape_rate_error}
