@@ -178,7 +178,12 @@ def list_sweeps(reports_root: Path) -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir()
-                  if p.name != LATEST and not p.is_symlink() and (p / SWEEP_FILE).is_file())
+                  if p.name != LATEST and not p.is_symlink() and is_sweep_dir(p))
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """A directory holding a sweep's manifest or its runs (a lost manifest is still a sweep)."""
+    return path.is_dir() and ((path / SWEEP_FILE).is_file() or (path / RUNS_FILE).is_file())
 
 
 def _read_meta(sweep_dir: Path) -> dict[str, Any]:
@@ -202,27 +207,38 @@ def _known(root: Path) -> str:
     return f"{shown} (and {len(ids) - 10} older)" if len(ids) > 10 else shown
 
 
-def resolve_sweep(reports_root: Path, sweep_id: str = LATEST) -> Path:
-    """The directory of a sweep id, 'latest', or a unique prefix of an id."""
+def resolve_sweep(reports_root: Path, sweep_id: str | Path = LATEST,
+                  paths: bool = False) -> Path:
+    """The directory of a sweep: its id, a unique prefix of one, 'latest', or (paths=True, as
+    the report allows; resume writes only under the reports root) a sweep directory's path.
+
+    The one sweep lookup: bench --resume and report both use it.
+    """
     root = Path(reports_root)
-    if sweep_id in ("", LATEST):
+    text = str(sweep_id).strip()
+    if text in ("", LATEST):
         link = root / LATEST
         if not link.is_symlink():
             raise StoreError(f"no latest sweep in {root}; known: {_known(root)}")
-        sweep_id = Path(os.readlink(link)).name
-        if not (root / sweep_id / SWEEP_FILE).is_file():
-            raise StoreError(f"{link} points at {sweep_id}, which is gone; known: {_known(root)}")
-        return root / sweep_id
-    if "/" in sweep_id or sweep_id.startswith("."):
-        raise StoreError(f"sweep id {sweep_id!r} is not valid; known: {_known(root)}")
-    if (root / sweep_id / SWEEP_FILE).is_file():
-        return root / sweep_id
-    matches = [s for s in list_sweeps(root) if s.startswith(sweep_id)]
+        target = Path(os.readlink(link)).name
+        if not is_sweep_dir(root / target):
+            raise StoreError(f"{link} points at {target}, which is gone; known: {_known(root)}")
+        return root / target
+    if "/" in text and paths:
+        if is_sweep_dir(Path(text)):
+            return Path(text)
+        raise StoreError(f"{text} is not a sweep directory (it has no {SWEEP_FILE} or "
+                         f"{RUNS_FILE}); known in {root}: {_known(root)}")
+    if "/" in text or text.startswith("."):
+        raise StoreError(f"sweep id {text!r} is not valid; known: {_known(root)}")
+    if is_sweep_dir(root / text):
+        return root / text
+    matches = [s for s in list_sweeps(root) if s.startswith(text)]
     if len(matches) == 1:
         return root / matches[0]
     if len(matches) > 1:
-        raise StoreError(f"sweep {sweep_id!r} is ambiguous: {', '.join(matches)}")
-    raise StoreError(f"sweep {sweep_id!r} not found in {root}; known: {_known(root)}")
+        raise StoreError(f"sweep {text!r} is ambiguous: {', '.join(matches)}")
+    raise StoreError(f"sweep {text!r} not found in {root}; known: {_known(root)}")
 
 
 def load_sweep(reports_root: Path, sweep_id: str = LATEST) -> Sweep:

@@ -34,6 +34,7 @@ Order of runs (plan()):
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import math
 import re
@@ -46,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from scalelab import analysis
 from scalelab.errors import InputError
 from scalelab.nodes import Node, sort_nodes
 from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
@@ -57,24 +59,20 @@ SWEEPS_DIR = Path(__file__).resolve().parent.parent / "bench" / "sweeps"
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What planning needs to know about a model: input size, gradient size, work."""
+    """What planning needs to know about a model: input size, gradient size, work, memory."""
 
     image_size: int  # default input side in pixels
-    params_m: float  # trainable parameters, millions (fp32 gradient = 4 bytes each)
+    params: int  # trainable parameters (fp32 gradient = 4 bytes each)
     gflops_fwd: float  # forward pass, GFLOP per image at image_size
+    activation_bytes: int  # fp32 bytes saved for backward per image at image_size
 
 
-# torchvision ImageNet ResNets and He et al. (2016) CIFAR ResNets (3 stages, 16/32/64 channels)
+# The one model registry, shared with the workloads that build the models (torchvision's
+# ImageNet ResNets and He et al. (2016) CIFAR ResNets); see its "_about".
+MODELS_FILE = Path(__file__).resolve().parent.parent / "bench" / "workloads" / "models.json"
 MODELS: dict[str, ModelInfo] = {
-    "resnet18": ModelInfo(224, 11.69, 1.82),
-    "resnet34": ModelInfo(224, 21.80, 3.67),
-    "resnet50": ModelInfo(224, 25.56, 4.11),
-    "resnet101": ModelInfo(224, 44.55, 7.83),
-    "resnet152": ModelInfo(224, 60.19, 11.56),
-    "resnet20": ModelInfo(32, 0.27, 0.041),
-    "resnet32": ModelInfo(32, 0.46, 0.069),
-    "resnet44": ModelInfo(32, 0.66, 0.098),
-    "resnet56": ModelInfo(32, 0.85, 0.126),
+    name: ModelInfo(r["image_size"], r["params"], r["gflops_fwd"], r["activation_bytes_per_image"])
+    for name, r in json.loads(MODELS_FILE.read_text()).items() if not name.startswith("_")
 }
 ENGINES = ("ddp", "horovod")
 PRECISIONS = ("fp32", "amp")
@@ -578,9 +576,9 @@ def gradient_bytes(model: str) -> int:
     """fp32 gradient of a model, what every step all-reduces.
 
     >>> gradient_bytes("resnet20")
-    1080000
+    1078888
     """
-    return int(MODELS[model].params_m * 1e6 * 4)
+    return MODELS[model].params * 4
 
 
 # ------------------------------------------------------------------------------ estimates
@@ -603,10 +601,8 @@ def default_step_s(model: str, device: str = "cpu") -> float:
 
 
 def _ring_s(nbytes: float, world: int, mbit: float | None) -> float:
-    """Ring allreduce: each process sends 2(W-1)/W of the buffer over its link."""
-    if world <= 1:
-        return 0.0
-    return 2 * (world - 1) / world * nbytes * 8 / ((mbit or NATIVE_MBIT) * 1e6)
+    """Ring allreduce over the link (the report's model, without its per-hop latency)."""
+    return analysis.ring_allreduce_time_s(world, nbytes, mbit or NATIVE_MBIT, alpha_s=0.0)
 
 
 def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,

@@ -13,13 +13,13 @@ import pytest
 from scalelab import analysis, results
 from scalelab.analysis import (
     add_efficiency,
-    baseline_world_size,
-    missing_baselines,
     add_model,
+    baseline_world_size,
     classify,
     fit_alpha_s,
     host_limits,
     mean_ci,
+    missing_baselines,
     ring_allreduce_time_s,
     scaling_efficiency,
     summarize,

@@ -198,7 +198,7 @@ CASES = [
     ("resume-badmeta", "badmeta", ["bench", "--resume", "s1"], "cannot read the manifest"),
     # ---- report
     ("report-unknown", "none", ["report", "--sweep", "nosuch"], "not found"),
-    ("report-path", "none", ["report", "--sweep", "../etc"], "not found"),
+    ("report-path", "none", ["report", "--sweep", "../etc"], "is not a sweep directory"),
     ("report-latest-none", "none", ["report", "--sweep", "latest"], "no latest sweep"),
     ("report-compare-one", "sweep", ["report", "--compare", "s1"], "two or more sweeps"),
     ("report-compare-twice", "sweep", ["report", "--compare", "s1,s1"], "the same sweep twice"),
@@ -242,13 +242,13 @@ def _fake_cluster(state: Path, target: str) -> None:
 
 
 def _sweep(reports: Path, setup: str) -> None:
-    from scalelab import results
+    from scalelab import synthetic
 
     kw = {"repeats": 1, "batch_sizes": (16,), "bandwidths": (1000.0,)}
     if setup == "failed":
-        results.synthetic_sweep(reports, "s1", nodes=(1,), failed=["boom"], **kw)
+        synthetic.synthetic_sweep(reports, "s1", nodes=(1,), failed=["boom"], **kw)
         return
-    d = results.synthetic_sweep(reports, "s1", nodes=(1, 2), **kw)
+    d = synthetic.synthetic_sweep(reports, "s1", nodes=(1, 2), **kw)
     os.symlink("s1", reports / "latest")
     runs = d / "runs.jsonl"
     if setup == "norun":

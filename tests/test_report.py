@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from scalelab import report, results
+from scalelab import report, synthetic
 from scalelab.errors import ScalelabError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,10 +173,10 @@ def reports(tmp_path_factory) -> Path:
     """A reports root with realistic synthetic sweeps: nodes 1-4, 3 batch sizes, 2 links,
     3 repeats, one failed run whose error holds a script tag, two planned runs missing."""
     root = tmp_path_factory.mktemp("reports")
-    results.synthetic_sweep(root, "20261120-0900-lab", bandwidths=(1000.0, 10000.0),
+    synthetic.synthetic_sweep(root, "20261120-0900-lab", bandwidths=(1000.0, 10000.0),
                             batch_sizes=(16, 32, 64), nodes=(1, 2, 3, 4), repeats=3,
                             failed=[XSS], missing=2)
-    results.synthetic_sweep(root, "20261121-0900-fast", bandwidths=(10000.0,), seed=4,
+    synthetic.synthetic_sweep(root, "20261121-0900-fast", bandwidths=(10000.0,), seed=4,
                             target="aws", cluster="lab-b")
     os.symlink("20261120-0900-lab", root / "latest")
     return root
@@ -273,8 +273,8 @@ def test_prefix_and_reports_root_from_the_environment(reports, monkeypatch):
 
 
 def test_latest_without_a_symlink_is_a_clear_error(tmp_path):
-    results.synthetic_sweep(tmp_path, "only", nodes=(1, 2), repeats=1)
-    with pytest.raises(ScalelabError, match="no latest sweep.*known sweeps: only"):
+    synthetic.synthetic_sweep(tmp_path, "only", nodes=(1, 2), repeats=1)
+    with pytest.raises(ScalelabError, match="no latest sweep.*known: only"):
         report.build("latest", root=tmp_path)
 
 
@@ -287,7 +287,7 @@ def test_empty_sweep_is_a_clear_error(tmp_path):
 
 
 def test_all_failed_sweep_is_a_clear_error_with_the_first_error(tmp_path):
-    d = results.synthetic_sweep(tmp_path, "bad", nodes=(1,), batch_sizes=(32,), repeats=1,
+    d = synthetic.synthetic_sweep(tmp_path, "bad", nodes=(1,), batch_sizes=(32,), repeats=1,
                                 bandwidths=(1000.0,), allreduce=False,
                                 failed=["torch.distributed: connection refused"])
     with pytest.raises(ScalelabError, match=r"all 1 training runs .*connection refused"):
@@ -305,7 +305,7 @@ def test_truncated_store_still_reports(reports, tmp_path):
 
 
 def test_single_repeat_sweep_has_no_error_bars_but_renders(tmp_path):
-    results.synthetic_sweep(tmp_path, "one", nodes=(1, 2), batch_sizes=(32,),
+    synthetic.synthetic_sweep(tmp_path, "one", nodes=(1, 2), batch_sizes=(32,),
                             bandwidths=(None,), repeats=1, allreduce=False)
     page = report.build("one", root=tmp_path)[0].read_text()
     assert page.count("<img ") == 5  # no allreduce probes: no busbw figure
@@ -315,7 +315,7 @@ def test_single_repeat_sweep_has_no_error_bars_but_renders(tmp_path):
 def test_a_failed_baseline_empties_efficiency_and_says_so(tmp_path):
     """Every 1-node run of batch 32 failed: batch 32 gets no efficiency (never 2 nodes = 100 %),
     the page says why in a banner, and results.csv names the baseline of every row."""
-    d = results.synthetic_sweep(tmp_path, "nobase", nodes=(1, 2, 3), batch_sizes=(32, 64),
+    d = synthetic.synthetic_sweep(tmp_path, "nobase", nodes=(1, 2, 3), batch_sizes=(32, 64),
                                 bandwidths=(1000.0,), repeats=2, allreduce=False)
     lines = []
     for line in (d / "runs.jsonl").read_text().splitlines():

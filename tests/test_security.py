@@ -202,10 +202,10 @@ HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>&amp;\"'"
 
 
 def test_report_shows_hostile_result_text_as_text(tmp_path):
-    from scalelab import results
+    from scalelab import synthetic
 
     reports = tmp_path / "reports"
-    sweep_dir = results.synthetic_sweep(reports, "hostile", nodes=(1, 2), repeats=1,
+    sweep_dir = synthetic.synthetic_sweep(reports, "hostile", nodes=(1, 2), repeats=1,
                                         batch_sizes=(16,), bandwidths=(1000.0,),
                                         failed=[f"rank 0 exit 1: RuntimeError: {HOSTILE}"])
     meta = json.loads((sweep_dir / "sweep.json").read_text())

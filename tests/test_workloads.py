@@ -190,6 +190,43 @@ def test_unknown_model_names_the_known_ones(models):
         assert known in str(e.value)
 
 
+def test_one_model_registry_for_planner_and_workloads(models):
+    """models.json is what both sides read: every model the workloads build has exactly the
+    planner's parameter count, so the planner's gradient size is the one allreduced."""
+    from scalelab import sweep
+
+    assert list(models.MODELS) == list(sweep.MODELS)
+    for name, info in sweep.MODELS.items():
+        built = models.build_model(name)
+        assert sum(p.numel() for p in built.parameters()) == info.params, name
+        assert sweep.gradient_bytes(name) == models.gradient_bytes(built, "fp32")
+        assert models.spec(name).default_image_size == info.image_size
+
+
+@pytest.mark.parametrize("name", ["resnet20", "resnet50"])
+def test_registry_activation_bytes_are_what_autograd_saves(models, name):
+    """Memory checks rest on activation_bytes_per_image: measure it again, as it was recorded
+    (storage bytes autograd saves for backward, batch 2 minus batch 1 = one image)."""
+    import torch
+
+    from scalelab import sweep
+
+    model, size = models.build_model(name), sweep.MODELS[name].image_size
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    total = []
+    for batch in (1, 2):
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(torch.randn(batch, 3, size, size))
+        total.append(sum(saved.values()))
+    assert total[1] - total[0] == pytest.approx(sweep.MODELS[name].activation_bytes, rel=0.02)
+
+
 def test_gradient_bytes_by_precision(models):
     m = models.build_model("resnet50", 1000)
     assert models.gradient_bytes(m, "fp32") == 4 * 25_557_032

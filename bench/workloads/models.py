@@ -17,8 +17,10 @@ resnet32 464,154 (0.46M), resnet44 658,586 (0.66M), resnet56 853,018 (0.85M).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -196,34 +198,31 @@ class ModelSpec:
     default_image_size: int
 
 
-def _imagenet(name: str, block: type[BasicBlock] | type[Bottleneck], layers: list[int]) -> ModelSpec:
-    return ModelSpec(name, "imagenet", lambda k: ResNet(block, layers, k), 1000, 224)
-
-
-def _cifar(depth: int) -> ModelSpec:
-    return ModelSpec(f"resnet{depth}", "cifar", lambda k: CifarResNet(depth, k), 10, 32)
-
-
+# The one registry (models.json, beside this file, read by the controller's planner too): what
+# each model is; here only how to build it.
+REGISTRY: dict[str, dict] = {k: v for k, v in json.loads(
+    (Path(__file__).with_name("models.json")).read_text()).items() if not k.startswith("_")}
+_LAYOUTS: dict[str, Callable[[int], nn.Module]] = {
+    "resnet20": lambda k: CifarResNet(20, k),
+    "resnet32": lambda k: CifarResNet(32, k),
+    "resnet44": lambda k: CifarResNet(44, k),
+    "resnet56": lambda k: CifarResNet(56, k),
+    "resnet18": lambda k: ResNet(BasicBlock, [2, 2, 2, 2], k),
+    "resnet34": lambda k: ResNet(BasicBlock, [3, 4, 6, 3], k),
+    "resnet50": lambda k: ResNet(Bottleneck, [3, 4, 6, 3], k),
+    "resnet101": lambda k: ResNet(Bottleneck, [3, 4, 23, 3], k),
+    "resnet152": lambda k: ResNet(Bottleneck, [3, 8, 36, 3], k),
+}
 MODELS: dict[str, ModelSpec] = {
-    s.name: s
-    for s in (
-        _cifar(20),
-        _cifar(32),
-        _cifar(44),
-        _cifar(56),
-        _imagenet("resnet18", BasicBlock, [2, 2, 2, 2]),
-        _imagenet("resnet34", BasicBlock, [3, 4, 6, 3]),
-        _imagenet("resnet50", Bottleneck, [3, 4, 6, 3]),
-        _imagenet("resnet101", Bottleneck, [3, 4, 23, 3]),
-        _imagenet("resnet152", Bottleneck, [3, 8, 36, 3]),
-    )
+    name: ModelSpec(name, r["family"], _LAYOUTS[name], r["num_classes"], r["image_size"])
+    for name, r in REGISTRY.items()
 }
 
 PRECISION_BYTES = {"fp32": 4, "amp": 2}
 
 
 def model_names() -> list[str]:
-    """Known model names, CIFAR ones first, each family by depth."""
+    """Known model names, ImageNet ones first, each family by depth."""
     return list(MODELS)
 
 
