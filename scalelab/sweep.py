@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from scalelab import analysis
+from scalelab import analysis, memory
 from scalelab.errors import InputError
 from scalelab.nodes import Node, sort_nodes
 from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
@@ -542,7 +542,11 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
     a rate on links (tc). Raises InputError with one line that says the fix.
     """
     used = _check_cluster(spec, cluster_nodes, can_shape, cluster)
-    image = spec.image_size or MODELS[spec.model].image_size
+    info = MODELS[spec.model]
+    image = spec.image_size or info.image_size
+    memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, model=spec.model,
+                 params=info.params, activation_bytes=info.activation_bytes,
+                 image_scale=(image / info.image_size) ** 2, amp=spec.precision == "amp")
     runs: list[RunPlan] = []
     for mbit in spec.bandwidths:
         for repeat in range(spec.repeats):

@@ -388,3 +388,44 @@ def test_docstring_examples_hold():
 
     result = doctest.testmod(scalelab.sweep, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 10
+
+
+# ------------------------------------------------------------------------------ memory
+
+
+def _gpu_hosts(n: int, gpu_mb: int) -> list[Node]:
+    return [Node(name=f"g{i}", address=f"192.0.2.{i + 1}", private_address=f"10.0.0.{i + 1}",
+                 role="head" if i == 0 else "worker", target="static", gpus=1, cpus=16,
+                 facts={"gpus": 1, "gpu_memory_mb": gpu_mb, "memory_mb": 64_000})
+            for i in range(n)]
+
+
+def test_a_batch_no_gpu_can_hold_is_refused_with_the_largest_that_fits():
+    hosts = _gpu_hosts(4, 16_384)  # 16 GiB GPUs, e.g. V100-16GB
+    s = spec(nodes="1-4", batch_size="64,256", model="resnet50")
+    with pytest.raises(InputError) as e:
+        plan(s, hosts, can_shape=True, cluster="lab")
+    # fp32: 4 x 4 x 25.56M = 409 MB state + 1 GiB runtime; 94.5 MB per image -> 166 fit
+    assert str(e.value) == (
+        "--batch-size 256: resnet50 needs about 23.9 GiB per rank at batch 256, more than "
+        "node g0's 16.0 GiB GPU give its rank; the largest batch that fits every planned run "
+        "is 166: use --batch-size 166 or less")
+    # amp halves the activations: 256 fits on the same GPUs
+    amp = spec(nodes="1-4", batch_size="64,256", model="resnet50", precision="amp")
+    assert len(plan(amp, hosts, can_shape=True, cluster="lab")) > 0
+
+
+def test_emulated_nodes_share_their_hosts_memory():
+    shared = [Node(name=f"n{i}", address=f"10.1.0.{i + 2}", private_address=f"10.1.0.{i + 2}",
+                   role="head" if i == 0 else "worker", target="local", cpus=1,
+                   facts={"memory_mb": 8192, "memory_pool": "host h"}) for i in range(4)]
+    s = spec(nodes="1,4", batch_size="32", model="resnet50")
+    # 8 GiB x 0.9 / 4 ranks = 1.84 GiB each; 409 MB state + 512 MiB runtime + 94.5 MB an image:
+    # batch 32 needs 3.7 GiB, 10 images fit
+    with pytest.raises(InputError, match=r"the 7.2 GiB that nodes n0-n3 share give each of 4 "
+                                         r"ranks; the largest batch that fits every planned run "
+                                         r"is 10"):
+        plan(s, shared, can_shape=True)
+    # the same nodes on hosts of their own each have 7.2 GiB: batch 32 fits
+    own = [Node(**{**n.__dict__, "facts": {"memory_mb": 8192}}) for n in shared]
+    assert plan(s, own, can_shape=True)

@@ -726,7 +726,9 @@ def local_facts(node: dict[str, Any]) -> dict[str, Any]:
     """What the local target knows of a node it made, without probing it: its CPU share is
     the cgroup quota, not the host's core count that nproc would show inside the node."""
     python, workdir = runtime_paths()
+    # every node's memory is the host's, shared: memory_pool says so to the memory check
     return {"cores": node.get("cpus", 1.0), "memory_mb": _host_memory_mb(),
+            "memory_pool": f"host {socket.gethostname()}",
             "iface": NODE_IFACE, "gpus": 0, "gpu_model": "", "gpu_memory_mb": 0,
             "python": python, "workdir": workdir, "source": "local target"}
 
