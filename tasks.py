@@ -374,10 +374,13 @@ def demo(c, nodes="3", sweep="demo", keep=False):
         print(f"report: {path}")
 
 
-@task(help={"k": "only tests matching this pytest -k expression",
-            "fast": "skip tests that need root or take long"})
-def test(c, k="", fast=False):
-    """Run the whole test suite (needs root for the cluster tests)."""
+@task(help={"k": "only tests matching this pytest -k expression (lint is skipped)",
+            "fast": "skip tests that need root or take long",
+            "no_lint": "skip invoke lint, which runs first otherwise"})
+def test(c, k="", fast=False, no_lint=False):
+    """Run invoke lint, then the whole test suite (needs root for the cluster tests)."""
+    if not k and not no_lint:
+        lint(c)
     args = ["-q"]
     if k:
         args += ["-k", k]
@@ -396,7 +399,7 @@ def lint(c):
     from scalelab import terraform
 
     bindir = Path(sys.executable).parent
-    c.run(f"{bindir}/ruff check scalelab tests bench tasks.py")
+    c.run(f"{bindir}/ruff check scalelab tests bench tasks.py playbooks")
     c.run(f"{bindir}/yamllint -s playbooks bench/sweeps inventories")
     c.run(f"{bindir}/ansible-lint --profile production playbooks")
     unformatted = terraform.fmt_check(["terraform"])

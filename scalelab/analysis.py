@@ -257,7 +257,8 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     Columns: SERIES_KEYS, world_size, nodes, target, n (repeats), and for throughput
     (``thr``), per-worker throughput (``per_worker``) and efficiency (``eff``): ``_mean``,
     ``_lo``, ``_hi``; plus the means of step_time_mean_s, compute_time_mean_s,
-    comm_time_mean_s, comm_fraction, link_mbit_measured, busbw_mb_s, gradient_bytes and
+    comm_time_mean_s, comm_inflight_mean_s (time gradients were in flight, overlapped or not),
+    comm_fraction, link_mbit_measured, busbw_mb_s, gradient_bytes and
     bandwidth_mbit. Rows are sorted by series then world size.
     """
     keys = [*SERIES_KEYS, "world_size"]
@@ -268,6 +269,8 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     eff = (frame["scaling_efficiency"] if "scaling_efficiency" in frame
            else add_efficiency(frame))[ok.index]
     work = ok.assign(_eff=eff)
+    if "comm_inflight_mean_s" not in work:  # frames from before it was recorded
+        work["comm_inflight_mean_s"] = np.nan
     g = work.groupby(keys, dropna=False, sort=True)
     out = g.agg(
         nodes=("nodes", "first"), target=("target", "first"), n=("images_per_sec", "count"),
@@ -279,6 +282,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         step_time_p95_s=("step_time_p95_s", "mean"),
         compute_time_mean_s=("compute_time_mean_s", "mean"),
         comm_time_mean_s=("comm_time_mean_s", "mean"),
+        comm_inflight_mean_s=("comm_inflight_mean_s", "mean"),
         comm_fraction=("comm_fraction", "mean"),
         link_mbit_measured=("link_mbit_measured", "mean"),
         busbw_mb_s=("busbw_mb_s", "mean"),

@@ -36,7 +36,7 @@ CSV_COLUMNS = [
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
-                 "compute_time_mean_s", "comm_time_mean_s", "n_ranks"]
+                 "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s", "n_ranks"]
 
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
                      "bandwidth_mbit", "bandwidth", "repeat", "size_bytes", "time_s",
@@ -139,7 +139,8 @@ def to_frame(records: Sequence[dict[str, Any]],
         # raw values here, converted column by column below: per-value float() is slow
         rank_rows.extend((idx, rk.get("images_per_sec"), rk.get("step_time_mean_s"),
                           rk.get("step_time_p95_s"), rk.get("compute_time_mean_s"),
-                          rk.get("comm_time_mean_s")) for rk in ranks if isinstance(rk, dict))
+                          rk.get("comm_time_mean_s"), rk.get("comm_inflight_mean_s"))
+                         for rk in ranks if isinstance(rk, dict))
         runs.append({
             "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
             "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
@@ -160,8 +161,9 @@ def to_frame(records: Sequence[dict[str, Any]],
         "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "link_mbit_measured",
         "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
         "gradient_bytes"])
-    ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm"])
-    for col in ("ips", "step", "p95", "compute", "comm"):
+    ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
+                                                "inflight"])
+    for col in ("ips", "step", "p95", "compute", "comm", "inflight"):
         if ranks_df[col].dtype.kind != "f":
             ranks_df[col] = pd.to_numeric(ranks_df[col].where(
                 ranks_df[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
@@ -176,6 +178,7 @@ def to_frame(records: Sequence[dict[str, Any]],
         "comm_fraction": g["comm_frac"].mean(),
         "compute_time_mean_s": g["compute"].mean(),
         "comm_time_mean_s": g["comm"].mean(),
+        "comm_inflight_mean_s": g["inflight"].mean(),
         "n_ranks": g.size(),
     })
     frame = frame.join(per_run)

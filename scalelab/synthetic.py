@@ -109,7 +109,9 @@ def synthetic_sweep(root: Path | str, sweep_id: str = "synthetic", *,
                                           "step_time_mean_s": round(step, 6),
                                           "step_time_p95_s": round(step * rng.uniform(1.04, 1.12), 6),
                                           "compute_time_mean_s": round(c, 6),
-                                          "comm_time_mean_s": round(m, 6)})
+                                          "comm_time_mean_s": round(m, 6),
+                                          # generated without overlap: all of it exposed
+                                          "comm_inflight_mean_s": round(m, 6)})
                         steps = 30
                         duration = 12.0 + steps * float(np.mean([x["step_time_mean_s"]
                                                                 for x in ranks]))

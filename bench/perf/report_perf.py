@@ -67,9 +67,9 @@ def main() -> int:
         bottlenecks = analysis.classify(modelled)
         stages["classify"] = time.perf_counter() - t
         data = report.load_sweep_data(sweep_dir)
-        a = report._analyse([data], None, False)
+        a = report.analyse([data], None, False)
         t = time.perf_counter()
-        figs = report._figures(a, report._layout(a.modelled, False))
+        figs = report.draw_figures(a, report.layout(a.modelled, False))
         stages[f"{len(figs)} figures (matplotlib, PNG)"] = time.perf_counter() - t
 
         print(f"sweep: {len(frame)} training runs, {n_records - len(frame)} allreduce probes, "

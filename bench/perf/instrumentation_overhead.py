@@ -1,0 +1,124 @@
+"""Does scalelab's measurement slow what it measures? Its workload against a bare training loop.
+
+For each engine, one worker runs, in alternation, round after round:
+  * scalelab's workload (bench/workloads/resnet.py: per-step clocks, the DDP communication hook
+    or Horovod synchronize() timing, in-flight intervals), reporting its own images/s;
+  * a bare loop in the manner of Horovod's examples/pytorch/pytorch_synthetic_benchmark.py
+    (the same model from bench/workloads/models.py, the same SGD, synthetic batch, DDP or
+    hvd.DistributedOptimizer, no per-step instrumentation), timed from outside over
+    --iters iterations of --batches-per-iter batches, images/s = batch x batches / time.
+Same model, batch, threads and steps for both; it prints every round, the medians and the
+ratio (aim: 99 % or more, i.e. instrumentation costs at most 1 %).
+
+Usage: .venv/bin/python bench/perf/instrumentation_overhead.py [--model resnet50] [--batch 8]
+       [--threads 2] [--rounds 3] [--engines ddp,horovod]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ROOT / "bench" / "workloads"
+
+
+def bare_loop(a: argparse.Namespace) -> None:
+    """The reference: a plain loop, one worker, no per-step timing; prints images/s."""
+    sys.path.insert(0, str(WORKLOADS))
+    import models
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = models.build_model(a.model)
+    spec = models.spec(a.model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    if a.engine == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    else:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        model = DistributedDataParallel(model)
+    x = torch.randn(a.batch, 3, spec.default_image_size, spec.default_image_size)
+    y = torch.randint(0, spec.default_num_classes, (a.batch,))
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(a.warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    took = time.perf_counter() - start
+    print(json.dumps({"images_per_sec": a.batch * a.steps / took}))
+
+
+def run_workload(a: argparse.Namespace, engine: str) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
+    out = subprocess.run(
+        [sys.executable, str(WORKLOADS / "resnet.py"), "--engine", engine, "--model", a.model,
+         "--batch-size", str(a.batch), "--threads", str(a.threads), "--steps", str(a.steps),
+         "--warmup", str(a.warmup)],
+        capture_output=True, text=True, timeout=1800, env=env, check=True).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("SCALELAB_RESULT "))
+    return float(json.loads(line.split(" ", 1)[1])["images_per_sec"])
+
+
+def run_bare(a: argparse.Namespace, engine: str) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
+    out = subprocess.run(
+        [sys.executable, __file__, "--bare", "--engine", engine, "--model", a.model,
+         "--batch", str(a.batch), "--threads", str(a.threads), "--steps", str(a.steps),
+         "--warmup", str(a.warmup)],
+        capture_output=True, text=True, timeout=1800, env=env, check=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["images_per_sec"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--engines", default="ddp,horovod")
+    ap.add_argument("--engine", default="ddp", help=argparse.SUPPRESS)
+    ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.bare:
+        bare_loop(a)
+        return
+    print(f"{a.model}, batch {a.batch}, {a.threads} threads, {a.steps} timed steps after "
+          f"{a.warmup}, one worker, {a.rounds} rounds in alternation")
+    for engine in a.engines.split(","):
+        ours, bare = [], []
+        for r in range(a.rounds):
+            ours.append(run_workload(a, engine))
+            bare.append(run_bare(a, engine))
+            print(f"  {engine} round {r + 1}: scalelab {ours[-1]:.2f} img/s, bare loop "
+                  f"{bare[-1]:.2f} img/s", flush=True)
+        o, b = statistics.median(ours), statistics.median(bare)
+        print(f"{engine}: scalelab median {o:.2f} img/s, bare loop median {b:.2f} img/s, "
+              f"ratio {100 * o / b:.1f} % (aim 99 %)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

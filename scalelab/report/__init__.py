@@ -1,0 +1,133 @@
+"""The HTML report: one self-contained index.html per sweep, or one comparing several sweeps.
+
+Figures are drawn with matplotlib's object API on the Agg canvas (no pyplot, no global
+backend switch) and embedded as base64 PNG; styles are inline; the page carries a Content
+Security Policy that forbids scripts and any load other than its own data: images, so it opens
+offline and nothing taken from the results can run. Every text that comes from results is
+HTML-escaped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scalelab import results
+from scalelab.report.data import (
+    SweepData,
+    analyse,
+    known_sweeps,
+    load_sweep_data,
+    resolve_sweep,
+    software_fingerprint,
+)
+from scalelab.report.figures import draw_figures, layout
+from scalelab.report.html import render
+from scalelab.results import ReportError
+from scalelab.state import reports_dir, write_atomic
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReportError", "SweepData", "analyse", "build", "build_comparison", "build_report",
+           "draw_figures", "known_sweeps", "layout", "load_sweep_data", "resolve_sweep",
+           "software_fingerprint"]
+
+
+# ---------------------------------------------------------------------------- entry points
+
+def build_report(sweep: str | Path, out_dir: Path | str | None = None, *,
+                 alpha_s: float | None = None, overlap: bool = False,
+                 root: Path | None = None) -> Path:
+    """Write index.html for one sweep (and its results.csv); returns the page's path.
+
+    ``sweep``: an id under the reports root, ``latest`` or a sweep directory. ``out_dir``
+    defaults to the sweep's own directory. ``alpha_s``: per-hop latency for the model (default:
+    fitted to the allreduce probes, else analysis.DEFAULT_ALPHA_S). ``overlap``: model
+    communication as fully overlapped with compute.
+    """
+    data = load_sweep_data(sweep, root)
+    out = _out_dir(Path(out_dir) if out_dir else data.path)
+    csv_path = data.path / results.CSV_FILE
+    write_atomic(csv_path, results.frame_to_csv(data.runs), mode=0o644)
+    a = analyse([data], alpha_s, overlap)
+    title = f"scalelab report: {data.sweep_id}" + (" (SYNTHETIC DATA)" if data.synthetic else "")
+    page = render(a, title, False, [(results.CSV_FILE, _rel(csv_path, out))])
+    path = out / "index.html"
+    write_atomic(path, page, mode=0o644)
+    log.info("wrote %s", path)
+    return path
+
+
+def build_comparison(sweeps: Sequence[str | Path], out_dir: Path | str | None = None, *,
+                     alpha_s: float | None = None, overlap: bool = False,
+                     root: Path | None = None) -> Path:
+    """Write one index.html comparing several sweeps on shared axes; returns its path.
+
+    ``out_dir`` defaults to <reports root>/compare-<id1>-vs-<id2>...
+    """
+    if len(sweeps) < 2:
+        raise ReportError("comparison needs two or more sweeps, e.g. --compare lab-a,lab-b")
+    datas = [load_sweep_data(s, root) for s in sweeps]
+    ids = [d.sweep_id for d in datas]
+    if len(set(ids)) < len(ids):
+        raise ReportError(f"comparison lists the same sweep twice: {', '.join(ids)}")
+    out = _out_dir(Path(out_dir) if out_dir else (Path(root) if root else reports_dir()) / (
+        "compare-" + "-vs-".join(ids)))
+    links = []
+    for d in datas:
+        csv_path = d.path / results.CSV_FILE
+        write_atomic(csv_path, results.frame_to_csv(d.runs), mode=0o644)
+        links.append((f"{d.sweep_id}/{results.CSV_FILE}", _rel(csv_path, out)))
+    a = analyse(datas, alpha_s, overlap)
+    title = "scalelab comparison: " + " vs ".join(ids)
+    if any(d.synthetic for d in datas):
+        title += " (SYNTHETIC DATA)"
+    path = out / "index.html"
+    write_atomic(path, render(a, title, True, links), mode=0o644)
+    log.info("wrote %s", path)
+    return path
+
+
+def _out_dir(out: Path) -> Path:
+    """The output directory, made if missing; a path that cannot be one is a ReportError
+    before anything is written."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"cannot write the report to {out}: {exc.strerror}; give --out a "
+                          "directory you can write") from None
+    return out
+
+
+def build(sweeps: Sequence[str | Path] | str | Path, out_dir: Path | str | None = None,
+          compare: bool = False, **kwargs: Any) -> list[Path]:
+    """Build reports: one per sweep, or with ``compare`` one page for all of them.
+
+    Without ``compare`` and with several sweeps, ``out_dir`` (if given) gets one folder per
+    sweep id. Keyword arguments go to build_report / build_comparison (alpha_s, overlap, root).
+    """
+    if isinstance(sweeps, (str, Path)):
+        sweeps = [sweeps]
+    sweeps = list(sweeps)
+    if not sweeps:
+        raise ReportError("no sweep given; pass a sweep id, latest, or a sweep directory")
+    if compare:
+        return [build_comparison(sweeps, out_dir, **kwargs)]
+    if len(sweeps) == 1:
+        return [build_report(sweeps[0], out_dir, **kwargs)]
+    paths = []
+    for s in sweeps:
+        sub = None
+        if out_dir:
+            sub = Path(out_dir) / resolve_sweep(s, kwargs.get("root")).name
+        paths.append(build_report(s, sub, **kwargs))
+    return paths
+
+
+def _rel(target: Path, start: Path) -> str:
+    try:
+        return os.path.relpath(target, start)
+    except ValueError:
+        return target.as_uri()

@@ -1,0 +1,135 @@
+"""A sweep read for the report: finding it, loading and checking its store, analysing it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scalelab import analysis, results, store
+from scalelab.results import ReportError
+from scalelab.state import reports_dir
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------- finding sweeps
+
+def known_sweeps(root: Path | None = None) -> list[str]:
+    """Ids of the sweeps under the reports root, oldest first."""
+    return store.list_sweeps(Path(root) if root else reports_dir())
+
+
+def resolve_sweep(ref: str | Path, root: Path | None = None) -> Path:
+    """A sweep directory from an id, a unique prefix of one, ``latest`` (the reports/latest
+    symlink) or a path to a sweep directory: scalelab.store.resolve_sweep, never a second
+    lookup."""
+    if not str(ref).strip():
+        raise ReportError("no sweep given; pass a sweep id, latest, or a sweep directory")
+    return store.resolve_sweep(Path(root) if root else reports_dir(), ref, paths=True).resolve()
+
+
+# ---------------------------------------------------------------------------- loading
+
+@dataclass
+class SweepData:
+    """One sweep as read from its store of record."""
+
+    path: Path
+    sweep_id: str
+    meta: dict[str, Any]
+    runs: pd.DataFrame  # scalelab.results.to_frame
+    allreduce: pd.DataFrame  # scalelab.results.allreduce_frame
+    probes: pd.DataFrame  # one row per allreduce probe: run_id, status, error, duration_s
+    env_fingerprints: int  # distinct environment fingerprints over all records
+    missing: list[str] = field(default_factory=list)  # planned run ids without a record
+
+    @property
+    def synthetic(self) -> bool:
+        return bool(self.meta.get("synthetic"))
+
+
+# per-run facts that differ by design between runs of one sweep: who ran, not what software
+_PER_RUN_ENV = ("hostnames", "nodes", "tc", "pid")
+
+
+def software_fingerprint(env: dict[str, Any]) -> str:
+    """The software and hardware part of a run's environment, as one comparable string.
+
+    >>> a = {"torch": "2.13.0", "hostnames": ["n0"], "tc": "1gbit"}
+    >>> software_fingerprint(a) == software_fingerprint({**a, "hostnames": ["n0", "n1"]})
+    True
+    """
+    return json.dumps({k: v for k, v in env.items() if k not in _PER_RUN_ENV}, sort_keys=True)
+
+
+def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
+    """Resolve, read and check a sweep; a ReportError says why it cannot be reported."""
+    path = resolve_sweep(ref, root)
+    meta = results.load_sweep(path)
+    records = results.load_runs(path)
+    sweep_id = str(meta.get("sweep_id") or path.name)
+    if not records:
+        raise ReportError(f"sweep {sweep_id!r} has no runs recorded yet ({path / store.RUNS_FILE}"
+                          " is empty or missing); run or resume it with invoke bench")
+    runs = results.to_frame(records, results.plan_min_nodes({"sweep_id": sweep_id, **meta}))
+    if runs.empty:
+        raise ReportError(f"sweep {sweep_id!r} has no training runs, only allreduce probes; "
+                          "nothing to report")
+    ok = runs["status"] == "ok"
+    if not ok.any():
+        counts = ", ".join(f"{k} {v}" for k, v in runs["status"].value_counts().items())
+        first = next((e for e in runs["error"] if e.strip()), "no error text")
+        first = first.strip().splitlines()[-1][:200]
+        raise ReportError(f"all {len(runs)} training runs of sweep {sweep_id!r} failed ({counts});"
+                          f" first error: {first}; see {path / store.RUNS_FILE}")
+    recorded = {str(r.get("run_id")) for r in records}
+    missing = [str(r) for r in meta.get("planned_runs") or [] if str(r) not in recorded]
+    if missing:
+        log.warning("sweep %s: %d of %d planned runs have no record", sweep_id, len(missing),
+                    len(meta.get("planned_runs") or []))
+    probes = pd.DataFrame(
+        [{"sweep_id": sweep_id, "run_id": str(r.get("run_id", "")),
+          "status": str(r.get("status", "")), "error": str(r.get("error") or ""),
+          "duration_s": float(r.get("duration_s") or 0.0)}
+         for r in records if r.get("kind") == "allreduce"],
+        columns=["sweep_id", "run_id", "status", "error", "duration_s"])
+    envs = len({software_fingerprint(r.get("env") or {}) for r in records})
+    # The raw records are not kept: a million live dicts make every garbage collection
+    # during figure drawing slow.
+    return SweepData(path, sweep_id, meta, runs, results.allreduce_frame(records), probes,
+                     envs, missing)
+
+
+# ---------------------------------------------------------------------------- analysis bundle
+
+@dataclass
+class Analysis:
+    sweeps: list[SweepData]
+    runs: pd.DataFrame
+    allreduce: pd.DataFrame
+    modelled: pd.DataFrame
+    bottlenecks: list[analysis.Bottleneck]
+    alpha_s: float
+    alpha_source: str
+    overlap: bool
+
+
+def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> Analysis:
+    runs = pd.concat([s.runs for s in sweeps], ignore_index=True)
+    ar = pd.concat([s.allreduce for s in sweeps], ignore_index=True)
+    if alpha_s is None:
+        fitted = analysis.fit_alpha_s(ar)
+        alpha, source = ((fitted, "fitted to the allreduce probes' smallest messages")
+                         if fitted is not None else
+                         (analysis.DEFAULT_ALPHA_S, "default constant (no allreduce probes)"))
+    else:
+        alpha, source = alpha_s, "given"
+    modelled = analysis.add_model(analysis.summarize(runs), alpha, overlap)
+    limits = {s.sweep_id: analysis.host_limits(s.meta) for s in sweeps}
+    return Analysis(sweeps, runs, ar, modelled, analysis.classify(modelled, limits), alpha,
+                     source, overlap)
