@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from scalelab.errors import InputError, ScalelabError
+from scalelab.nodes import nodes_of
 from scalelab.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, private_dir
 
 log = logging.getLogger(__name__)
@@ -354,7 +355,6 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
     import ansible_runner  # heavy import, only when configuring
 
     from scalelab import facts
-    from scalelab.nodes import Node
 
     rec = load_cluster(cluster)  # raises ClusterError with a hint when unknown
     variables_extra: dict[str, Any] = {}
@@ -375,7 +375,7 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
     tag_list = parse_tags(tags, allowed)
     skip_list = parse_tags(skip_tags, allowed)
 
-    nodes = [Node.from_dict(n) for n in rec.get("nodes", [])]
+    nodes = nodes_of(rec)
     if playbook == SITE:
         found = facts.probe(nodes, rec["known_hosts"])
         facts.check_interfaces(cluster, nodes, found)

@@ -29,7 +29,7 @@ from typing import Any
 
 from scalelab import facts, launch, netshape, ssh, store
 from scalelab.errors import ClusterError, ScalelabError
-from scalelab.nodes import Node
+from scalelab.nodes import Node, nodes_of
 from scalelab.shaping import Shaper
 from scalelab.state import cluster_dir, load_cluster
 from scalelab.targets import base as targets
@@ -79,6 +79,42 @@ def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: floa
     return m.mbit, m.error
 
 
+PHASES = (("launch_s", None, "process"), ("import_s", "process", "imported"),
+          ("rendezvous_s", "imported", "rendezvous"), ("setup_s", "rendezvous", "ready"),
+          ("warmup_s", "ready", "timed_start"), ("timed_s", "timed_start", "timed_end"),
+          ("finish_s", "timed_end", None))
+
+
+def timeline(res: launch.LaunchResult) -> dict[str, float]:
+    """Where a run's wall time went, from the launcher's clock and rank 0's marks.
+
+    launch: ssh and the launcher (torchrun/horovodrun) until rank 0's interpreter runs;
+    import: importing torch and the workload; rendezvous: joining the process group; setup:
+    data, model, optimiser, engine; warmup and timed: the steps; finish: gathering the
+    figures, leaving the group, exiting; reap: ending what is left and closing ssh. {} when
+    the workload gave no marks (allreduce probes, failed runs).
+
+    >>> r = launch.LaunchResult("ok", {"timeline": {"process": 101.0, "imported": 103.0,
+    ...     "rendezvous": 103.5, "ready": 104.0, "timed_start": 105.0, "timed_end": 109.0}},
+    ...     "", [], 10.0, [], 100.0, 9.5)
+    >>> timeline(r)
+    {'launch_s': 1.0, 'import_s': 2.0, 'rendezvous_s': 0.5, 'setup_s': 0.5, 'warmup_s': 1.0, 'timed_s': 4.0, 'finish_s': 0.5, 'reap_s': 0.5}
+    """
+    marks = (res.result or {}).get("timeline")
+    if not isinstance(marks, dict) or not res.started_unix or not res.waited_s:
+        return {}
+    clock = {"start": res.started_unix, "end": res.started_unix + res.waited_s}
+    out: dict[str, float] = {}
+    for name, a, b in PHASES:
+        t_a, t_b = clock["start"] if a is None else marks.get(a), \
+            clock["end"] if b is None else marks.get(b)
+        if not isinstance(t_a, int | float) or not isinstance(t_b, int | float):
+            return {}
+        out[name] = round(max(0.0, float(t_b) - float(t_a)), 3)
+    out["reap_s"] = round(max(0.0, res.duration_s - res.waited_s), 3)
+    return out
+
+
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
                link_mbit: float | None, rate: float | None,
                link_error: str = "") -> dict[str, Any]:
@@ -90,7 +126,7 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     measured: dict[str, Any] = {"ranks": result.get("ranks", []), "env": env,
                                 "gradient_bytes": result.get("gradient_bytes"),
                                 "link_mbit_measured": link_mbit,
-                                "link_error": link_error}
+                                "link_error": link_error, "timeline": timeline(res)}
     if run.kind == "allreduce":
         measured["allreduce"] = result.get("sizes", [])
     status = res.status
@@ -111,7 +147,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     KeyboardInterrupt is raised.
     """
     rec = load_cluster(cluster)
-    all_nodes = [Node.from_dict(n) for n in rec["nodes"]]
+    all_nodes = nodes_of(rec)
     target = targets.of(rec)
     rt = target.runtime(rec)
     shaper = Shaper(target.links(cluster, rec, all_nodes), marker=cluster_dir(cluster) / SHAPED)
@@ -210,7 +246,7 @@ def describe(run) -> str:
 def preflight(cluster: str, nodes_needed: int) -> None:
     """Before any run: every node the sweep uses must answer SSH; name the first that doesn't."""
     rec = load_cluster(cluster)
-    nodes = [Node.from_dict(n) for n in rec["nodes"]][:nodes_needed]
+    nodes = nodes_of(rec)[:nodes_needed]
     _, errors = ssh.on_each(nodes, lambda n: ssh.run(n, rec["known_hosts"], "true", timeout=15))
     bad = ssh.first_error(nodes, errors)
     if bad:
@@ -245,7 +281,7 @@ def prepare(cluster: str, spec) -> Prepared:
 
     rec = load_cluster(cluster)
     facts.require_configured(rec)
-    nodes = [Node.from_dict(n) for n in rec["nodes"]]
+    nodes = nodes_of(rec)
     runs = sweep.plan(spec, nodes, targets.of(rec).can_shape(rec), cluster=cluster)
     return Prepared(cluster, spec, runs, sweep.estimate_duration_s(runs, device=_device(rec)))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from scalelab import inventory, ssh
 from scalelab.errors import ClusterError
-from scalelab.nodes import Node
+from scalelab.nodes import Node, nodes_of
 from scalelab.state import load_cluster, save_cluster
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     rec["configured_at"] = now
     save_cluster(cluster, rec)
     # the inventory's scalelab_iface / scalelab_cpus / scalelab_gpus follow the facts
-    inventory.write(cluster, [Node.from_dict(n) for n in rec["nodes"]],
+    inventory.write(cluster, nodes_of(rec),
                     known_hosts=rec.get("known_hosts"), bastion=rec.get("bastion"))
     return rec
 

@@ -259,6 +259,9 @@ class LaunchResult:
     outcomes: list[RankOutcome]
     duration_s: float
     unreaped: list[str] = field(default_factory=list)  # nodes whose process group is left over
+    started_unix: float = 0.0  # wall clock when the launch began (for the run's timeline)
+    waited_s: float = 0.0  # from the launch until the ranks were done or given up on; reaping
+    # (ending what is left, closing the ssh clients) is duration_s - waited_s
 
 
 def end_groups(groups: list[tuple[Node, int | None]], known_hosts: str, token: str = "",
@@ -620,7 +623,8 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
     Groups that an earlier launch could not end (listed in the inflight file) are ended
     first; those still unreachable stay listed.
     """
-    t0 = time.monotonic()
+    t0, started_unix = time.monotonic(), time.time()
+    waited_s = 0.0
     launch = Launch(commands, rt)
     if inflight is not None:
         leftover = _load_inflight(inflight)
@@ -631,6 +635,7 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
     try:
         launch.start(inflight)
         status = launch.wait(timeout_s, stop=stop, inflight=inflight)
+        waited_s = time.monotonic() - t0
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -653,4 +658,5 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
             log.warning("%s", note)  # the contract: an ok run's error is ""
         else:
             error += f"; {note}"
-    return LaunchResult(status, result, error, outcomes, time.monotonic() - t0, unreaped)
+    return LaunchResult(status, result, error, outcomes, time.monotonic() - t0, unreaped,
+                        started_unix, waited_s)

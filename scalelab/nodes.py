@@ -64,6 +64,11 @@ class Node:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+def nodes_of(record: dict[str, Any]) -> list[Node]:
+    """The Node records of a cluster record (cluster.json), in its order."""
+    return [Node.from_dict(n) for n in record.get("nodes") or []]
+
+
 def nodes_from_outputs(outputs: dict[str, Any], target: str, ssh_key: str) -> list[Node]:
     """Turn `terraform output -json` (the outputs contract) into Node records, head first.
 

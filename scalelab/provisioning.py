@@ -8,7 +8,7 @@ from pathlib import Path
 
 from scalelab import ssh
 from scalelab.errors import ClusterError
-from scalelab.nodes import Node, check_cluster_name
+from scalelab.nodes import Node, check_cluster_name, nodes_of
 from scalelab.state import inventory_dir, list_clusters, load_cluster
 from scalelab.targets import base
 from scalelab.units import parse_rate_mbit
@@ -66,7 +66,7 @@ def status(cluster: str | None = None) -> list[ClusterInfo]:
     out = []
     for name in names:
         rec = load_cluster(name)
-        nodes = [Node.from_dict(n) for n in rec.get("nodes", [])]
+        nodes = nodes_of(rec)
         info = _info(name, rec, nodes)
         info.alive = base.of(rec).alive(name, nodes)
         out.append(info)
@@ -87,7 +87,7 @@ def set_bandwidth(cluster: str, bandwidth: str) -> None:
 def connectivity_check(cluster: str) -> list[str]:
     """SSH to every node from the controller, then from the head to every other node."""
     rec = load_cluster(cluster)
-    nodes = [Node.from_dict(n) for n in rec["nodes"]]
+    nodes = nodes_of(rec)
     kh = rec["known_hosts"]
     lines = []
     for n in nodes:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ClusterError
-from scalelab.nodes import Node, check_cluster_name
+from scalelab.nodes import Node, check_cluster_name, nodes_of
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,4 +81,4 @@ def list_clusters() -> list[str]:
 
 
 def cluster_nodes(name: str) -> list[Node]:
-    return [Node.from_dict(n) for n in load_cluster(name).get("nodes", [])]
+    return nodes_of(load_cluster(name))

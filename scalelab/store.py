@@ -59,7 +59,7 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
                "ranks", "gradient_bytes", "link_mbit_measured", "link_error", "env",
                "started_at", "duration_s", "error")
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
-                 "env")
+                 "env", "timeline")
 # sweep.json keys the caller must give; sweep_id, finished_at and software are filled in
 SWEEP_KEYS = ("cluster", "target", "created_at", "plan", "nodes", "planned_runs")
 

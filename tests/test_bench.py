@@ -82,6 +82,17 @@ def test_two_node_sweep_writes_the_csv_and_the_report(cluster, reports):
     assert len(probes) == 2 and all(p["allreduce"] for p in probes)
     assert (sweep_dir / "index.html").stat().st_size > 10_000
     assert "report:" in proc.stdout
+    # every training run says where its wall time went, and the phases add up to it
+    for r in records.values():
+        if r["kind"] != "train":
+            continue
+        t = r["timeline"]
+        assert set(t) == {"launch_s", "import_s", "rendezvous_s", "setup_s", "warmup_s",
+                          "timed_s", "finish_s", "reap_s"}, t
+        assert sum(t.values()) == pytest.approx(r["duration_s"], abs=0.05)
+        # the timed phase is the steps the rank timed (plus clock reads between them)
+        assert t["timed_s"] >= sum(r["ranks"][0]["step_times_s"]) - 0.01
+    assert "training run time by phase" in (sweep_dir / "index.html").read_text()
 
 
 def test_driver_killed_mid_sweep_then_resume_runs_only_the_missing(cluster, reports):

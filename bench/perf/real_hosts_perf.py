@@ -111,12 +111,16 @@ def main() -> None:
               f"second (converged, 0 changes) {again:.0f} s")
         walls: dict[str, list[float]] = {"local": [], "static": []}
         per: dict[str, dict[str, list[float]]] = {"local": {}, "static": {}}
+        phases: dict[str, dict[str, list[float]]] = {"local": {}, "static": {}}
         for _ in range(a.rounds):
             for target, cluster in (("local", hosts.name), ("static", lab)):
                 took, runs = sweep(cluster)
                 walls[target].append(took)
                 for k, v in overheads(runs).items():
                     per[target].setdefault(k, []).extend(v)
+                for r in runs:  # where the time went (scalelab.driver.timeline)
+                    for ph, v in (r.get("timeline") or {}).items():
+                        phases[target].setdefault(ph, []).append(v)
         print(f"\nsame sweep (bench/sweeps/ci.yml, unshaped), {a.rounds} rounds each, medians:")
         print(f"{'run':<16} {'local overhead_s':>17} {'static overhead_s':>18} {'runs':>5}")
         for k in sorted(per["local"]):
@@ -127,6 +131,11 @@ def main() -> None:
         print(f"{'whole sweep':<16} {statistics.median(walls['local']):>17.1f} "
               f"{statistics.median(walls['static']):>18.1f}  (wall s, `invoke bench` start to end)")
         print("overhead = a run's wall time minus its rank 0's timed steps (warm-up included)")
+        for target in ("local", "static"):
+            split = {ph: statistics.median(v) for ph, v in phases[target].items() if v}
+            if split:
+                print(f"{target} training runs, median s: " + ", ".join(
+                    f"{ph.removesuffix('_s')} {v:.2f}" for ph, v in split.items()))
     finally:
         if (Path(os.environ["SCALELAB_HOME"]) / "clusters" / lab / "cluster.json").exists():
             subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", lab],

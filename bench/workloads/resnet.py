@@ -56,6 +56,11 @@ import threading
 import time
 from typing import Any
 
+# Wall-clock marks of this process's life (unix seconds), reported by rank 0 so that the
+# controller can split a run's wall time: launch, import, rendezvous, setup, warm-up, timed
+# steps, finish. The first is taken before torch is imported.
+TIMELINE: dict[str, float] = {"process": time.time()}
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import models  # noqa: E402
@@ -171,6 +176,8 @@ def run(a: argparse.Namespace) -> int:
     import torch.distributed as dist
     from torch import nn
 
+    TIMELINE["imported"] = time.time()
+
     hvd = None
     if a.engine == "horovod":
         try:
@@ -188,6 +195,7 @@ def run(a: argparse.Namespace) -> int:
         device = common.resolve_device(a.device, int(os.environ.get("LOCAL_RANK", "0")))
         backend = a.backend if a.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         rank, world, local_rank = common.init_torch_distributed(backend, a.timeout_s)
+    TIMELINE["rendezvous"] = time.time()
     if a.threads:
         torch.set_num_threads(a.threads)
     if device.type == "cuda":
@@ -290,6 +298,7 @@ def run(a: argparse.Namespace) -> int:
         comm_dtype_name = "float16" if a.precision == "amp" else "float32"
 
     model.train()
+    TIMELINE["ready"] = time.time()
     steps_rec: list[dict[str, float]] = []
     t_first = None
     it = batches()
@@ -297,6 +306,7 @@ def run(a: argparse.Namespace) -> int:
         if i == a.warmup:
             clock.sync()
             t_first = time.perf_counter()
+            TIMELINE["timed_start"] = time.time()
         timer.reset()
         grad_ready.clear()
         start = clock.mark()
@@ -346,6 +356,7 @@ def run(a: argparse.Namespace) -> int:
             }
         )
     t_last = time.perf_counter()
+    TIMELINE["timed_end"] = time.time()
     it.close()
     if t_first is None or len(steps_rec) != a.steps:
         raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected {a.steps}")
@@ -402,6 +413,7 @@ def run(a: argparse.Namespace) -> int:
                 "backend": backend,
                 "comm_dtype": comm_dtype_name,
                 "timing_method": timing_method,
+                "timeline": {**TIMELINE, "done": time.time()},
             }
         )
     if hvd is None:

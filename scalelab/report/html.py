@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab import analysis
+from scalelab import analysis, results
 from scalelab.report.data import Analysis, SweepData
 from scalelab.report.figures import Layout, draw_figures, layout
 
@@ -219,6 +219,7 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
         ("allreduce busbw at largest message", busbw_txt),
         ("date and duration", when),
         ("training runs", f"{len(runs)} recorded: {status_txt}"),
+        ("training run time by phase", _time_split(runs)),
         ("allreduce probes", f"{len(s.probes)} recorded, {probe_ok} ok"),
         ("planned runs", f"{len(meta.get('planned_runs') or [])} planned, "
                          f"{len(s.missing)} without a record"),
@@ -226,6 +227,21 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
          + (" (runs ran on different software!)" if s.env_fingerprints > 1 else "")),
     ]
     return pairs
+
+
+def _time_split(runs: pd.DataFrame) -> str:
+    """Shares of the ok training runs' wall time by phase (scalelab.driver.timeline)."""
+    cols = [c for c in results.TIMELINE_COLUMNS if c in runs]
+    timed = runs[(runs["status"] == "ok")].dropna(subset=cols) if cols else runs.iloc[:0]
+    if timed.empty:
+        return "not recorded (runs from before scalelab recorded timelines)"
+    total = float(timed[cols].to_numpy().sum())
+    parts = [f"{c.removesuffix('_s').replace('_', ' ')} {100 * timed[c].sum() / total:.0f} %"
+             for c in cols]
+    steps = 100 * (timed["warmup_s"].sum() + timed["timed_s"].sum()) / total
+    per_run = (total - timed["warmup_s"].sum() - timed["timed_s"].sum()) / len(timed)
+    return (f"{', '.join(parts)}: steps (warm-up and timed) {steps:.0f} % of "
+            f"{_duration(total)}; {per_run:.1f} s per run beyond its steps")
 
 
 def _sweep_details(s: SweepData) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 from scalelab import inventory, netshape, sh
 from scalelab.errors import ClusterError, CommandError, InputError, NotRootError, ProvisionError
-from scalelab.nodes import Node, check_cluster_name
+from scalelab.nodes import Node, check_cluster_name, nodes_of
 from scalelab.state import (
     cluster_dir,
     load_cluster,
@@ -415,7 +415,7 @@ class LocalCluster:
 
     def nodes(self, rec: dict[str, Any] | None = None) -> list[Node]:
         rec = rec or self.load() or {"nodes": []}
-        return [Node.from_dict(n) for n in rec["nodes"]]
+        return nodes_of(rec)
 
     @staticmethod
     def _index(name: str) -> int:

@@ -39,7 +39,7 @@ import hcl2
 
 from scalelab import inventory
 from scalelab.errors import ClusterError, InputError, ProvisionError
-from scalelab.nodes import Node, check_cluster_name, nodes_from_outputs
+from scalelab.nodes import Node, check_cluster_name, nodes_from_outputs, nodes_of
 from scalelab.state import (
     PROJECT_ROOT,
     cluster_dir,
@@ -666,7 +666,7 @@ class TfStatus:
 def status(cluster: str) -> TfStatus:
     """Resources in the state and whether the recorded nodes still match terraform output."""
     rec, workdir = _terraform_record(cluster)
-    nodes = [Node.from_dict(n) for n in rec.get("nodes", [])]
+    nodes = nodes_of(rec)
     info = TfStatus(name=cluster, target=rec["target"], status=rec.get("status", "?"),
                     nodes=nodes, bastion=rec.get("bastion"), workdir=workdir,
                     error=rec.get("error", ""))
