@@ -188,7 +188,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
     import datetime as dt
     import threading
 
-    from scalelab import driver
+    from scalelab import driver, sweepfile
     from scalelab import sweep as sweeps
     from scalelab.state import reports_dir
 
@@ -199,7 +199,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
     else:
         if not (sweep or nodes):
             sweep = "demo"
-        spec = sweeps.spec_from_options(
+        spec = sweepfile.spec_from_options(
             nodes=nodes or None, batch_size=batch_size or None, bandwidth=bandwidth or None,
             procs_per_node=procs_per_node or None, model=model or None, engine=engine or None,
             precision=precision or None, repeats=repeats or None, steps=steps or None,
@@ -344,12 +344,11 @@ def report(c, sweep="latest", compare="", out=""):
 @friendly
 def demo(c, nodes="3", sweep="demo", keep=False):
     """The main job on the local default: provision, check, bench, report, destroy."""
-    from scalelab import driver, provisioning
+    from scalelab import driver, provisioning, sweepfile
     from scalelab import report as reports
-    from scalelab import sweep as sweeps
     from scalelab.state import reports_dir
 
-    spec = sweeps.spec_from_options(sweep_file=sweep)  # a bad sweep file fails before provisioning
+    spec = sweepfile.spec_from_options(sweep_file=sweep)  # a bad sweep file fails before provisioning
     result = provisioning.provision(target="local", nodes=nodes, cluster="demo",
                                     cpus_per_node="1", bandwidth="native")
     try:

@@ -277,22 +277,22 @@ def _device(rec: dict[str, Any]) -> str:
 
 def prepare(cluster: str, spec) -> Prepared:
     """Validate the sweep against the cluster and expand it; writes nothing."""
-    from scalelab import sweep
+    from scalelab import estimate, sweep
 
     rec = load_cluster(cluster)
     facts.require_configured(rec)
     nodes = nodes_of(rec)
     runs = sweep.plan(spec, nodes, targets.of(rec).can_shape(rec), cluster=cluster)
-    return Prepared(cluster, spec, runs, sweep.estimate_duration_s(runs, device=_device(rec)))
+    return Prepared(cluster, spec, runs, estimate.estimate_duration_s(runs, device=_device(rec)))
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
-    from scalelab import sweep
+    from scalelab import sweepfile
 
     rec = load_cluster(prep.cluster)
     return {
         "sweep_id": sweep_id, "cluster": prep.cluster, "target": rec["target"],
-        "created_at": utcnow(), "finished_at": None, "plan": sweep.spec_to_dict(prep.spec),
+        "created_at": utcnow(), "finished_at": None, "plan": sweepfile.spec_to_dict(prep.spec),
         "nodes": rec["nodes"], "bandwidth_mbit_cluster": rec.get("bandwidth_mbit"),
         "emulated": targets.of(rec).emulated,
         "host_cpus": host_cpus() if targets.of(rec).emulated else None,
@@ -323,14 +323,14 @@ def prepare_resume(reports_root: Path, sweep_id: str,
                    retry_failed: bool = False) -> tuple[Path, Prepared]:
     """The runs of an earlier sweep that its store lacks (or that were interrupted; with
     retry_failed, also those that failed or timed out)."""
-    from scalelab import sweep
+    from scalelab import estimate, sweepfile
 
     stored = store.load_sweep(reports_root, sweep_id)
     sweep_dir, meta = stored.path, stored.meta
-    spec = sweep.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
+    spec = sweepfile.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
     prep = prepare(meta["cluster"], spec)
     todo = store.missing_runs(sweep_dir, prep.runs, retry_failed=retry_failed)
-    return sweep_dir, Prepared(meta["cluster"], spec, todo, sweep.estimate_duration_s(
+    return sweep_dir, Prepared(meta["cluster"], spec, todo, estimate.estimate_duration_s(
         todo, device=_device(load_cluster(meta["cluster"]))))
 
 

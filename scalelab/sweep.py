@@ -22,6 +22,7 @@ Order of runs (plan()):
   Single-process runs are kept in every bandwidth group although the link is idle there:
   they are each group's baseline and a control for drift between groups.
 
+>>> from scalelab.sweepfile import spec_from_options
 >>> cluster = [Node(f"demo-n{i}", f"10.0.0.{i}", f"10.0.0.{i}", "head" if i == 0 else "worker",
 ...                 "local", cpus=1.0) for i in range(3)]
 >>> spec = spec_from_options(nodes="1-2", batch_size="32", bandwidth="1gbit", repeats=2,
@@ -33,47 +34,25 @@ Order of runs (plan()):
 
 from __future__ import annotations
 
-import difflib
-import json
 import logging
 import math
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from scalelab import analysis, memory
+from scalelab import memory
 from scalelab.errors import InputError
+from scalelab.models import MODELS
 from scalelab.nodes import Node, sort_nodes
-from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
+from scalelab.units import format_rate
 
 log = logging.getLogger(__name__)
 
-SWEEPS_DIR = Path(__file__).resolve().parent.parent / "bench" / "sweeps"
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What planning needs to know about a model: input size, gradient size, work, memory."""
-
-    image_size: int  # default input side in pixels
-    params: int  # trainable parameters (fp32 gradient = 4 bytes each)
-    gflops_fwd: float  # forward pass, GFLOP per image at image_size
-    activation_bytes: int  # fp32 bytes saved for backward per image at image_size
-
-
-# The one model registry, shared with the workloads that build the models (torchvision's
-# ImageNet ResNets and He et al. (2016) CIFAR ResNets); see its "_about".
-MODELS_FILE = Path(__file__).resolve().parent.parent / "bench" / "workloads" / "models.json"
-MODELS: dict[str, ModelInfo] = {
-    name: ModelInfo(r["image_size"], r["params"], r["gflops_fwd"], r["activation_bytes_per_image"])
-    for name, r in json.loads(MODELS_FILE.read_text()).items() if not name.startswith("_")
-}
 ENGINES = ("ddp", "horovod")
 PRECISIONS = ("fp32", "amp")
 KINDS = ("train", "allreduce")
@@ -127,314 +106,6 @@ class RunPlan:
 
     def __hash__(self) -> int:  # params is a dict; run ids are unique within a sweep
         return hash((self.kind, self.run_id))
-
-
-# ------------------------------------------------------------------------------ value parsers
-
-def _given(value: Any) -> bool:
-    return value is not None and value != ""
-
-
-def _one_int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise InputError(f"{what}: {value!r} is not a whole number")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int):
-        n = value
-    else:
-        text = str(value).strip()
-        if not re.fullmatch(r"-?\d+", text):
-            raise InputError(f"{what}: {value!r} is not a whole number; give e.g. {max(minimum, 3)}")
-        n = int(text)
-    if n < minimum:
-        raise InputError(f"{what}: {n} is below the minimum of {minimum}")
-    return n
-
-
-def _seconds(value: Any, what: str) -> float:
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        s = float(str(value).strip().removesuffix("s"))
-    except ValueError:
-        raise InputError(f"{what}: {value!r} is not a number of seconds; give e.g. 600") from None
-    if not math.isfinite(s) or s <= 0:
-        raise InputError(f"{what}: {value!r} must be a positive number of seconds, e.g. 600")
-    return s
-
-
-def _flag(value: Any, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "yes", "on", "1"):
-        return True
-    if text in ("false", "no", "off", "0"):
-        return False
-    raise InputError(f"{what}: {value!r} is not true or false")
-
-
-def _int_list(value: Any, what: str, minimum: int = 1) -> list[int]:
-    """A range expression, a number, or a YAML list of either."""
-    if isinstance(value, list | tuple):
-        if not value:
-            raise InputError(f"{what}: empty list; give e.g. 1-3 or [1, 2, 4]")
-        out: set[int] = set()
-        for item in value:
-            out.update(parse_int_range(item, what, minimum))
-        return sorted(out)
-    return parse_int_range(value, what, minimum)
-
-
-def _rates(value: Any, what: str) -> list[float | None]:
-    if isinstance(value, list | tuple):
-        if not value:
-            raise InputError(f"{what}: empty list; give e.g. [1gbit, 10gbit] or native")
-        value = ",".join(str(v) for v in value)
-    try:
-        return parse_rate_list(str(value))
-    except InputError as exc:
-        raise InputError(f"{what}: {_strip_what(exc, 'bandwidth')}") from None
-
-
-def _sizes(value: Any, what: str) -> list[int]:
-    items = value if isinstance(value, list | tuple) else str(value).split(",")
-    if not items or not any(str(i).strip() for i in items):
-        raise InputError(f"{what}: empty; give e.g. 4K,64K,1M,16M")
-    try:
-        return sorted({parse_size_bytes(i if isinstance(i, int) else str(i).strip())
-                       for i in items})
-    except InputError as exc:
-        raise InputError(f"{what}: {_strip_what(exc, 'size')}") from None
-
-
-def suggest(word: str, options: Sequence[str]) -> str:
-    """'did you mean ...?' for the closest options (ties all named), or "" if none is close.
-
-    >>> suggest("batchsize", ["nodes", "batch_size"]), suggest("resnet51", ["resnet50", "resnet56"])
-    ("did you mean 'batch_size'?", "did you mean 'resnet50' or 'resnet56'?")
-    """
-    scores = {o: difflib.SequenceMatcher(None, word, o).ratio() for o in options}
-    best = max(scores.values(), default=0.0)
-    if best < 0.6:
-        return ""
-    close = [repr(o) for o in options if scores[o] == best]
-    return f"did you mean {' or '.join(close)}?"
-
-
-def _choice(value: Any, what: str, allowed: Sequence[str]) -> str:
-    text = str(value).strip().lower()
-    if text not in allowed:
-        hint = suggest(text, allowed)
-        raise InputError(f"{what}: unknown {text!r}; {hint + ' ' if hint else ''}choose one of "
-                         f"{', '.join(allowed)}")
-    return text
-
-
-def _data(value: Any, what: str) -> str:
-    text = str(value).strip()
-    if text == SYNTHETIC:
-        return text
-    if not text.startswith("/"):
-        raise InputError(f"{what}: {value!r} must be 'synthetic' or an absolute dataset path "
-                         "on the nodes, e.g. /data/imagenet")
-    return text
-
-
-def _strip_what(exc: InputError, what: str) -> str:
-    return str(exc).removeprefix(f"{what}: ")
-
-
-# sweep-file key -> (SweepSpec field, parser(value, label)); the CLI option is the key with dashes
-_KEYS: dict[str, tuple[str, Any]] = {
-    "nodes": ("nodes", lambda v, w: _int_list(v, w)),
-    "batch_size": ("batch_sizes", lambda v, w: _int_list(v, w)),
-    "bandwidth": ("bandwidths", _rates),
-    "procs_per_node": ("procs_per_node", lambda v, w: _int_list(v, w)),
-    "model": ("model", lambda v, w: _choice(v, w, list(MODELS))),
-    "engine": ("engine", lambda v, w: _choice(v, w, ENGINES)),
-    "precision": ("precision", lambda v, w: _choice(v, w, PRECISIONS)),
-    "repeats": ("repeats", lambda v, w: _one_int(v, w, 1)),
-    "steps": ("steps", lambda v, w: _one_int(v, w, 1)),
-    "warmup": ("warmup", lambda v, w: _one_int(v, w, 0)),
-    "image_size": ("image_size", lambda v, w: _one_int(v, w, 8)),
-    "data": ("data", _data),
-    "timeout_s": ("timeout_s", _seconds),
-    "allreduce_probe": ("allreduce_probe", _flag),
-    "netprobe": ("netprobe", _flag),
-    "allreduce_sizes": ("allreduce_sizes", _sizes),
-    "allreduce_iters": ("allreduce_iters", lambda v, w: _one_int(v, w, 1)),
-    "description": ("description", lambda v, w: str(v).strip()),
-}
-SWEEP_KEYS = tuple(_KEYS)
-
-
-def _fields_from(values: Mapping[str, Any], label: Any) -> dict[str, Any]:
-    """Parse given values (file keys) into SweepSpec fields; label(key) names the source."""
-    out: dict[str, Any] = {}
-    for key, raw in values.items():
-        if not _given(raw):
-            continue
-        fname, parse = _KEYS[key]
-        out[fname] = parse(raw, label(key))
-    return out
-
-
-def _build(fields: dict[str, Any], source: str | None) -> SweepSpec:
-    missing = [k for k, f in (("nodes", "nodes"), ("batch_size", "batch_sizes"))
-               if f not in fields]
-    if missing:
-        flags = " and ".join(f"--{k.replace('_', '-')}" for k in missing)
-        where = f"{source} gives no {' or '.join(missing)}; add it there or " if source else ""
-        raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64")
-    return SweepSpec(**fields)
-
-
-# ------------------------------------------------------------------------------ sweep files
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice (PyYAML would keep the last silently)."""
-
-
-def _mapping_no_dupes(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} given twice", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_dupes)
-
-
-def find_sweep_file(name_or_path: str | Path, sweeps_dir: Path = SWEEPS_DIR) -> Path:
-    """A sweep file by path, or by name under bench/sweeps/ (``demo`` -> demo.yml)."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for candidate in (sweeps_dir / f"{name_or_path}.yml", sweeps_dir / f"{name_or_path}.yaml"):
-        if candidate.is_file():
-            return candidate
-    known = sorted(p.stem for p in sweeps_dir.glob("*.y*ml")) if sweeps_dir.is_dir() else []
-    raise InputError(f"sweep file {str(name_or_path)!r} not found; give a path or one of: "
-                     f"{', '.join(known) or 'none'} (in {sweeps_dir})")
-
-
-def spec_from_mapping(data: Any, source: str) -> SweepSpec:
-    """Build a spec from a sweep-file mapping (also sweep.json's "plan"); strict keys."""
-    return _build(_mapping_fields(data, source), source)
-
-
-def _mapping_fields(data: Any, source: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise InputError(f"{source}: must be a mapping of keys such as nodes, batch_size, "
-                         "bandwidth (see bench/sweeps/demo.yml)")
-    for key in data:
-        if key not in _KEYS:
-            hint = suggest(str(key), SWEEP_KEYS) or f"valid keys: {', '.join(_KEYS)}"
-            # a key that is no name is not echoed: a wrong path (a credentials file, say)
-            # must not put that file's content into the terminal or a CI log
-            shown = repr(key) if re.fullmatch(r"[A-Za-z_][\w.-]{0,39}", str(key)) else \
-                "(not shown: it is not a name, is this a sweep file?)"
-            raise InputError(f"{source}: unknown key {shown}; {hint}")
-    for key, value in data.items():
-        # values are scalars or flat lists of them; anything deeper is refused before it is
-        # ever turned into text (YAML aliases can nest a list into billions of elements)
-        items = value if isinstance(value, list) else [value]
-        if isinstance(value, dict) or any(isinstance(i, list | dict) for i in items):
-            raise InputError(f"{source}: {key}: must be a value or a list of values, not a "
-                             "nested structure")
-    return _fields_from(data, lambda k: f"{source}: {k}")
-
-
-def load_sweep_file(path: str | Path) -> SweepSpec:
-    """Read and validate bench/sweeps/NAME.yml (same keys as the CLI, underscores for dashes).
-
-    >>> load_sweep_file(SWEEPS_DIR / "demo.yml").model
-    'resnet20'
-    """
-    return _build(_file_fields(Path(path)), str(path))
-
-
-def _file_fields(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"sweep file {path}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"sweep file {path}: not a UTF-8 text file; give a YAML sweep file "
-                         "such as bench/sweeps/demo.yml") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{path}:{where} not valid YAML: {problem}") from None
-    return _mapping_fields(data, str(path))
-
-
-def spec_from_options(
-    nodes: str | int | None = None,
-    batch_size: str | int | None = None,
-    bandwidth: str | None = None,
-    procs_per_node: str | int | None = None,
-    model: str | None = None,
-    engine: str | None = None,
-    precision: str | None = None,
-    repeats: str | int | None = None,
-    steps: str | int | None = None,
-    warmup: str | int | None = None,
-    image_size: str | int | None = None,
-    data: str | None = None,
-    timeout_s: str | float | None = None,
-    allreduce_probe: bool | str | None = None,
-    netprobe: bool | str | None = None,
-    allreduce_sizes: str | None = None,
-    allreduce_iters: str | int | None = None,
-    sweep_file: str | Path | None = None,
-) -> SweepSpec:
-    """Build a spec from CLI strings; None or "" means not given.
-
-    With sweep_file (a path or a name under bench/sweeps/), the file gives the values and
-    every option that is given overrides the file's.
-
-    >>> s = spec_from_options(nodes="1-3", batch_size="32,64", bandwidth="100mbit,1gbit")
-    >>> s.nodes, s.batch_sizes, s.bandwidths, s.model
-    ([1, 2, 3], [32, 64], [100.0, 1000.0], 'resnet50')
-    """
-    given = {k: v for k, v in locals().items() if k != "sweep_file" and _given(v)}
-    fields = _fields_from(given, lambda k: f"--{k.replace('_', '-')}")
-    if _given(sweep_file):
-        path = find_sweep_file(sweep_file)
-        return _build({**_file_fields(path), **fields}, str(path))
-    return _build(fields, None)
-
-
-def spec_to_dict(spec: SweepSpec) -> dict[str, Any]:
-    """The spec as sweep-file keys (for sweep.json "plan"); spec_from_mapping reads it back.
-
-    >>> d = spec_to_dict(spec_from_options(nodes="1-2", batch_size=32, bandwidth="native,1gbit"))
-    >>> d["nodes"], d["bandwidth"], d["batch_size"]
-    ([1, 2], ['native', '1gbit'], [32])
-    >>> spec_from_mapping(d, "sweep.json").bandwidths
-    [None, 1000.0]
-    """
-    out: dict[str, Any] = {}
-    for key, (fname, _) in _KEYS.items():
-        value = getattr(spec, fname)
-        if key == "bandwidth":
-            value = [format_rate(v) for v in value]
-        elif isinstance(value, list):
-            value = list(value)
-        if value is None:
-            continue
-        out[key] = value
-    return out
 
 
 # ------------------------------------------------------------------------------ planning
@@ -574,76 +245,6 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
 
 def _ordered(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params[k] for k in PARAM_KEYS}
-
-
-def gradient_bytes(model: str) -> int:
-    """fp32 gradient of a model, what every step all-reduces.
-
-    >>> gradient_bytes("resnet20")
-    1078888
-    """
-    return MODELS[model].params * 4
-
-
-# ------------------------------------------------------------------------------ estimates
-
-CPU_GFLOPS = 30.0  # one core running PyTorch convs, measured: resnet20 b32 ~0.13 s/step
-GPU_GFLOPS = 12_000.0  # a V100/A100-class GPU on ResNet-50 training, fp32 order of magnitude
-STARTUP_S = 10.0  # launch over SSH, import torch, rendezvous, build the model
-RESHAPE_S = 5.0  # set a rate on every link, plus the netprobe
-NATIVE_MBIT = 10_000.0  # what an unshaped link is assumed to carry
-
-
-def default_step_s(model: str, device: str = "cpu") -> float:
-    """Seconds of one training step (forward + backward = 3x forward) at batch 32, one process.
-
-    >>> round(default_step_s("resnet20"), 2), round(default_step_s("resnet50", "gpu"), 3)
-    (0.13, 0.033)
-    """
-    gflops = GPU_GFLOPS if device == "gpu" else CPU_GFLOPS
-    return 3 * MODELS[model].gflops_fwd * 32 / gflops
-
-
-def _ring_s(nbytes: float, world: int, mbit: float | None) -> float:
-    """Ring allreduce over the link (the report's model, without its per-hop latency)."""
-    return analysis.ring_allreduce_time_s(world, nbytes, mbit or NATIVE_MBIT, alpha_s=0.0)
-
-
-def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
-                   startup_s: float = STARTUP_S, device: str = "cpu") -> float:
-    """Rough wall time of one run: startup + (warmup + steps) * (compute + allreduce).
-
-    Compute and communication are added, not overlapped, so the estimate errs long.
-    per_step_s maps model -> seconds per step of one process at batch 32 and the model's
-    image size (e.g. measured in an earlier sweep); models it lacks get default_step_s(device).
-    """
-    p = run.params
-    world, mbit = p["world_size"], p["bandwidth_mbit"]
-    iters = p["steps"] + p["warmup"]
-    if run.kind == "allreduce":
-        return startup_s + sum(iters * (_ring_s(size, world, mbit) + 0.001)
-                               for size in run.allreduce_sizes)
-    model = p["model"]
-    base = (per_step_s or {}).get(model) or default_step_s(model, device)
-    scale = (p["image_size"] / MODELS[model].image_size) ** 2
-    compute = base * p["batch_size"] / 32 * scale
-    return startup_s + iters * (compute + _ring_s(gradient_bytes(model), world, mbit))
-
-
-def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float] | None = None,
-                        startup_s: float = STARTUP_S, device: str = "cpu") -> float:
-    """Rough wall time of a plan (for --dry-run), link reconfigurations included.
-
-    device is "gpu" on a cluster with GPUs (it picks the default per-step times).
-    """
-    total = 0.0
-    rate: object = object()
-    for run in runs:
-        if run.params["bandwidth_mbit"] != rate:
-            rate = run.params["bandwidth_mbit"]
-            total += RESHAPE_S
-        total += estimate_run_s(run, per_step_s, startup_s, device)
-    return total
 
 
 # ------------------------------------------------------------------------------ text

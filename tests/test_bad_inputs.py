@@ -362,12 +362,12 @@ def test_every_task_has_bad_input_cases():
                       "allreduce_sizes", "data", "description", "repeats"]),
                      st.text(max_size=40))))
 def test_any_sweep_file_is_a_spec_or_one_input_error(tmp_path_factory, content):
-    from scalelab import sweep
+    from scalelab import sweepfile
 
     path = tmp_path_factory.mktemp("anyfile") / "s.yml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     try:
-        sweep.load_sweep_file(path)
+        sweepfile.load_sweep_file(path)
     except InputError as exc:  # anything else (a traceback for the user) fails the test
         assert "\n" not in str(exc), str(exc)
         ledger("bad_input_generated", "sweep-file")

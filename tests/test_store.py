@@ -27,7 +27,8 @@ from scalelab.store import (
     read_runs,
     update_latest,
 )
-from scalelab.sweep import plan, spec_from_options, spec_to_dict
+from scalelab.sweep import plan
+from scalelab.sweepfile import spec_from_options, spec_to_dict
 
 SID = "20261121-153000-ab12"
 NODES = [Node(f"demo-n{i}", f"10.9.0.{i}", f"10.9.0.{i}", "head" if i == 0 else "worker",

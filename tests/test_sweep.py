@@ -13,17 +13,13 @@ from hypothesis import strategies as st
 
 from scalelab.errors import InputError
 from scalelab.nodes import Node
-from scalelab.sweep import (
-    MODELS,
-    PARAM_KEYS,
+from scalelab.estimate import estimate_duration_s
+from scalelab.models import MODELS
+from scalelab.sweep import PARAM_KEYS, SweepSpec, describe, new_sweep_id, plan
+from scalelab.sweepfile import (
     SWEEPS_DIR,
-    SweepSpec,
-    describe,
-    estimate_duration_s,
     find_sweep_file,
     load_sweep_file,
-    new_sweep_id,
-    plan,
     spec_from_mapping,
     spec_from_options,
     spec_to_dict,

@@ -119,6 +119,7 @@ def test_facts_probe_parses_a_real_probe_of_this_machine():
 def test_slices_dry_run_on_ten_gpu_hosts_plans_everything_with_a_gpu_estimate(tmp_path):
     """The reference experiment on a static cluster of 10 GPU hosts, facts as configure records
     them: every run planned, nothing refused, the ETA from GPU step times."""
+    from scalelab import estimate, sweepfile
     from scalelab import sweep as sweeps
     from scalelab.nodes import Node
 
@@ -132,10 +133,10 @@ def test_slices_dry_run_on_ten_gpu_hosts_plans_everything_with_a_gpu_estimate(tm
            "SCALELAB_INVENTORIES": str(tmp_path / "inv")}
     proc = invoke("bench", "--cluster", name, "--sweep", "slices", "--dry-run", env=env)
     assert proc.returncode == 0, proc.stderr
-    spec = sweeps.load_sweep_file(ROOT / "bench/sweeps/slices.yml")
+    spec = sweepfile.load_sweep_file(ROOT / "bench/sweeps/slices.yml")
     runs = sweeps.plan(spec, [Node.from_dict(n) for n in rec["nodes"]], True, cluster=name)
-    gpu = dt.timedelta(seconds=int(sweeps.estimate_duration_s(runs, device="gpu")))
-    cpu = dt.timedelta(seconds=int(sweeps.estimate_duration_s(runs, device="cpu")))
+    gpu = dt.timedelta(seconds=int(estimate.estimate_duration_s(runs, device="gpu")))
+    cpu = dt.timedelta(seconds=int(estimate.estimate_duration_s(runs, device="cpu")))
     assert f"{len(runs)} runs on cluster {name}, estimated {gpu}" in proc.stdout
     assert gpu < cpu / 10
     assert len([r for r in runs if r.kind == "train"]) == 180

@@ -193,13 +193,13 @@ def test_unknown_model_names_the_known_ones(models):
 def test_one_model_registry_for_planner_and_workloads(models):
     """models.json is what both sides read: every model the workloads build has exactly the
     planner's parameter count, so the planner's gradient size is the one allreduced."""
-    from scalelab import sweep
+    from scalelab import models as mreg
 
-    assert list(models.MODELS) == list(sweep.MODELS)
-    for name, info in sweep.MODELS.items():
+    assert list(models.MODELS) == list(mreg.MODELS)
+    for name, info in mreg.MODELS.items():
         built = models.build_model(name)
         assert sum(p.numel() for p in built.parameters()) == info.params, name
-        assert sweep.gradient_bytes(name) == models.gradient_bytes(built, "fp32")
+        assert mreg.gradient_bytes(name) == models.gradient_bytes(built, "fp32")
         assert models.spec(name).default_image_size == info.image_size
 
 
@@ -209,9 +209,9 @@ def test_registry_activation_bytes_are_what_autograd_saves(models, name):
     (storage bytes autograd saves for backward, batch 2 minus batch 1 = one image)."""
     import torch
 
-    from scalelab import sweep
+    from scalelab import models as mreg
 
-    model, size = models.build_model(name), sweep.MODELS[name].image_size
+    model, size = models.build_model(name), mreg.MODELS[name].image_size
     saved = {}
 
     def pack(t):
@@ -224,7 +224,7 @@ def test_registry_activation_bytes_are_what_autograd_saves(models, name):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(torch.randn(batch, 3, size, size))
         total.append(sum(saved.values()))
-    assert total[1] - total[0] == pytest.approx(sweep.MODELS[name].activation_bytes, rel=0.02)
+    assert total[1] - total[0] == pytest.approx(mreg.MODELS[name].activation_bytes, rel=0.02)
 
 
 def test_gradient_bytes_by_precision(models):

@@ -147,8 +147,7 @@ def test_ctrl_c_mid_run_marks_it_interrupted_and_cleans_up(fcluster, reports, tm
 def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkeypatch, fault):
     """SIGINT lands between two nodes' tc changes: shaping finishes, no run starts, every
     link goes back to the cluster's rate, and KeyboardInterrupt comes out at the end."""
-    from scalelab import driver
-    from scalelab import sweep as sweeps
+    from scalelab import driver, sweepfile
 
     lc = fcluster(3, bandwidth="1gbit")
     real = LocalCluster._shape_node
@@ -161,7 +160,7 @@ def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkey
             os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the next node is not shaped yet
 
     monkeypatch.setattr(LocalCluster, "_shape_node", shape_then_interrupt)
-    spec = sweeps.load_sweep_file(fl.write_sweep(tmp_path / "s.yml", nodes=[3],
+    spec = sweepfile.load_sweep_file(fl.write_sweep(tmp_path / "s.yml", nodes=[3],
                                                  bandwidth=["100mbit"]))
     prep = driver.prepare(lc.name, spec)
     before = signal.getsignal(signal.SIGINT)

@@ -1,0 +1,332 @@
+"""Sweep specs from what users type: command-line options or a YAML sweep file, validated,
+with one line that names the fix for anything wrong.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalelab.errors import InputError
+from scalelab.models import MODELS
+from scalelab.sweep import ENGINES, PRECISIONS, SYNTHETIC, SweepSpec
+from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
+
+log = logging.getLogger(__name__)
+
+SWEEPS_DIR = Path(__file__).resolve().parent.parent / "bench" / "sweeps"
+
+
+# ------------------------------------------------------------------------------ value parsers
+
+def _given(value: Any) -> bool:
+    return value is not None and value != ""
+
+
+def _one_int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"{what}: {value!r} is not a whole number")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        n = value
+    else:
+        text = str(value).strip()
+        if not re.fullmatch(r"-?\d+", text):
+            raise InputError(f"{what}: {value!r} is not a whole number; give e.g. {max(minimum, 3)}")
+        n = int(text)
+    if n < minimum:
+        raise InputError(f"{what}: {n} is below the minimum of {minimum}")
+    return n
+
+
+def _seconds(value: Any, what: str) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        s = float(str(value).strip().removesuffix("s"))
+    except ValueError:
+        raise InputError(f"{what}: {value!r} is not a number of seconds; give e.g. 600") from None
+    if not math.isfinite(s) or s <= 0:
+        raise InputError(f"{what}: {value!r} must be a positive number of seconds, e.g. 600")
+    return s
+
+
+def _flag(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise InputError(f"{what}: {value!r} is not true or false")
+
+
+def _int_list(value: Any, what: str, minimum: int = 1) -> list[int]:
+    """A range expression, a number, or a YAML list of either."""
+    if isinstance(value, list | tuple):
+        if not value:
+            raise InputError(f"{what}: empty list; give e.g. 1-3 or [1, 2, 4]")
+        out: set[int] = set()
+        for item in value:
+            out.update(parse_int_range(item, what, minimum))
+        return sorted(out)
+    return parse_int_range(value, what, minimum)
+
+
+def _rates(value: Any, what: str) -> list[float | None]:
+    if isinstance(value, list | tuple):
+        if not value:
+            raise InputError(f"{what}: empty list; give e.g. [1gbit, 10gbit] or native")
+        value = ",".join(str(v) for v in value)
+    try:
+        return parse_rate_list(str(value))
+    except InputError as exc:
+        raise InputError(f"{what}: {_strip_what(exc, 'bandwidth')}") from None
+
+
+def _sizes(value: Any, what: str) -> list[int]:
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    if not items or not any(str(i).strip() for i in items):
+        raise InputError(f"{what}: empty; give e.g. 4K,64K,1M,16M")
+    try:
+        return sorted({parse_size_bytes(i if isinstance(i, int) else str(i).strip())
+                       for i in items})
+    except InputError as exc:
+        raise InputError(f"{what}: {_strip_what(exc, 'size')}") from None
+
+
+def suggest(word: str, options: Sequence[str]) -> str:
+    """'did you mean ...?' for the closest options (ties all named), or "" if none is close.
+
+    >>> suggest("batchsize", ["nodes", "batch_size"]), suggest("resnet51", ["resnet50", "resnet56"])
+    ("did you mean 'batch_size'?", "did you mean 'resnet50' or 'resnet56'?")
+    """
+    scores = {o: difflib.SequenceMatcher(None, word, o).ratio() for o in options}
+    best = max(scores.values(), default=0.0)
+    if best < 0.6:
+        return ""
+    close = [repr(o) for o in options if scores[o] == best]
+    return f"did you mean {' or '.join(close)}?"
+
+
+def _choice(value: Any, what: str, allowed: Sequence[str]) -> str:
+    text = str(value).strip().lower()
+    if text not in allowed:
+        hint = suggest(text, allowed)
+        raise InputError(f"{what}: unknown {text!r}; {hint + ' ' if hint else ''}choose one of "
+                         f"{', '.join(allowed)}")
+    return text
+
+
+def _data(value: Any, what: str) -> str:
+    text = str(value).strip()
+    if text == SYNTHETIC:
+        return text
+    if not text.startswith("/"):
+        raise InputError(f"{what}: {value!r} must be 'synthetic' or an absolute dataset path "
+                         "on the nodes, e.g. /data/imagenet")
+    return text
+
+
+def _strip_what(exc: InputError, what: str) -> str:
+    return str(exc).removeprefix(f"{what}: ")
+
+
+# sweep-file key -> (SweepSpec field, parser(value, label)); the CLI option is the key with dashes
+_KEYS: dict[str, tuple[str, Any]] = {
+    "nodes": ("nodes", lambda v, w: _int_list(v, w)),
+    "batch_size": ("batch_sizes", lambda v, w: _int_list(v, w)),
+    "bandwidth": ("bandwidths", _rates),
+    "procs_per_node": ("procs_per_node", lambda v, w: _int_list(v, w)),
+    "model": ("model", lambda v, w: _choice(v, w, list(MODELS))),
+    "engine": ("engine", lambda v, w: _choice(v, w, ENGINES)),
+    "precision": ("precision", lambda v, w: _choice(v, w, PRECISIONS)),
+    "repeats": ("repeats", lambda v, w: _one_int(v, w, 1)),
+    "steps": ("steps", lambda v, w: _one_int(v, w, 1)),
+    "warmup": ("warmup", lambda v, w: _one_int(v, w, 0)),
+    "image_size": ("image_size", lambda v, w: _one_int(v, w, 8)),
+    "data": ("data", _data),
+    "timeout_s": ("timeout_s", _seconds),
+    "allreduce_probe": ("allreduce_probe", _flag),
+    "netprobe": ("netprobe", _flag),
+    "allreduce_sizes": ("allreduce_sizes", _sizes),
+    "allreduce_iters": ("allreduce_iters", lambda v, w: _one_int(v, w, 1)),
+    "description": ("description", lambda v, w: str(v).strip()),
+}
+SWEEP_KEYS = tuple(_KEYS)
+
+
+def _fields_from(values: Mapping[str, Any], label: Any) -> dict[str, Any]:
+    """Parse given values (file keys) into SweepSpec fields; label(key) names the source."""
+    out: dict[str, Any] = {}
+    for key, raw in values.items():
+        if not _given(raw):
+            continue
+        fname, parse = _KEYS[key]
+        out[fname] = parse(raw, label(key))
+    return out
+
+
+def _build(fields: dict[str, Any], source: str | None) -> SweepSpec:
+    missing = [k for k, f in (("nodes", "nodes"), ("batch_size", "batch_sizes"))
+               if f not in fields]
+    if missing:
+        flags = " and ".join(f"--{k.replace('_', '-')}" for k in missing)
+        where = f"{source} gives no {' or '.join(missing)}; add it there or " if source else ""
+        raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64")
+    return SweepSpec(**fields)
+
+
+# ------------------------------------------------------------------------------ sweep files
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice (PyYAML would keep the last silently)."""
+
+
+def _mapping_no_dupes(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_dupes)
+
+
+def find_sweep_file(name_or_path: str | Path, sweeps_dir: Path = SWEEPS_DIR) -> Path:
+    """A sweep file by path, or by name under bench/sweeps/ (``demo`` -> demo.yml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (sweeps_dir / f"{name_or_path}.yml", sweeps_dir / f"{name_or_path}.yaml"):
+        if candidate.is_file():
+            return candidate
+    known = sorted(p.stem for p in sweeps_dir.glob("*.y*ml")) if sweeps_dir.is_dir() else []
+    raise InputError(f"sweep file {str(name_or_path)!r} not found; give a path or one of: "
+                     f"{', '.join(known) or 'none'} (in {sweeps_dir})")
+
+
+def spec_from_mapping(data: Any, source: str) -> SweepSpec:
+    """Build a spec from a sweep-file mapping (also sweep.json's "plan"); strict keys."""
+    return _build(_mapping_fields(data, source), source)
+
+
+def _mapping_fields(data: Any, source: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: must be a mapping of keys such as nodes, batch_size, "
+                         "bandwidth (see bench/sweeps/demo.yml)")
+    for key in data:
+        if key not in _KEYS:
+            hint = suggest(str(key), SWEEP_KEYS) or f"valid keys: {', '.join(_KEYS)}"
+            # a key that is no name is not echoed: a wrong path (a credentials file, say)
+            # must not put that file's content into the terminal or a CI log
+            shown = repr(key) if re.fullmatch(r"[A-Za-z_][\w.-]{0,39}", str(key)) else \
+                "(not shown: it is not a name, is this a sweep file?)"
+            raise InputError(f"{source}: unknown key {shown}; {hint}")
+    for key, value in data.items():
+        # values are scalars or flat lists of them; anything deeper is refused before it is
+        # ever turned into text (YAML aliases can nest a list into billions of elements)
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, dict) or any(isinstance(i, list | dict) for i in items):
+            raise InputError(f"{source}: {key}: must be a value or a list of values, not a "
+                             "nested structure")
+    return _fields_from(data, lambda k: f"{source}: {k}")
+
+
+def load_sweep_file(path: str | Path) -> SweepSpec:
+    """Read and validate bench/sweeps/NAME.yml (same keys as the CLI, underscores for dashes).
+
+    >>> load_sweep_file(SWEEPS_DIR / "demo.yml").model
+    'resnet20'
+    """
+    return _build(_file_fields(Path(path)), str(path))
+
+
+def _file_fields(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"sweep file {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"sweep file {path}: not a UTF-8 text file; give a YAML sweep file "
+                         "such as bench/sweeps/demo.yml") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}:{where} not valid YAML: {problem}") from None
+    return _mapping_fields(data, str(path))
+
+
+def spec_from_options(
+    nodes: str | int | None = None,
+    batch_size: str | int | None = None,
+    bandwidth: str | None = None,
+    procs_per_node: str | int | None = None,
+    model: str | None = None,
+    engine: str | None = None,
+    precision: str | None = None,
+    repeats: str | int | None = None,
+    steps: str | int | None = None,
+    warmup: str | int | None = None,
+    image_size: str | int | None = None,
+    data: str | None = None,
+    timeout_s: str | float | None = None,
+    allreduce_probe: bool | str | None = None,
+    netprobe: bool | str | None = None,
+    allreduce_sizes: str | None = None,
+    allreduce_iters: str | int | None = None,
+    sweep_file: str | Path | None = None,
+) -> SweepSpec:
+    """Build a spec from CLI strings; None or "" means not given.
+
+    With sweep_file (a path or a name under bench/sweeps/), the file gives the values and
+    every option that is given overrides the file's.
+
+    >>> s = spec_from_options(nodes="1-3", batch_size="32,64", bandwidth="100mbit,1gbit")
+    >>> s.nodes, s.batch_sizes, s.bandwidths, s.model
+    ([1, 2, 3], [32, 64], [100.0, 1000.0], 'resnet50')
+    """
+    given = {k: v for k, v in locals().items() if k != "sweep_file" and _given(v)}
+    fields = _fields_from(given, lambda k: f"--{k.replace('_', '-')}")
+    if _given(sweep_file):
+        path = find_sweep_file(sweep_file)
+        return _build({**_file_fields(path), **fields}, str(path))
+    return _build(fields, None)
+
+
+def spec_to_dict(spec: SweepSpec) -> dict[str, Any]:
+    """The spec as sweep-file keys (for sweep.json "plan"); spec_from_mapping reads it back.
+
+    >>> d = spec_to_dict(spec_from_options(nodes="1-2", batch_size=32, bandwidth="native,1gbit"))
+    >>> d["nodes"], d["bandwidth"], d["batch_size"]
+    ([1, 2], ['native', '1gbit'], [32])
+    >>> spec_from_mapping(d, "sweep.json").bandwidths
+    [None, 1000.0]
+    """
+    out: dict[str, Any] = {}
+    for key, (fname, _) in _KEYS.items():
+        value = getattr(spec, fname)
+        if key == "bandwidth":
+            value = [format_rate(v) for v in value]
+        elif isinstance(value, list):
+            value = list(value)
+        if value is None:
+            continue
+        out[key] = value
+    return out
