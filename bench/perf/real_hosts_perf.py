@@ -22,12 +22,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from _state import private_state  # noqa: E402
 
 from scalelab.targets.local import LocalCluster  # noqa: E402
 
@@ -91,12 +92,7 @@ def main() -> None:
     ap.add_argument("--bundle", default=str(ROOT / "test-artifacts" / "bundle"))
     ap.add_argument("--rounds", type=int, default=2, help="sweeps on each cluster, alternating")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("error: needs root (it brings up emulated machines); run it as root")
-    tmp = Path(tempfile.mkdtemp(prefix="scalelab-perf-"))
-    os.environ["SCALELAB_HOME"] = str(tmp / "home")
-    os.environ["SCALELAB_INVENTORIES"] = str(tmp / "inventories")
-    os.environ["SCALELAB_REPORTS"] = str(tmp / "reports")
+    tmp = private_state()
     # idempotent: brings an older bundle up to the roles' package lists, downloads nothing new
     took, _ = invoke("bundle", "--out", a.bundle, timeout=3000)
     print(f"invoke bundle: {took:.0f} s (on the controller, once; not part of configure)")

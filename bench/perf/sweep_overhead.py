@@ -24,12 +24,13 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from _state import private_state  # noqa: E402
 
 from scalelab.targets.local import LocalCluster  # noqa: E402
 
@@ -43,12 +44,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=3, help="nodes to provision")
     ap.add_argument("bench_args", nargs="*", help="more `invoke bench` options, after --")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("error: needs root (it brings up emulated machines); run it as root")
-    tmp = Path(tempfile.mkdtemp(prefix="scalelab-perf-"))
-    os.environ["SCALELAB_HOME"] = str(tmp / "home")
-    os.environ["SCALELAB_INVENTORIES"] = str(tmp / "inventories")
-    os.environ["SCALELAB_REPORTS"] = str(tmp / "reports")
+    tmp = private_state()
     lc = LocalCluster("perfsw")
     lc.provision(a.nodes)
     try:
