@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scalelab.errors import InputError
-from scalelab.nodes import Node
 from scalelab.estimate import estimate_duration_s
 from scalelab.models import MODELS
+from scalelab.nodes import Node
 from scalelab.sweep import PARAM_KEYS, SweepSpec, describe, new_sweep_id, plan
 from scalelab.sweepfile import (
     SWEEPS_DIR,
