@@ -6,6 +6,7 @@ Security Policy that forbids scripts and any load other than its own data: image
 offline and nothing taken from the results can run. Every text that comes from results is
 HTML-escaped.
 """
+
 from __future__ import annotations
 
 import logging
