@@ -271,6 +271,8 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     work = ok.assign(_eff=eff)
     if "comm_inflight_mean_s" not in work:  # frames from before it was recorded
         work["comm_inflight_mean_s"] = np.nan
+    if "baseline_world_size" not in work:
+        work["baseline_world_size"] = baseline_world_size(frame)[work.index]
     g = work.groupby(keys, dropna=False, sort=True)
     out = g.agg(
         nodes=("nodes", "first"), target=("target", "first"), n=("images_per_sec", "count"),
@@ -288,6 +290,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         busbw_mb_s=("busbw_mb_s", "mean"),
         gradient_bytes=("gradient_bytes", "mean"),
         bandwidth_mbit=("bandwidth_mbit", "first"),
+        baseline_world_size=("baseline_world_size", "first"),
     ).reset_index()
     for name in ("thr", "per_worker", "eff"):
         half = _ci_half(out[f"{name}_std"], out["n"])

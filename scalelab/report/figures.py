@@ -171,7 +171,8 @@ def _fig_metric(a: Analysis, lay: Layout, col: str, title: str, ylabel: str, cap
             x = grp["world_size"].to_numpy()
             _errbar(ax, x, grp[f"{col}_mean"], grp[f"{col}_lo"], grp[f"{col}_hi"], colour, ls,
                     mk, scale)
-            if ideal and len(grp):
+            # from the series' baseline N0 only: with no ok run there, no line (see the banner)
+            if ideal and len(grp) and grp.iloc[0]["world_size"] == grp.iloc[0]["baseline_world_size"]:
                 base = grp.iloc[0]
                 ax.plot(x, base[f"{col}_mean"] * x / base["world_size"] * scale, color=colour,
                         ls=(0, (1, 2)), lw=1.1, alpha=0.8)
@@ -184,7 +185,7 @@ def _fig_metric(a: Analysis, lay: Layout, col: str, title: str, ylabel: str, cap
     axes[0].set_ylabel(ylabel)
     extra = []
     if ideal:
-        extra.append((Line2D([], [], color="#444", ls=(0, (1, 2))), "ideal (linear from smallest)"))
+        extra.append((Line2D([], [], color="#444", ls=(0, (1, 2))), "ideal (linear from N0)"))
     if hundred:
         extra.append((Line2D([], [], color="#555", lw=2.2, alpha=0.5), "100% (ideal)"))
     _legend(fig, lay, extra)
@@ -355,10 +356,11 @@ def draw_figures(a: Analysis, lay: Layout) -> list[_Fig]:
     figs = [
         _fig_metric(a, lay, "thr", "Total throughput vs world size", "images/s (sum over ranks)",
                     "Images per second summed over all ranks, with the ideal linear scaling "
-                    "from the smallest world size of each series (dotted). " + ci, ideal=True),
+                    "from each series' baseline N0, the plan's smallest world size (dotted). " + ci,
+                    ideal=True),
         _fig_metric(a, lay, "eff", "Scaling efficiency vs world size", "scaling efficiency (%)",
-                    "throughput(N) / ((N/N0) x throughput(N0)), N0 the smallest world size of "
-                    "the series; the thick grey line is 100%. " + ci, scale=100.0, hundred=True),
+                    "throughput(N) / ((N/N0) x throughput(N0)), N0 the plan's smallest world size "
+                    "of the series; the thick grey line is 100%. " + ci, scale=100.0, hundred=True),
         _fig_metric(a, lay, "per_worker", "Throughput per worker", "images/s per rank",
                     "Mean over ranks of each rank's images per second. " + ci),
         _fig_step_split(a, lay),
