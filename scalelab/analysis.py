@@ -197,13 +197,12 @@ def baseline_world_size(frame: pd.DataFrame,
     return planned.fillna(seen)
 
 
-def add_efficiency(frame: pd.DataFrame, min_nodes: Mapping[str, int] | None = None,
-                   base_ws: pd.Series | None = None) -> pd.Series:
+def add_efficiency(frame: pd.DataFrame, base_ws: pd.Series | None = None) -> pd.Series:
     """Per-run scaling efficiency against the mean baseline of its series (NaN if not ok).
 
-    The frame needs SERIES_KEYS, world_size, status and images_per_sec. The baseline is
-    baseline_world_size's (pass it as base_ws when already worked out); a series with no ok run
-    at its baseline gets no efficiency at all.
+    The frame needs SERIES_KEYS, world_size, status and images_per_sec. base_ws is each run's
+    baseline (baseline_world_size; by default as recorded, without the plan); a series with no
+    ok run at its baseline gets no efficiency at all.
 
     >>> df = pd.DataFrame({"sweep_id": "s", "model": "resnet50", "engine": "ddp",
     ...     "precision": "fp32", "data": "synthetic", "batch_size": 32, "bandwidth": "1gbit",
@@ -220,7 +219,7 @@ def add_efficiency(frame: pd.DataFrame, min_nodes: Mapping[str, int] | None = No
     if not ok.any():
         return out
     if base_ws is None:
-        base_ws = baseline_world_size(frame, min_nodes)
+        base_ws = baseline_world_size(frame)
     keys = list(SERIES_KEYS)
     good = frame.loc[ok, [*SERIES_KEYS, "world_size", "images_per_sec"]].assign(
         _base_ws=base_ws[ok])

@@ -79,10 +79,10 @@ def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: floa
     return m.mbit, m.error
 
 
-PHASES = (("launch_s", None, "process"), ("import_s", "process", "imported"),
-          ("rendezvous_s", "imported", "rendezvous"), ("setup_s", "rendezvous", "ready"),
-          ("warmup_s", "ready", "timed_start"), ("timed_s", "timed_start", "timed_end"),
-          ("finish_s", "timed_end", None))
+# the marks rank 0 reports (bench/workloads/resnet.py TIMELINE), in order, between the
+# launcher's start and the end of its wait; each store.TIMELINE_KEYS phase but reap lies between
+# two consecutive ones
+MARKS = ("process", "imported", "rendezvous", "ready", "timed_start", "timed_end")
 
 
 def timeline(res: launch.LaunchResult) -> dict[str, float]:
@@ -103,16 +103,13 @@ def timeline(res: launch.LaunchResult) -> dict[str, float]:
     marks = (res.result or {}).get("timeline")
     if not isinstance(marks, dict) or not res.started_unix or not res.waited_s:
         return {}
-    clock = {"start": res.started_unix, "end": res.started_unix + res.waited_s}
-    out: dict[str, float] = {}
-    for name, a, b in PHASES:
-        t_a, t_b = clock["start"] if a is None else marks.get(a), \
-            clock["end"] if b is None else marks.get(b)
-        if not isinstance(t_a, int | float) or not isinstance(t_b, int | float):
-            return {}
-        out[name] = round(max(0.0, float(t_b) - float(t_a)), 3)
-    out["reap_s"] = round(max(0.0, res.duration_s - res.waited_s), 3)
-    return out
+    points = [res.started_unix, *(marks.get(m) for m in MARKS), res.started_unix + res.waited_s]
+    if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in points):
+        return {}
+    spans = [b - a for a, b in zip(points, points[1:], strict=False)]
+    spans.append(res.duration_s - res.waited_s)  # reap
+    return {k: round(max(0.0, float(v)), 3) for k, v in zip(store.TIMELINE_KEYS, spans,
+                                                             strict=True)}
 
 
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,

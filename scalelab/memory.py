@@ -67,32 +67,25 @@ def check(nodes: Sequence[Node], node_counts: Sequence[int], procs_per_node: Seq
     """Raise InputError (one line, with the largest batch that fits) if a planned run cannot fit.
 
     nodes are the cluster's, in the order runs take them (a run on n nodes uses the first n).
-    The tightest planned layout decides, so the batch the message offers fits every run.
+    The tightest planned layout decides, so the batch the message offers fits every run: the
+    most nodes (more of them share a host's memory) at the most procs per node.
     """
-    tightest: tuple[float, int, str, bool] | None = None  # budget per rank, ranks, where, gpu
-    for n in sorted(set(node_counts)):
-        used = list(nodes[:n])
-        for ppn in sorted(set(procs_per_node)):
-            for u in used:
-                if u.gpus > 0 and _gpu_mb(u):
-                    budget = _gpu_mb(u) * (1 << 20)
-                    if tightest is None or budget < tightest[0]:
-                        tightest = (budget, 1, f"node {u.name}'s {_gib(budget)} GPU", True)
-            pools: dict[str, list[Node]] = {}
-            for u in used:
-                if u.gpus == 0 and _host_mb(u):
-                    pools.setdefault(str(u.facts.get("memory_pool") or u.name), []).append(u)
-            for members in pools.values():
-                host = _host_mb(members[0]) * (1 << 20) * HOST_SHARE
-                ranks = ppn * len(members)
-                if tightest is None or host / ranks < tightest[0]:
-                    where = (f"node {members[0].name}'s {_gib(host)}" if len(members) == 1 else
-                             f"the {_gib(host)} that nodes {members[0].name}-{members[-1].name}"
-                             " share")
-                    tightest = (host / ranks, ranks, where, False)
-    if tightest is None:
-        return
-    budget, ranks, where, gpu = tightest
+    used, ppn = list(nodes[:max(node_counts)]), max(procs_per_node)
+    # (bytes per rank, ranks sharing them, where, on a GPU) for every GPU and host memory pool
+    budgets = [(_gpu_mb(u) * (1 << 20), 1, f"node {u.name}'s {_gib(_gpu_mb(u) * (1 << 20))} GPU",
+                True) for u in used if u.gpus > 0 and _gpu_mb(u)]
+    pools: dict[str, list[Node]] = {}
+    for u in used:
+        if u.gpus == 0 and _host_mb(u):
+            pools.setdefault(str(u.facts.get("memory_pool") or u.name), []).append(u)
+    for members in pools.values():
+        host = _host_mb(members[0]) * (1 << 20) * HOST_SHARE
+        where = (f"node {members[0].name}'s {_gib(host)}" if len(members) == 1 else
+                 f"the {_gib(host)} that nodes {members[0].name}-{members[-1].name} share")
+        budgets.append((host / (ppn * len(members)), ppn * len(members), where, False))
+    if not budgets:
+        return  # memory unknown: nothing to check against
+    budget, ranks, where, gpu = min(budgets, key=lambda b: b[0])
     fits = largest_batch(params, activation_bytes, budget, gpu=gpu, image_scale=image_scale,
                          amp=amp)
     b = max(batch_sizes)

@@ -20,7 +20,7 @@ import pandas as pd
 from scalelab import analysis
 from scalelab.errors import ScalelabError
 from scalelab.state import write_atomic
-from scalelab.store import SWEEP_FILE, read_runs
+from scalelab.store import SWEEP_FILE, TIMELINE_KEYS, read_runs
 from scalelab.units import format_rate
 
 log = logging.getLogger(__name__)
@@ -35,12 +35,9 @@ CSV_COLUMNS = [
     "baseline_world_size",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
-# where a run's wall time went (scalelab.driver.timeline); NaN for runs recorded without it
-TIMELINE_COLUMNS = ["launch_s", "import_s", "rendezvous_s", "setup_s", "warmup_s", "timed_s",
-                    "finish_s", "reap_s"]
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s", "n_ranks",
-                 *TIMELINE_COLUMNS]
+                 *TIMELINE_KEYS]  # where a run's wall time went (NaN when not recorded)
 
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
                      "bandwidth_mbit", "bandwidth", "repeat", "size_bytes", "time_s",
@@ -140,6 +137,7 @@ def to_frame(records: Sequence[dict[str, Any]],
             ws = nodes * ppn
         bw = _num(p.get("bandwidth_mbit"))
         ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
+        timeline = rec.get("timeline") if isinstance(rec.get("timeline"), dict) else {}
         # raw values here, converted column by column below: per-value float() is slow
         rank_rows.extend((idx, rk.get("images_per_sec"), rk.get("step_time_mean_s"),
                           rk.get("step_time_p95_s"), rk.get("compute_time_mean_s"),
@@ -159,14 +157,13 @@ def to_frame(records: Sequence[dict[str, Any]],
             "bandwidth": _bandwidth_label(bw), "steps": _num(p.get("steps")),
             "image_size": _num(p.get("image_size")),
             "gradient_bytes": _num(rec.get("gradient_bytes")),
-            **{c: _num((rec.get("timeline") or {}).get(c)) if isinstance(rec.get("timeline"), dict)
-               else math.nan for c in TIMELINE_COLUMNS},
+            **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
         })
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
         "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "link_mbit_measured",
         "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
-        "gradient_bytes", *TIMELINE_COLUMNS])
+        "gradient_bytes", *TIMELINE_KEYS])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
                                                 "inflight"])
     for col in ("ips", "step", "p95", "compute", "comm", "inflight"):

@@ -60,6 +60,10 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
                "started_at", "duration_s", "error")
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
                  "env", "timeline")
+# a training run's "timeline" (optional): where its wall time went, in this order, adding up to
+# duration_s (scalelab.driver.timeline works them out)
+TIMELINE_KEYS = ("launch_s", "import_s", "rendezvous_s", "setup_s", "warmup_s", "timed_s",
+                 "finish_s", "reap_s")
 # sweep.json keys the caller must give; sweep_id, finished_at and software are filled in
 SWEEP_KEYS = ("cluster", "target", "created_at", "plan", "nodes", "planned_runs")
 

@@ -151,7 +151,7 @@ def test_baseline_is_the_planned_smallest_size_never_the_smallest_that_succeeded
     assert baseline_world_size(frame).tolist() == [1.0, 1.0, 1.0]
     # the plan started at 1 node but no 1-node run was recorded yet: the plan still decides
     later = frame.iloc[1:]
-    assert add_efficiency(later, {"s": 1}).isna().all()
+    assert add_efficiency(later, baseline_world_size(later, {"s": 1})).isna().all()
     assert add_efficiency(later).tolist() == pytest.approx([1.0, 320 / 360])  # no plan: as recorded
     frame["baseline_world_size"] = baseline_world_size(frame)
     assert missing_baselines(frame)[["batch_size", "baseline_world_size"]].values.tolist() == [

@@ -191,16 +191,13 @@ def test_unknown_model_names_the_known_ones(models):
 
 
 def test_one_model_registry_for_planner_and_workloads(models):
-    """models.json is what both sides read: every model the workloads build has exactly the
-    planner's parameter count, so the planner's gradient size is the one allreduced."""
+    """models.json is what both sides read; its parameter counts must be the built models',
+    so the gradient the planner and the report assume is the one the ranks allreduce."""
     from scalelab import models as mreg
 
-    assert list(models.MODELS) == list(mreg.MODELS)
-    for name, info in mreg.MODELS.items():
+    for name in mreg.MODELS:
         built = models.build_model(name)
-        assert sum(p.numel() for p in built.parameters()) == info.params, name
-        assert mreg.gradient_bytes(name) == models.gradient_bytes(built, "fp32")
-        assert models.spec(name).default_image_size == info.image_size
+        assert mreg.gradient_bytes(name) == models.gradient_bytes(built, "fp32"), name
 
 
 @pytest.mark.parametrize("name", ["resnet20", "resnet50"])

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 WORKLOADS = ROOT / "bench" / "workloads"
 
 
@@ -67,28 +68,20 @@ def bare_loop(a: argparse.Namespace) -> None:
     for _ in range(a.steps):
         step()
     took = time.perf_counter() - start
-    print(json.dumps({"images_per_sec": a.batch * a.steps / took}))
+    print("SCALELAB_RESULT " + json.dumps({"images_per_sec": a.batch * a.steps / took}))
 
 
-def run_workload(a: argparse.Namespace, engine: str) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
-    out = subprocess.run(
-        [sys.executable, str(WORKLOADS / "resnet.py"), "--engine", engine, "--model", a.model,
-         "--batch-size", str(a.batch), "--threads", str(a.threads), "--steps", str(a.steps),
-         "--warmup", str(a.warmup)],
-        capture_output=True, text=True, timeout=1800, env=env, check=True).stdout
-    line = next(ln for ln in out.splitlines() if ln.startswith("SCALELAB_RESULT "))
-    return float(json.loads(line.split(" ", 1)[1])["images_per_sec"])
+def images_per_sec(a: argparse.Namespace, engine: str, bare: bool) -> float:
+    """One worker's images/s: scalelab's workload, or (bare) this file's plain loop."""
+    from scalelab.launch import parse_result
 
-
-def run_bare(a: argparse.Namespace, engine: str) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
-    out = subprocess.run(
-        [sys.executable, __file__, "--bare", "--engine", engine, "--model", a.model,
-         "--batch", str(a.batch), "--threads", str(a.threads), "--steps", str(a.steps),
-         "--warmup", str(a.warmup)],
-        capture_output=True, text=True, timeout=1800, env=env, check=True).stdout
-    return float(json.loads(out.strip().splitlines()[-1])["images_per_sec"])
+    program = [__file__, "--bare", "--batch"] if bare else [str(WORKLOADS / "resnet.py"),
+                                                            "--batch-size"]
+    argv = [sys.executable, *program, str(a.batch), "--engine", engine, "--model", a.model,
+            "--threads", str(a.threads), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": str(a.threads)}).stdout
+    return float(parse_result(out)["images_per_sec"])
 
 
 def main() -> None:
@@ -111,8 +104,8 @@ def main() -> None:
     for engine in a.engines.split(","):
         ours, bare = [], []
         for r in range(a.rounds):
-            ours.append(run_workload(a, engine))
-            bare.append(run_bare(a, engine))
+            ours.append(images_per_sec(a, engine, bare=False))
+            bare.append(images_per_sec(a, engine, bare=True))
             print(f"  {engine} round {r + 1}: scalelab {ours[-1]:.2f} img/s, bare loop "
                   f"{bare[-1]:.2f} img/s", flush=True)
         o, b = statistics.median(ours), statistics.median(bare)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scalelab import analysis, report, results, synthetic  # noqa: E402
+from scalelab import analysis, report, results, store, synthetic  # noqa: E402
 
 TARGET_S = 10.0
 
@@ -44,7 +44,7 @@ def main() -> int:
         sweep_dir = synthetic.synthetic_sweep(root, "perf", failed=["bench: injected failure"] * 5,
                                             host_cpus=64, cpus_per_node=4, **axes)
         gen_s = time.perf_counter() - t0
-        size_mb = (sweep_dir / results.RUNS_FILE).stat().st_size / 1e6
+        size_mb = (sweep_dir / store.RUNS_FILE).stat().st_size / 1e6
 
         # the whole build first, in a fresh state, as `invoke report` runs it
         t, c = time.perf_counter(), time.process_time()

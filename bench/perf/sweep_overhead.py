@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from _state import private_state  # noqa: E402
 
+from scalelab import store  # noqa: E402
 from scalelab.targets.local import LocalCluster  # noqa: E402
 
-PHASES = ["launch_s", "import_s", "rendezvous_s", "setup_s", "warmup_s", "timed_s", "finish_s",
-          "reap_s"]
+PHASES = store.TIMELINE_KEYS
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab import analysis, results
+from scalelab import analysis, store
 from scalelab.report.data import Analysis, SweepData
 from scalelab.report.figures import Layout, draw_figures, layout
 
@@ -231,7 +231,7 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
 
 def _time_split(runs: pd.DataFrame) -> str:
     """Shares of the ok training runs' wall time by phase (scalelab.driver.timeline)."""
-    cols = [c for c in results.TIMELINE_COLUMNS if c in runs]
+    cols = [c for c in store.TIMELINE_KEYS if c in runs]
     timed = runs[(runs["status"] == "ok")].dropna(subset=cols) if cols else runs.iloc[:0]
     if timed.empty:
         return "not recorded (runs from before scalelab recorded timelines)"

@@ -21,6 +21,14 @@ from scalelab.netshape import tbf_params
 from scalelab.units import parse_rate_mbit
 
 
+def _parse(rate):
+    """(Mbit/s or None for native, "") for a rate the bench driver accepts, else (None, why)."""
+    try:
+        return parse_rate_mbit(str(rate)), ""
+    except InputError as e:  # the driver's own line, named as the role's variable
+        return None, f"netshape: {e}".replace("bandwidth: ", "netshape_rate ", 1)
+
+
 def netshape_rate_error(rate):
     """"" for a rate the bench driver accepts (or "" for leave-alone), else the one-line reason.
 
@@ -29,13 +37,7 @@ def netshape_rate_error(rate):
     >>> netshape_rate_error("100Mbps")
     "netshape: netshape_rate '100Mbps' is ambiguous (tc reads mbps as MB/s, 8 times more); write 100mbit"
     """
-    if str(rate).strip() == "":
-        return ""
-    try:
-        parse_rate_mbit(str(rate))
-    except InputError as e:
-        return f"netshape: {e}".replace("bandwidth: ", "netshape_rate ", 1)
-    return ""
+    return "" if str(rate).strip() == "" else _parse(rate)[1]
 
 
 def netshape_want(rate, burst_s=0.004, min_burst_bytes=131072, queue_s=0.020):
@@ -44,10 +46,9 @@ def netshape_want(rate, burst_s=0.004, min_burst_bytes=131072, queue_s=0.020):
     >>> netshape_want("1gbit")
     {'shaped': True, 'mbit': 1000.0, 'rate_bit': 1000000000, 'burst': 500000, 'limit': 2500000}
     """
-    error = netshape_rate_error(rate)
+    mbit, error = _parse(rate)
     if error:
         raise AnsibleFilterError(error)
-    mbit = parse_rate_mbit(str(rate))
     if mbit is None:
         return {"shaped": False}
     p = tbf_params(mbit, float(burst_s), int(min_burst_bytes), float(queue_s))
