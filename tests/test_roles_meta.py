@@ -84,12 +84,34 @@ def test_role_variables_carry_the_role_prefix(role):
     for t in _tasks(role):
         if "register" in t:
             names.append(t["register"])
+        if "/tasks/" in str(t.get("ansible.builtin.include_tasks", "")):
+            # the interface of a task file the roles share (playbooks/tasks/): scalelab_ names,
+            # held to that below
+            continue
         names += list((t.get("vars") or {}).keys())
         names += [k for k in (t.get("ansible.builtin.set_fact") or {}) if k != "cacheable"]
         if "loop_control" in t and "loop_var" in t["loop_control"]:
             names.append(t["loop_control"]["loop_var"])
     bad = sorted({n for n in names if not n.startswith(prefix)})
     assert not bad, f"{role.name}: variables without the {prefix} prefix: {bad}"
+
+
+def test_shared_task_files_use_scalelab_names_and_every_one_is_included():
+    """playbooks/tasks/ holds what several roles include; its variables are scalelab_ ones,
+    and each file is included by at least one role with exactly the variables it reads."""
+    for path in sorted((PLAYBOOKS / "tasks").glob("*.yml")):
+        tasks = _yaml(path)
+        text = path.read_text()
+        names = [t["register"] for t in tasks if "register" in t]
+        used = set(re.findall(r"\bscalelab_\w+", text))
+        assert all(n.startswith("scalelab_") for n in names), (path.name, names)
+        includes = [t for role in ROLES for t in _tasks(role)
+                    if str(t.get("ansible.builtin.include_tasks", "")).endswith(path.name)]
+        assert includes, f"{path.name} is included by no role"
+        for t in includes:
+            given = set(t.get("vars") or {})
+            assert given and given <= used, (path.name, given, used)
+            assert used - set(names) <= given, (path.name, used - set(names) - given)
 
 
 @pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
