@@ -174,6 +174,10 @@ def _print_nodes(result) -> None:
     "precision": "fp32 or amp (GPU clusters)",
     "repeats": "repeats of every configuration (3 gives a 95% confidence interval)",
     "steps": "timed training steps per run (after warm-up)",
+    "accelerator": "emulate this GPU on every rank (v100, a100, or a profile .json from invoke "
+                   "profile): real gradients over the real links, compute from the profile",
+    "dilation": "time dilation k with --accelerator (a number >= 1, or auto: the smallest k "
+                "the host keeps up with)",
     "sweep": "sweep file: a path or a name under bench/sweeps/ (demo, slices, ci); options override it",
     "dry_run": "print every planned run, the count and an estimated duration; run nothing",
     "resume": "sweep id (or latest) to complete: runs only what its store lacks",
@@ -183,7 +187,7 @@ def _print_nodes(result) -> None:
 @friendly
 def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
-          resume="", retry_failed=False, report=True):
+          resume="", retry_failed=False, report=True, accelerator="", dilation=""):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -203,6 +207,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             nodes=nodes or None, batch_size=batch_size or None, bandwidth=bandwidth or None,
             procs_per_node=procs_per_node or None, model=model or None, engine=engine or None,
             precision=precision or None, repeats=repeats or None, steps=steps or None,
+            accelerator=accelerator or None, dilation=dilation or None,
             sweep_file=sweep or None)
         prep = driver.prepare(cluster, spec)
     if dry_run:

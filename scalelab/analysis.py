@@ -49,6 +49,14 @@ LINK_SHORTFALL = 0.80  # measured link below this fraction of the requested rate
 INPUT_SLOWDOWN = 1.10  # real-data step this much slower than synthetic: input-bound
 COMPUTE_INFLATION = 1.25  # compute per step this much above the smallest size's: contention
 
+# The fidelity guard of emulated accelerators (issue: emulation on one host): a run is
+# emulation-bound when, during its timed steps, the host had less than this CPU idle ...
+HOST_IDLE_MIN = 0.10
+# ... or the emulated compute per step exceeded the profile's by more than this ...
+COMPUTE_FIDELITY = 0.05
+# ... or the link, measured at its dilated rate, delivered less than this share of it.
+LINK_FIDELITY = 0.90
+
 BOTTLENECKS = ("network-bound", "compute-bound", "input-bound", "emulation-bound", "undetermined")
 
 
@@ -171,6 +179,37 @@ def _ok_mask(frame: pd.DataFrame) -> pd.Series:
             & frame["world_size"].notna() & frame["batch_size"].notna())
 
 
+def fidelity(frame: pd.DataFrame) -> pd.Series:
+    """Why each emulated-accelerator run is emulation-bound ("" when it is faithful, and for
+    runs that compute for real, which the bottleneck rules judge instead).
+
+    >>> f = pd.DataFrame({"accelerator": ["v100", "v100", "v100", ""],
+    ...     "host_cpu_idle": [0.5, 0.04, 0.5, 0.0], "compute_time_mean_s": [0.2, 0.2, 0.3, 1.0],
+    ...     "profile_step_s": [0.2, 0.2, 0.2, float("nan")], "bandwidth_mbit": [1000.0] * 4,
+    ...     "link_mbit_measured": [950.0, 950.0, 950.0, 10.0]})
+    >>> list(fidelity(f))  # doctest: +NORMALIZE_WHITESPACE
+    ['', 'host saturated: 4% CPU idle in the timed steps',
+     "compute waits stretched: 0.3 s per step against the profile's 0.2 s (+50%)", '']
+    """
+    out = []
+    for row in frame.itertuples(index=False):
+        why = ""
+        if getattr(row, "accelerator", ""):
+            idle = float(row.host_cpu_idle)
+            comp, prof = float(row.compute_time_mean_s), float(row.profile_step_s)
+            link, rate = float(row.link_mbit_measured), float(row.bandwidth_mbit)
+            if idle == idle and idle < HOST_IDLE_MIN:
+                why = f"host saturated: {idle * 100:.0f}% CPU idle in the timed steps"
+            elif comp == comp and prof > 0 and comp > prof * (1 + COMPUTE_FIDELITY):
+                why = (f"compute waits stretched: {comp:.3g} s per step against the profile's "
+                       f"{prof:.3g} s (+{(comp / prof - 1) * 100:.0f}%)")
+            elif link > 0 and rate > 0 and link < LINK_FIDELITY * rate:
+                why = (f"link short of its rate: {link:.0f} of {rate:.0f} Mbit/s "
+                       f"({link / rate * 100:.0f}%)")
+        out.append(why)
+    return pd.Series(out, index=frame.index, dtype=object)
+
+
 def baseline_world_size(frame: pd.DataFrame,
                         min_nodes: Mapping[str, int] | None = None) -> pd.Series:
     """The world size each run's efficiency is measured against: its series' planned smallest.
@@ -272,6 +311,12 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         work["comm_inflight_mean_s"] = np.nan
     if "baseline_world_size" not in work:
         work["baseline_world_size"] = baseline_world_size(frame)[work.index]
+    # frames from before emulated accelerators
+    for col, empty in (("accelerator", ""), ("fidelity", ""), ("dilation", 1.0),
+                       ("host_cpu_idle", np.nan), ("link_utilisation", np.nan),
+                       ("profile_step_s", np.nan), ("accelerator_source", "")):
+        if col not in work:
+            work[col] = empty
     g = work.groupby(keys, dropna=False, sort=True)
     out = g.agg(
         nodes=("nodes", "first"), target=("target", "first"), n=("images_per_sec", "count"),
@@ -290,6 +335,13 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         gradient_bytes=("gradient_bytes", "mean"),
         bandwidth_mbit=("bandwidth_mbit", "first"),
         baseline_world_size=("baseline_world_size", "first"),
+        accelerator=("accelerator", "first"),
+        accelerator_source=("accelerator_source", "first"),
+        dilation=("dilation", "mean"),
+        profile_step_s=("profile_step_s", "mean"),
+        host_cpu_idle=("host_cpu_idle", "min"),
+        link_utilisation=("link_utilisation", "mean"),
+        fidelity=("fidelity", lambda col: next((str(x) for x in col if x), "")),
     ).reset_index()
     for name in ("thr", "per_worker", "eff"):
         half = _ci_half(out[f"{name}_std"], out["n"])
@@ -541,6 +593,14 @@ def _judge(series: dict[str, Any], row: pd.Series, grp: pd.DataFrame, synth: pd.
         return "compute-bound", (
             f"At {n} ranks efficiency is {_pct(eff)} (model {_pct(pred)}): communication is "
             "small next to compute, so more nodes add throughput almost linearly.")
+    if row.get("accelerator"):
+        # emulated accelerators sleep instead of computing: the fidelity guard's measurements,
+        # not core counts, say whether the host kept up
+        if row.get("fidelity"):
+            return "emulation-bound", (
+                f"At {n} ranks the emulation fell short ({row['fidelity']}), so the "
+                f"{_pct(eff)} efficiency reflects the host, not the emulated cluster.")
+        return _judge_network(series, row, n, eff, pred, share)
     host = float(lim.get("host_cpus") or math.nan)
     node_cpus = float(lim.get("node_cpus") or math.nan)
     ppn = int(series["procs_per_node"])
@@ -570,6 +630,11 @@ def _judge(series: dict[str, Any], row: pd.Series, grp: pd.DataFrame, synth: pd.
         return "emulation-bound", (
             f"The link delivered {measured:.0f} of the {requested:.0f} Mbit/s requested "
             f"({_pct(measured / requested)}), so the shaped link, not the model, sets the pace.")
+    return _judge_network(series, row, n, eff, pred, share)
+
+
+def _judge_network(series: dict[str, Any], row: pd.Series, n: int, eff: float, pred: float,
+                   share: float) -> tuple[str, str]:
     if share >= NETWORK_SHARE and abs(eff - pred) <= TRACKING_TOLERANCE:
         comm = float(row["predicted_comm_s"])
         gb = float(row["gradient_bytes"]) / 1e6

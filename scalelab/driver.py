@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab import facts, launch, netshape, ssh, store
+from scalelab.emulation import Emulation
 from scalelab.errors import ClusterError, ScalelabError
 from scalelab.nodes import Node, nodes_of
 from scalelab.shaping import Shaper
@@ -115,7 +116,11 @@ def timeline(res: launch.LaunchResult) -> dict[str, float]:
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
                link_mbit: float | None, rate: float | None,
                link_error: str = "") -> dict[str, Any]:
-    """The raw record of one run, as committed to the store (schema in CONTRACTS.md)."""
+    """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
+
+    rate is what tc was set to; with an emulated accelerator at dilation k that is the
+    requested rate / k and link_mbit (measured on the dilated link) is given here times k, the
+    rate the emulated network delivered in the emulated device's time."""
     result = res.result or {}
     env = dict(result.get("env") or {})
     env.update({"scalelab": scalelab_commit(), "controller_python": platform.python_version(),
@@ -124,6 +129,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                                 "gradient_bytes": result.get("gradient_bytes"),
                                 "link_mbit_measured": link_mbit,
                                 "link_error": link_error, "timeline": timeline(res)}
+    if result.get("accelerator"):
+        measured["accelerator"] = result["accelerator"]
     if run.kind == "allreduce":
         measured["allreduce"] = result.get("sizes", [])
     status = res.status
@@ -152,6 +159,12 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
     links: dict[Any, tuple[float | None, str]] = {}
 
+    def calibrate() -> float | None:
+        shaper.set(None)
+        return measure_link(all_nodes, rt, BASE_PORT + 450, stop=stop)[0]
+
+    emu = Emulation(runs, all_nodes, rt.known_hosts, rt.workdir, target.emulated, calibrate)
+
     def stopped() -> bool:
         return stop is not None and stop.is_set()
 
@@ -159,16 +172,20 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
         for k, run in enumerate(runs):
             if stopped():
                 raise KeyboardInterrupt
-            p = run.params
-            rate = p.get("bandwidth_mbit")
-            nodes = all_nodes[: p["nodes"]]
             desc = describe(run)
             if on_progress:
                 on_progress(Progress(k, len(runs), run.run_id, desc, None))
+            dilation = emu.dilation(run)
+            run = emu.with_dilation(run, dilation)
+            p = run.params
+            requested = p.get("bandwidth_mbit")
+            rate = requested / dilation if requested else requested  # what tc is set to
+            nodes = all_nodes[: p["nodes"]]
             shaper.set(rate)
             if rate not in links:
                 links[rate] = (measure_link(all_nodes, rt, BASE_PORT + 500 + k % 400, stop=stop)
                                if netprobe else (None, ""))
+            profile = emu.stage(run)
             if stopped():
                 raise KeyboardInterrupt
             # a fresh port per run: the last one may still be in TIME_WAIT
@@ -179,10 +196,10 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
                                                 port)
             elif p["engine"] == "horovod":
                 cmds = launch.horovodrun_commands(nodes, p["procs_per_node"], "resnet.py",
-                                                  launch.workload_args(p), rt, port)
+                                                  launch.workload_args(p, profile), rt, port)
             else:
                 cmds = launch.torchrun_commands(nodes, p["procs_per_node"], "resnet.py",
-                                                launch.workload_args(p), rt, port)
+                                                launch.workload_args(p, profile), rt, port)
             started = utcnow()
             interrupted = False
             try:
@@ -191,7 +208,10 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             except KeyboardInterrupt:
                 interrupted = True
                 res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
-            record = run_record(sweep_id, run, rec["target"], res, started, links[rate][0], rate,
+            measured_mbit = links[rate][0]
+            if measured_mbit is not None:
+                measured_mbit *= dilation  # in the emulated device's time
+            record = run_record(sweep_id, run, rec["target"], res, started, measured_mbit, rate,
                                 links[rate][1])
             store.append_run(sweep_dir, record)
             counts[res.status] = counts.get(res.status, 0) + 1

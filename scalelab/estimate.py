@@ -51,6 +51,15 @@ def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
         return startup_s + sum(iters * (_ring_s(size, world, mbit) + 0.001)
                                for size in run.allreduce_sizes)
     model = p["model"]
+    if p.get("accelerator"):
+        # the device's step from its profile; dilation k stretches all of it (k unknown before
+        # the host is calibrated: 1)
+        from scalelab import accel
+
+        doc = accel.resolve(p["accelerator"], model, p["precision"], p["batch_size"],
+                            p["image_size"])
+        k = float(p.get("dilation") or 1)
+        return startup_s + iters * k * (accel.step_s(doc) + _ring_s(gradient_bytes(model), world, mbit))
     base = (per_step_s or {}).get(model) or default_step_s(model, device)
     scale = (p["image_size"] / MODELS[model].image_size) ** 2
     compute = base * p["batch_size"] / 32 * scale

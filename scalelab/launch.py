@@ -55,7 +55,7 @@ class RankCommand:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def workload_args(params: dict[str, Any]) -> list[str]:
+def workload_args(params: dict[str, Any], profile: str | None = None) -> list[str]:
     """Command-line of bench/workloads/resnet.py for a run's params.
 
     >>> workload_args({"model": "resnet20", "batch_size": 32, "precision": "fp32",
@@ -69,6 +69,8 @@ def workload_args(params: dict[str, Any]) -> list[str]:
     if params.get("image_size"):
         args += ["--image-size", str(params["image_size"])]
     args += ["--data", str(params.get("data") or "synthetic")]
+    if profile:
+        args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
     return args
 
 

@@ -32,12 +32,13 @@ CSV_COLUMNS = [
     "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "images_per_sec",
     "images_per_sec_per_worker", "step_time_mean_s", "step_time_p95_s", "comm_fraction",
     "busbw_mb_s", "link_mbit_measured", "scaling_efficiency", "started_at", "duration_s", "error", "link_error",
-    "baseline_world_size",
+    "baseline_world_size", "accelerator", "dilation", "host_cpu_idle", "link_utilisation",
+    "fidelity",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s", "n_ranks",
-                 *TIMELINE_KEYS]  # where a run's wall time went (NaN when not recorded)
+                 "profile_step_s", "accelerator_source", *TIMELINE_KEYS]  # where a run's wall time went (NaN when not recorded)
 
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
                      "bandwidth_mbit", "bandwidth", "repeat", "size_bytes", "time_s",
@@ -141,8 +142,10 @@ def to_frame(records: Sequence[dict[str, Any]],
         # raw values here, converted column by column below: per-value float() is slow
         rank_rows.extend((idx, rk.get("images_per_sec"), rk.get("step_time_mean_s"),
                           rk.get("step_time_p95_s"), rk.get("compute_time_mean_s"),
-                          rk.get("comm_time_mean_s"), rk.get("comm_inflight_mean_s"))
+                          rk.get("comm_time_mean_s"), rk.get("comm_inflight_mean_s"),
+                          rk.get("host_cpu_idle"), rk.get("nic_tx_bytes"), rk.get("timed_wall_s"))
                          for rk in ranks if isinstance(rk, dict))
+        acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
         runs.append({
             "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
             "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
@@ -157,20 +160,26 @@ def to_frame(records: Sequence[dict[str, Any]],
             "bandwidth": _bandwidth_label(bw), "steps": _num(p.get("steps")),
             "image_size": _num(p.get("image_size")),
             "gradient_bytes": _num(rec.get("gradient_bytes")),
+            "accelerator": str(p.get("accelerator") or ""),
+            "dilation": _num(p.get("dilation")) if p.get("accelerator") else 1.0,
+            "profile_step_s": _num(acc.get("profile_step_s")),
+            "accelerator_source": str(acc.get("source") or ""),
             **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
         })
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
         "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "link_mbit_measured",
         "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
-        "gradient_bytes", *TIMELINE_KEYS])
+        "gradient_bytes", "accelerator", "dilation", "profile_step_s", "accelerator_source",
+        *TIMELINE_KEYS])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
-                                                "inflight"])
-    for col in ("ips", "step", "p95", "compute", "comm", "inflight"):
+                                                "inflight", "idle", "tx", "wall"])
+    for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall"):
         if ranks_df[col].dtype.kind != "f":
             ranks_df[col] = pd.to_numeric(ranks_df[col].where(
                 ranks_df[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
     ranks_df["comm_frac"] = ranks_df["comm"] / ranks_df["step"]
+    ranks_df["tx_mbit"] = ranks_df["tx"] * 8 / ranks_df["wall"] / 1e6  # wall clock: on the link
     g = ranks_df.groupby("idx")
     per_run = pd.DataFrame({
         # min_count=1: a run whose ranks all lack the figure gives NaN, not 0 images/s
@@ -183,12 +192,17 @@ def to_frame(records: Sequence[dict[str, Any]],
         "comm_time_mean_s": g["comm"].mean(),
         "comm_inflight_mean_s": g["inflight"].mean(),
         "n_ranks": g.size(),
+        "host_cpu_idle": g["idle"].min(),  # the worst moment any rank saw
+        "tx_mbit": g["tx_mbit"].mean(),
     })
     frame = frame.join(per_run)
     frame["n_ranks"] = frame["n_ranks"].fillna(0).astype(int)
     for col in ("nodes", "procs_per_node", "world_size", "batch_size", "repeat"):
         frame[col] = frame[col].astype("Int64") if frame[col].isna().any() else frame[col].astype(int)
     frame["busbw_mb_s"] = _probe_busbw(frame, allreduce_frame(records))
+    # the share of the link (its shaped, dilated rate) that training kept busy in the timed steps
+    frame["link_utilisation"] = frame["tx_mbit"] / (frame["bandwidth_mbit"] / frame["dilation"])
+    frame["fidelity"] = analysis.fidelity(frame)
     frame["baseline_world_size"] = analysis.baseline_world_size(frame, min_nodes)
     frame["scaling_efficiency"] = (analysis.add_efficiency(
         frame, base_ws=frame["baseline_world_size"]) if len(frame) else [])

@@ -61,6 +61,9 @@ SYNTHETIC = "synthetic"
 # the keys of runs.jsonl "params" (docs/dev/CONTRACTS.md), in contract order
 PARAM_KEYS = ("nodes", "procs_per_node", "world_size", "model", "engine", "precision",
               "batch_size", "bandwidth_mbit", "repeat", "steps", "warmup", "image_size", "data")
+# appended to every run's params since emulated accelerators (null when computing for real);
+# a store written before them lacks these keys and is still read
+EMULATION_KEYS = ("accelerator", "dilation")
 
 
 @dataclass
@@ -86,6 +89,8 @@ class SweepSpec:
         default_factory=lambda: [4 << 10, 64 << 10, 1 << 20, 16 << 20])
     allreduce_iters: int = 10  # timed allreduces per size (params "steps" of a probe)
     description: str = ""
+    accelerator: str | None = None  # emulate this device (a name in bench/profiles or a file)
+    dilation: float | None = None  # time dilation k with an accelerator; None = pick per rate
 
 
 @dataclass(frozen=True)
@@ -192,12 +197,12 @@ def _check_cluster(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
             raise InputError(f"--procs-per-node {ppn} but node {fewest.name} has {fewest.gpus} "
                              f"GPU{'s' if fewest.gpus != 1 else ''}; {fix}")
     else:
-        if spec.precision == "amp":
+        if spec.precision == "amp" and not spec.accelerator:
             raise InputError(f"--precision amp needs GPUs and {name} has none; "
                              "use --precision fp32")
         ppn = max(spec.procs_per_node)
         for node in used:
-            if node.cpus and ppn > math.ceil(node.cpus):
+            if node.cpus and ppn > math.ceil(node.cpus) and not spec.accelerator:
                 # oversubscribed ranks time-share the cores: it runs, but measures contention
                 log.warning("--procs-per-node %d exceeds the %g CPUs of node %s", ppn,
                             node.cpus, node.name)
@@ -215,9 +220,12 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
     used = _check_cluster(spec, cluster_nodes, can_shape, cluster)
     info = MODELS[spec.model]
     image = spec.image_size or info.image_size
-    memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, model=spec.model,
-                 params=info.params, activation_bytes=info.activation_bytes,
-                 image_scale=(image / info.image_size) ** 2, amp=spec.precision == "amp")
+    if spec.accelerator:
+        check_emulation(spec, image)
+    else:
+        memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, model=spec.model,
+                     params=info.params, activation_bytes=info.activation_bytes,
+                     image_scale=(image / info.image_size) ** 2, amp=spec.precision == "amp")
     runs: list[RunPlan] = []
     for mbit in spec.bandwidths:
         for repeat in range(spec.repeats):
@@ -226,7 +234,8 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                 for ppn in spec.procs_per_node:
                     common = {"nodes": n, "procs_per_node": ppn, "world_size": n * ppn,
                               "model": spec.model, "engine": spec.engine,
-                              "precision": spec.precision}
+                              "precision": spec.precision, "accelerator": spec.accelerator,
+                              "dilation": spec.dilation}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
                         params = {**common, "batch_size": None, "bandwidth_mbit": mbit,
                                   "repeat": 0, "steps": spec.allreduce_iters, "warmup": 1,
@@ -244,7 +253,19 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
 
 
 def _ordered(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params[k] for k in PARAM_KEYS}
+    return {k: params[k] for k in PARAM_KEYS + EMULATION_KEYS}
+
+
+def check_emulation(spec: SweepSpec, image_size: int) -> None:
+    """An emulated accelerator must have a usable profile for every batch size, with real
+    (synthetic) input only: InputError otherwise, before anything runs."""
+    from scalelab import accel
+
+    if spec.data != SYNTHETIC:
+        raise InputError(f"--accelerator {spec.accelerator} emulates compute and reads no data: "
+                         "leave data synthetic")
+    for batch in spec.batch_sizes:
+        accel.resolve(spec.accelerator, spec.model, spec.precision, batch, image_size)
 
 
 # ------------------------------------------------------------------------------ text

@@ -137,6 +137,33 @@ def _data(value: Any, what: str) -> str:
     return text
 
 
+def _accelerator(value: Any, what: str) -> str | None:
+    from scalelab import accel
+
+    text = str(value).strip()
+    if text.lower() in ("none", "off"):
+        return None
+    try:
+        accel.check_name(text)
+    except InputError as exc:
+        raise InputError(f"{what}: {exc}") from None
+    return text
+
+
+def _dilation(value: Any, what: str) -> float | None:
+    """A factor >= 1, or auto (None: the driver picks one per link rate)."""
+    if str(value).strip().lower() == "auto":
+        return None
+    try:
+        k = float(value)
+    except (TypeError, ValueError):
+        k = math.nan
+    if not k >= 1 or math.isinf(k):
+        raise InputError(f"{what}: {value!r} is not a dilation factor; give a number >= 1 "
+                         "(waits k times longer, links k times slower) or auto")
+    return k
+
+
 def _strip_what(exc: InputError, what: str) -> str:
     return str(exc).removeprefix(f"{what}: ")
 
@@ -161,6 +188,8 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "allreduce_sizes": ("allreduce_sizes", _sizes),
     "allreduce_iters": ("allreduce_iters", lambda v, w: _one_int(v, w, 1)),
     "description": ("description", lambda v, w: str(v).strip()),
+    "accelerator": ("accelerator", lambda v, w: _accelerator(v, w)),
+    "dilation": ("dilation", lambda v, w: _dilation(v, w)),
 }
 SWEEP_KEYS = tuple(_KEYS)
 
@@ -291,6 +320,8 @@ def spec_from_options(
     netprobe: bool | str | None = None,
     allreduce_sizes: str | None = None,
     allreduce_iters: str | int | None = None,
+    accelerator: str | None = None,
+    dilation: str | float | None = None,
     sweep_file: str | Path | None = None,
 ) -> SweepSpec:
     """Build a spec from CLI strings; None or "" means not given.

@@ -225,6 +225,46 @@ def union_length(intervals: Sequence[tuple[float, float]]) -> float:
     return float(total)
 
 
+def host_sample(iface: str | None = None) -> dict[str, float]:
+    """Counters for the fidelity guard, read at the start and the end of the timed steps: the
+    host's CPU time (/proc/stat: all and idle jiffies; inside a network namespace this is still
+    the machine's) and the node's NIC byte counters (the interface the collectives use)."""
+    out: dict[str, float] = {"t": time.time()}
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            cols = [int(v) for v in f.readline().split()[1:]]
+        out["cpu_all"] = float(sum(cols[:8]))  # user..steal; guest time is inside user
+        out["cpu_idle"] = float(cols[3] + (cols[4] if len(cols) > 4 else 0))  # idle + iowait
+    except (OSError, ValueError, IndexError):
+        pass
+    iface = iface or os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
+    if iface:
+        for key in ("tx_bytes", "rx_bytes"):
+            try:
+                with open(f"/sys/class/net/{iface}/statistics/{key}", encoding="ascii") as f:
+                    out[key] = float(f.read())
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def sample_delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float | None]:
+    """What happened between two host_sample()s: seconds, host CPU idle share, NIC bytes.
+
+    >>> sample_delta({"t": 0, "cpu_all": 100, "cpu_idle": 50, "tx_bytes": 0},
+    ...              {"t": 2, "cpu_all": 300, "cpu_idle": 70, "tx_bytes": 10})
+    {'seconds': 2.0, 'host_cpu_idle': 0.1, 'tx_bytes': 10.0, 'rx_bytes': None}
+    """
+    def diff(k: str) -> float | None:
+        return float(b[k] - a[k]) if k in a and k in b else None
+
+    all_ = diff("cpu_all")
+    idle = diff("cpu_idle")
+    return {"seconds": float(b["t"] - a["t"]),
+            "host_cpu_idle": round(idle / all_, 4) if all_ and idle is not None else None,
+            "tx_bytes": diff("tx_bytes"), "rx_bytes": diff("rx_bytes")}
+
+
 def exit_now(code: int) -> None:
     """Leave the process once its result is printed and its process group left.
 

@@ -63,6 +63,7 @@ TIMELINE: dict[str, float] = {"process": time.time()}
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import emulate  # noqa: E402
 import models  # noqa: E402
 
 
@@ -103,6 +104,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--timeout-s", type=float, default=600.0, help="collective/dataloader timeout (a hung peer fails the run)"
     )
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="emulate an accelerator from this device profile (JSON): real parameters and real "
+        "gradient communication; forward, backward and the optimizer step are the profile's waits",
+    )
+    p.add_argument(
+        "--dilation",
+        type=float,
+        default=1.0,
+        help="time dilation k (with --profile): waits are k times the profile's, the controller "
+        "shapes links to rate/k, and reported times are divided by k",
+    )
     a = p.parse_args(argv)
     try:
         s = models.spec(a.model)
@@ -117,6 +131,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--warmup, --workers and --threads must be >= 0")
     if a.engine == "horovod" and a.backend != "auto":
         p.error("--backend applies to --engine ddp only")
+    if a.dilation < 1 or a.dilation != a.dilation:
+        p.error(f"--dilation must be >= 1 (a factor that slows the emulation down), got {a.dilation}")
+    a.emulated = None
+    if a.profile is not None:
+        try:
+            a.emulated = emulate.load(a.profile)
+        except emulate.ProfileError as e:
+            p.error(str(e))
+        for key, want in (("model", a.model), ("precision", a.precision), ("batch_size", a.batch_size),
+                          ("image_size", a.image_size)):
+            if a.emulated[key] != want:
+                p.error(f"the profile {a.profile} is for {key} {a.emulated[key]}, this run's is {want}")
+        if a.data != "synthetic":
+            p.error("--profile emulates compute, so it takes no data: leave --data synthetic")
+    elif a.dilation != 1:
+        p.error("--dilation applies to emulated accelerators only (--profile)")
     return a
 
 
@@ -189,10 +219,11 @@ def run(a: argparse.Namespace) -> int:
             ) from None
         hvd.init()
         rank, world, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
-        device = common.resolve_device(a.device, local_rank)
+        device = common.resolve_device("cpu" if a.emulated else a.device, local_rank)
         backend = "horovod-gloo" if hvd.gloo_enabled() else "horovod-mpi"
     else:
-        device = common.resolve_device(a.device, int(os.environ.get("LOCAL_RANK", "0")))
+        # an emulated accelerator's rank lives on the host: its compute is the profile's waits
+        device = common.resolve_device("cpu" if a.emulated else a.device, int(os.environ.get("LOCAL_RANK", "0")))
         backend = a.backend if a.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         rank, world, local_rank = common.init_torch_distributed(backend, a.timeout_s)
     TIMELINE["rendezvous"] = time.time()
@@ -208,7 +239,16 @@ def run(a: argparse.Namespace) -> int:
     # Data first: real data decides the number of classes.
     mem_fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     real = None
-    if a.data == "synthetic":
+    if a.emulated:
+        num_classes = a.num_classes or models.spec(a.model).default_num_classes
+        x_emu = torch.zeros(1)
+
+        def batches():
+            for _ in range(a.warmup + a.steps):
+                yield x_emu, None
+
+        data_layout = "emulated"
+    elif a.data == "synthetic":
         num_classes = a.num_classes or models.spec(a.model).default_num_classes
         g = torch.Generator().manual_seed(a.seed * 7919 + rank)
         x_syn = torch.randn(a.batch_size, 3, a.image_size, a.image_size, generator=g)
@@ -252,9 +292,27 @@ def run(a: argparse.Namespace) -> int:
                 src.close()
 
     torch.manual_seed(a.seed)  # identical init on every rank (DDP/Horovod broadcast anyway)
-    model = models.build_model(a.model, num_classes).to(device, memory_format=mem_fmt)
-    num_params = sum(p.numel() for p in model.parameters())
-    grad_bytes = models.gradient_bytes(model, a.precision)
+    pacer = None
+    if a.emulated:
+        # the real parameters, shapes and names, without paying for their initialisation
+        with torch.device("meta"):
+            real_model = models.build_model(a.model, num_classes)
+        real_model = real_model.to_empty(device=device)
+        with torch.no_grad():
+            for t in real_model.parameters():
+                t.zero_()
+        param_names = [n for n, _ in real_model.named_parameters()]
+        try:
+            model, pacer = emulate.build(a.emulated, list(real_model.named_parameters()), a.dilation)
+        except emulate.ProfileError as e:
+            raise ValueError(str(e)) from None
+        num_params = sum(p.numel() for p in model.parameters())
+        grad_bytes = models.gradient_bytes(model, a.precision)
+    else:
+        model = models.build_model(a.model, num_classes).to(device, memory_format=mem_fmt)
+        param_names = [n for n, _ in model.named_parameters()]
+        num_params = sum(p.numel() for p in model.parameters())
+        grad_bytes = models.gradient_bytes(model, a.precision)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, weight_decay=1e-4)
     scaler = None
@@ -271,6 +329,8 @@ def run(a: argparse.Namespace) -> int:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ddp_kw: dict[str, Any] = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        if a.emulated:
+            ddp_kw["gradient_as_bucket_view"] = True  # see emulate.build: no copies into buckets
         # torch >= 2.13 renames broadcast_buffers (deprecated) to forward_sync_buffers.
         if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
             ddp_kw["forward_sync_buffers"] = False
@@ -285,7 +345,7 @@ def run(a: argparse.Namespace) -> int:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(), compression=compression
+            optimizer, named_parameters=list(zip(param_names, model.parameters(), strict=True)), compression=compression
         )
 
         def on_grad(_p):
@@ -307,14 +367,19 @@ def run(a: argparse.Namespace) -> int:
             clock.sync()
             t_first = time.perf_counter()
             TIMELINE["timed_start"] = time.time()
+            sample_start = common.host_sample()
         timer.reset()
         grad_ready.clear()
         start = clock.mark()
         x, y = next(it)
         t_data = clock.mark()
-        optimizer.zero_grad()  # set_to_none by default; Horovod's override takes no args
-        with _autocast(device, a.precision):
-            loss = criterion(model(x), y)
+        if not a.emulated:  # emulated gradients are added in place, never cleared (emulate.build)
+            optimizer.zero_grad()  # set_to_none by default; Horovod's override takes no args
+        if a.emulated:
+            loss = model(x)  # the profile's forward waits; the loss is a stand-in scalar
+        else:
+            with _autocast(device, a.precision):
+                loss = criterion(model(x), y)
         if scaler is not None:
             scaler.scale(loss).backward()
         else:
@@ -324,19 +389,23 @@ def run(a: argparse.Namespace) -> int:
         if hvd is not None:
             optimizer.synchronize()
             t_sync = clock.mark()
-        with optimizer.skip_synchronize() if hvd is not None else contextlib.nullcontext():
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
+        if pacer is not None:
+            pacer.start()
+            pacer.wait(a.emulated["optimizer_s"])  # the device's optimizer step
+        else:
+            with optimizer.skip_synchronize() if hvd is not None else contextlib.nullcontext():
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
         t_end = clock.mark()
         clock.sync()
         if i < a.warmup:
             continue
 
         def rel(m, start=start):
-            return clock.seconds(start, m)
+            return clock.seconds(start, m) / a.dilation  # the emulated device's time
 
         if hvd is None:
             if not timer.launches:
@@ -357,6 +426,7 @@ def run(a: argparse.Namespace) -> int:
         )
     t_last = time.perf_counter()
     TIMELINE["timed_end"] = time.time()
+    window = common.sample_delta(sample_start, common.host_sample())
     it.close()
     if t_first is None or len(steps_rec) != a.steps:
         raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected {a.steps}")
@@ -367,7 +437,7 @@ def run(a: argparse.Namespace) -> int:
         "local_rank": local_rank,
         "host": host,
         "pid": os.getpid(),
-        "images_per_sec": a.batch_size * a.steps / (t_last - t_first),
+        "images_per_sec": a.batch_size * a.steps / ((t_last - t_first) / a.dilation),
         "step_time_mean_s": common.mean(step_times),
         "step_time_p95_s": common.percentile(step_times, 95),
         "compute_time_mean_s": common.mean([s["step_s"] - s["data_s"] - s["comm_s"] for s in steps_rec]),
@@ -376,6 +446,11 @@ def run(a: argparse.Namespace) -> int:
         "data_time_mean_s": common.mean([s["data_s"] for s in steps_rec]),
         "step_times_s": step_times,
         "final_loss": steps_rec[-1]["loss"],
+        # the fidelity guard's figures over the timed steps (wall time, not dilated)
+        "host_cpu_idle": window["host_cpu_idle"],
+        "nic_tx_bytes": window["tx_bytes"],
+        "nic_rx_bytes": window["rx_bytes"],
+        "timed_wall_s": window["seconds"],
         "env": common.env_fingerprint([host]),
     }
     if hvd is not None:
@@ -414,6 +489,15 @@ def run(a: argparse.Namespace) -> int:
                 "comm_dtype": comm_dtype_name,
                 "timing_method": timing_method,
                 "timeline": {**TIMELINE, "done": time.time()},
+                "dilation": a.dilation,
+                "accelerator": None
+                if not a.emulated
+                else {
+                    "device": a.emulated["device"],
+                    "source": a.emulated["source"],
+                    "provenance": a.emulated["provenance"],
+                    **{f"profile_{k}": v for k, v in emulate.totals(a.emulated).items()},
+                },
             }
         )
     if hvd is None:
