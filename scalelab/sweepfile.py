@@ -212,7 +212,14 @@ def _build(fields: dict[str, Any], source: str | None) -> SweepSpec:
         flags = " and ".join(f"--{k.replace('_', '-')}" for k in missing)
         where = f"{source} gives no {' or '.join(missing)}; add it there or " if source else ""
         raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64")
-    return SweepSpec(**fields)
+    spec = SweepSpec(**fields)
+    if spec.accelerator:
+        # a profile that cannot serve every planned batch size is refused before any cluster
+        # is looked at
+        from scalelab.sweep import check_emulation
+
+        check_emulation(spec, spec.image_size or MODELS[spec.model].image_size)
+    return spec
 
 
 # ------------------------------------------------------------------------------ sweep files

@@ -39,6 +39,7 @@ SWEEP_FILES = {
     "model.yml": "nodes: 1\nbatch_size: 16\nmodel: resnet9\n",
     "engine.yml": "nodes: 1\nbatch_size: 16\nengine: mpi\n",
     "data.yml": "nodes: 1\nbatch_size: 16\ndata: rel/path\n",
+    "realdata.yml": "nodes: 1\nbatch_size: 16\ndata: /srv/imagenet\n",
     "timeout.yml": "nodes: 1\nbatch_size: 16\ntimeout_s: -1\n",
     "nan.yml": "nodes: 1\nbatch_size: 16\ntimeout_s: .nan\n",
     "sizes.yml": "nodes: 1\nbatch_size: 16\nallreduce_sizes: [0]\n",
@@ -58,6 +59,16 @@ SWEEP_FILES = {
     "binary.yml": b"\xff\xfe\x00\x01 not text",
     "secretkey.yml": "ghp_notasweepfile:SECRETVALUE12345 and more: 1\n",
     "varfile.tfvars.json": '{"region": "us-east-1", "nodes": 2',  # truncated JSON
+    # device profiles: one for another model (resnet20's layer names), one cut short
+    "r20.json": ('{"schema": 1, "model": "resnet50", "device": "x", "precision": "fp32", '
+                 '"batch_size": 32, "image_size": 224, "source": "measured", "provenance": "t", '
+                 '"optimizer_s": 0.001, "layers": [{"name": "conv1", "params": ["conv1.weight"], '
+                 '"fwd_s": 0.01, "bwd_s": 0.01}, {"name": "layer3.2.bn2", "params": '
+                 '["layer3.2.bn2.weight"], "fwd_s": 0.01, "bwd_s": 0.01}]}'),
+    "cut.json": '{"schema": 1, "model": "resnet50", "layers": [{"name": "conv1"',
+    "nolayers.json": ('{"schema": 1, "model": "resnet50", "device": "x", "precision": "fp32", '
+                      '"batch_size": 32, "image_size": 224, "source": "measured", '
+                      '"provenance": "t", "optimizer_s": 0.001, "layers": []}'),
     "varfile2.tfvars.json": '{"region": "us-east-1", "no_such_variable": 1}',
     "varfile3.tfvars": 'region = "us-east-1"\nnodes = [\n',
 }
@@ -125,6 +136,30 @@ CASES = [
     ("shape-static", "static", ["shape", "--cluster", FAKE, "--bandwidth", "1gbit"],
      "is a static cluster"),
     # ---- bench: options
+    ("bench-accel-unknown", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                      "--accelerator", "v101"], "unknown accelerator 'v101'"),
+    ("bench-accel-model", "local", ["bench", "--nodes", "1-2", "--batch-size", "32", "--model",
+                                    "resnet20", "--accelerator", "v100"],
+     "no v100 profile for resnet20 fp32"),
+    ("bench-accel-other-model", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                          "--model", "resnet20", "--accelerator", "{dir}/r20.json"],
+     "is for model resnet50, the sweep's is resnet20"),
+    ("bench-accel-malformed", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                        "--accelerator", "{dir}/cut.json"], "not a JSON profile"),
+    ("bench-accel-nolayers", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                       "--accelerator", "{dir}/nolayers.json"],
+     "layers must be a non-empty list"),
+    ("bench-accel-missing", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                      "--accelerator", "{dir}/none.json"], "no such profile"),
+    ("bench-dilation-low", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                     "--accelerator", "v100", "--dilation", "0.5"],
+     "is not a dilation factor; give a number >= 1"),
+    ("bench-dilation-word", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                      "--accelerator", "v100", "--dilation", "fast"],
+     "is not a dilation factor"),
+    ("bench-accel-data", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                   "--accelerator", "v100", "--sweep", "{dir}/realdata.yml"],
+     "reads no data"),
     ("bench-unknown-cluster", "none", ["bench", "--cluster", "nosuch", "--nodes", "1",
                                        "--batch-size", "16"], "not found"),
     ("bench-cluster-name", "none", ["bench", "--cluster", "Bad_Name", "--nodes", "1",

@@ -184,3 +184,39 @@ def test_horovod_engine_runs_across_two_nodes(cluster, reports):
     two = next(r for r in train if r["params"]["world_size"] == 2)
     assert sorted(x["host"] for x in two["ranks"]) == [f"{cluster}-n0", f"{cluster}-n1"]
     assert two["env"]["horovod"]
+
+
+def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(cluster, reports):
+    """ResNet-50 on an emulated V100: real 102 MB gradients over the real shaped link."""
+    proc = bench(cluster, reports, "--nodes", "1,2", "--batch-size", "32", "--model", "resnet50",
+                 "--accelerator", "v100", "--bandwidth", "1gbit", "--steps", "3",
+                 "--repeats", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    with open(sweep_dir / "results.csv") as fh:
+        rows = {r["world_size"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"1", "2"} and {r["status"] for r in rows.values()} == {"ok"}
+    records = {x["params"]["world_size"]: x for x in runs_of(sweep_dir) if x["kind"] == "train"}
+    for ws, r in rows.items():
+        rec = records[int(ws)]
+        assert r["accelerator"] == "v100"
+        assert float(r["dilation"]) >= 1 and rec["params"]["dilation"] == float(r["dilation"])
+        assert rec["accelerator"]["source"] == "derived"
+        # compute per step is the profile's (V100 fp32 at batch 32: 367 img/s)
+        rank = rec["ranks"][0]
+        assert rank["compute_time_mean_s"] == pytest.approx(
+            rec["accelerator"]["profile_step_s"], rel=0.05)
+        assert rec["accelerator"]["profile_step_s"] == pytest.approx(32 / 367, rel=0.02)
+        assert r["host_cpu_idle"] != ""
+    # two nodes: every step moves ResNet-50's gradient over a 1 Gbit/s link, which the
+    # NIC counters saw and which takes most of the step
+    two = records[2]
+    assert two["gradient_bytes"] == 25_557_032 * 4
+    tx = two["ranks"][0]["nic_tx_bytes"]
+    assert tx >= 3 * two["gradient_bytes"] * 0.9 / 2  # a ring of 2 sends half, per step
+    assert float(rows["2"]["scaling_efficiency"]) < 0.5
+    assert 0.3 < float(rows["2"]["link_utilisation"]) <= 1.1
+    page = (sweep_dir / "index.html").read_text()
+    assert "What this sweep found" in page and "on emulated v100" in page
+    assert "Emulated accelerator" in page and "overlap model" in page
+    assert "Predictions, not measurements" in page

@@ -130,6 +130,10 @@ def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> An
     else:
         alpha, source = alpha_s, "given"
     modelled = analysis.add_model(analysis.summarize(runs), alpha, overlap)
+    if (modelled.get("accelerator", pd.Series(dtype=object)).astype(bool)).any():
+        from scalelab import overlap as bucket_model
+
+        modelled = bucket_model.add_overlap_model(modelled, alpha)
     limits = {s.sweep_id: analysis.host_limits(s.meta) for s in sweeps}
     return Analysis(sweeps, runs, ar, modelled, analysis.classify(modelled, limits), alpha,
                      source, overlap)

@@ -323,6 +323,107 @@ def _scaling_table(a: Analysis) -> str:
     return _table(df, cols, "scaling")
 
 
+def findings(a: Analysis) -> list[str]:
+    """What the sweep found, in numbers, one line per batch size: the efficiency each link rate
+    reached at the largest world size, and from which world size the network is the bottleneck
+    (the first whose efficiency falls below analysis.COMPUTE_BOUND_EFFICIENCY and whose series is
+    judged network-bound)."""
+    df = a.modelled
+    if df.empty:
+        return []
+    kinds = {tuple(b.series[k] for k in analysis.SERIES_KEYS): b.kind for b in a.bottlenecks}
+    lines = []
+    keys = [k for k in analysis.SERIES_KEYS if k not in ("bandwidth",)]
+    for key, grp in df.groupby(keys, dropna=False, sort=True):
+        series = dict(zip(keys, key, strict=True))
+        parts, starts = [], []
+        grp = grp.assign(_bw=grp["bandwidth_mbit"].astype(float).fillna(np.inf))
+        for bw, g in grp.sort_values(["_bw", "world_size"]).groupby("bandwidth", sort=False):
+            last = g.iloc[-1]
+            parts.append(f"at {bw}, {int(last['world_size'])} ranks reach "
+                         f"{_fmt(float(last['eff_mean']) * 100, 3)}% efficiency")
+            kind = kinds.get(tuple({**series, "bandwidth": bw}[k] for k in analysis.SERIES_KEYS))
+            low = g[(g["eff_mean"].astype(float) < analysis.COMPUTE_BOUND_EFFICIENCY)
+                    & (g["world_size"] > 1)]
+            if kind == "network-bound" and not low.empty:
+                starts.append(f"from N = {int(low.iloc[0]['world_size'])} at {bw}")
+            elif kind == "emulation-bound":
+                starts.append(f"at {bw} the emulation, not the network, limits the largest runs")
+        what = f"{series['model']}, batch {int(series['batch_size'])}"
+        acc = str(g["accelerator"].iloc[0]) if "accelerator" in g and g["accelerator"].iloc[0] else ""
+        if acc:
+            what += f" on emulated {acc}"
+        line = f"{what}: " + "; ".join(parts) + "."
+        if any(x.startswith("from") for x in starts):
+            line += " The network is the bottleneck " + ", ".join(starts) + "."
+        elif starts:
+            line += " " + "; ".join(starts).capitalize() + "."
+        lines.append(line)
+    return lines
+
+
+def _emulation_section(a: Analysis) -> str:
+    """Emulated accelerators: fidelity per point, both models against the measurement, and
+    predictions beyond the measured points."""
+    df = a.modelled
+    if "accelerator" not in df or not df["accelerator"].astype(bool).any():
+        return ""
+    df = df[df["accelerator"].astype(bool)].copy()
+    df = df.assign(_bw=df["bandwidth_mbit"].astype(float).fillna(np.inf)).sort_values(
+        ["_bw", "batch_size", "world_size"], kind="stable")
+    df["ring_err"] = (df["predicted_eff"] - df["eff_mean"]).abs()
+    if "overlap_eff" not in df:
+        df["overlap_eff"] = np.nan
+    df["overlap_err"] = (df["overlap_eff"] - df["eff_mean"]).abs()
+    df["fidelity_text"] = df["fidelity"].where(df["fidelity"].astype(bool), "faithful")
+    src = sorted(set(df["accelerator_source"].astype(str)) - {""})
+    parts = ['<h2 id="emulation">Emulated accelerator</h2>',
+             '<p class="note">Every rank kept the real model&#39;s parameters and the engine&#39;s real '
+             f"gradient communication over its shaped link; forward, backward and the optimizer "
+             f"step were waits from a device profile ({_e(', '.join(src) or 'unknown')}). With "
+             f"dilation k the waits were k times longer and the links k times slower, and every "
+             f"time here is divided by k. A point is emulation-bound when in its timed steps the "
+             f"host had under {analysis.HOST_IDLE_MIN * 100:.0f}% CPU idle, the compute waits "
+             f"stretched over {analysis.COMPUTE_FIDELITY * 100:.0f}% past the profile, or the "
+             f"link gave under {analysis.LINK_FIDELITY * 100:.0f}% of its dilated rate. The ring "
+             f"model adds compute and communication; the overlap model replays the bucket "
+             f"timeline (a bucket's allreduce starts when its last gradient is ready and the "
+             f"previous one is done).</p>"]
+    cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "int"),
+            ("world_size", "world size", "int"), ("dilation", "k", "num"),
+            ("eff_mean", "measured efficiency", "pct"),
+            ("predicted_eff", "ring model", "pct"), ("ring_err", "error", "pct"),
+            ("overlap_eff", "overlap model", "pct"), ("overlap_err", "error", "pct"),
+            ("profile_step_s", "profile step (s)", "num"),
+            ("compute_time_mean_s", "emulated compute (s)", "num"),
+            ("host_cpu_idle", "host idle", "pct"), ("link_utilisation", "link busy", "pct"),
+            ("fidelity_text", "fidelity", "str")]
+    parts.append(_table(df, cols, "emulation"))
+    from scalelab import overlap as bucket_model
+
+    rows = []
+    for _, g in df.groupby(["bandwidth", "batch_size"], sort=False):
+        last = g.iloc[-1]
+        nmax = int(last["world_size"])
+        err = float(g["overlap_err"].max())
+        for r in bucket_model.what_if(last, sorted({nmax * 2, 16, 32, 64} - {nmax}), (1.0, 10.0),
+                                      a.alpha_s):
+            rows.append({"from": f"{last['bandwidth']}, batch {int(last['batch_size'])}",
+                         **r, "err": err})
+    if rows:
+        wf = pd.DataFrame(rows).sort_values(["from", "link_mbit", "world_size"], kind="stable")
+        parts.append('<p class="note"><strong>Predictions, not measurements:</strong> the '
+                     "overlap model beyond the measured points (more nodes; the link 10x "
+                     "faster), with the largest error it made on this sweep's measured points "
+                     "beside each.</p>")
+        parts.append(_table(wf, [("from", "series", "str"), ("world_size", "world size", "int"),
+                                 ("link_mbit", "link (Mbit/s)", "num"),
+                                 ("images_per_sec", "predicted images/s", "num"),
+                                 ("eff", "predicted efficiency", "pct"),
+                                 ("err", "model error on this sweep", "pct")], "whatif"))
+    return "\n".join(parts)
+
+
 def _ci_text(lo: pd.Series, hi: pd.Series, fmt: str) -> pd.Series:
     return pd.Series([("" if math.isnan(a) else f"{fmt.format(a)} – {fmt.format(b)}")
                       for a, b in zip(lo.astype(float), hi.astype(float), strict=True)],
@@ -407,6 +508,10 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
              "bottlenecks</a>, <a href=\"#scaling\">scaling table</a>, <a href=\"#failed\">"
              "failed runs</a>, <a href=\"#runs\">all runs</a>.</p>",
              '<h2 id="summary">Summary</h2>']
+    found = findings(a)
+    if found:
+        parts.insert(2, '<section class="findings"><h2 id="findings">What this sweep found</h2><ul>'
+                     + "".join(f"<li>{_e(x)}</li>" for x in found) + "</ul></section>")
     if compare:
         sums = [dict(_summary_pairs(s)) for s in a.sweeps]
         keys = list(sums[0].keys())
@@ -429,6 +534,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
                      "</figure>")
     parts.append('<h2 id="scaling">Scaling table</h2>')
     parts.append(_scaling_table(a))
+    parts.append(_emulation_section(a))
     parts.append(_runs_tables(a))
     for s in a.sweeps:
         parts.append(_sweep_details(s))

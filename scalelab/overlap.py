@@ -1,0 +1,153 @@
+"""The overlap-aware model: a step predicted from the bucket timeline, not compute + comm.
+
+With per-layer backward times (a device profile), gradients become ready one layer at a time,
+last layer first. The engine groups them (DDP: buckets of 25 MiB, the first 1 MiB, in the order
+gradients become ready; Horovod: whatever is ready when its background thread is next free,
+fused up to 64 MiB) and reduces one group after another over the link. A group's allreduce
+starts when its last gradient is ready and the previous group's allreduce is done:
+
+    start_j = max(ready_j, end_(j-1)),  end_j = start_j + ring(N, bytes_j, link)
+
+    step = forward + max(backward, end_last) + optimizer
+
+so communication hides behind the backward pass until the link cannot keep up. The ring time
+is analysis.ring_allreduce_time_s (the same formula as the non-overlapped model).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from scalelab import analysis
+
+MIB = 1 << 20
+DDP_FIRST_BUCKET = 1 * MIB  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET = 25 * MIB  # DDP's bucket_cap_mb default
+HOROVOD_FUSION = 64 * MIB  # HOROVOD_FUSION_THRESHOLD default
+
+
+def ready_times(doc: dict[str, Any], bytes_per_elem: int) -> list[tuple[float, int]]:
+    """(time after backward starts at which a layer's gradients are ready, their bytes), in
+    the order backward produces them (the profile's layers reversed)."""
+    t = 0.0
+    out = []
+    for layer in reversed(doc["layers"]):
+        t += layer["bwd_s"]
+        out.append((t, int(layer.get("numel") or 0) * bytes_per_elem))
+    return out
+
+
+def ddp_groups(ready: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    """DDP's buckets: filled in ready order, closed once they reach their cap.
+
+    >>> ddp_groups([(1.0, MIB), (2.0, 10 * MIB), (3.0, 20 * MIB), (4.0, 1)])
+    [(1.0, 1048576), (3.0, 31457280), (4.0, 1)]
+    """
+    groups, size, cap = [], 0, DDP_FIRST_BUCKET
+    for t, b in ready:
+        size += b
+        if size >= cap:
+            groups.append((t, size))
+            size, cap = 0, DDP_BUCKET
+    if size:
+        groups.append((ready[-1][0], size))
+    return groups
+
+
+def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, link_mbit: float,
+                 alpha_s: float) -> float:
+    """When the last allreduce ends, in seconds after backward starts."""
+    def ring(nbytes: int) -> float:
+        return float(analysis.ring_allreduce_time_s(world, nbytes, link_mbit, alpha_s))
+
+    end = 0.0
+    if engine == "horovod":
+        i = 0
+        while i < len(ready):
+            start = max(end, ready[i][0])
+            size = 0
+            while i < len(ready) and ready[i][0] <= start and size + ready[i][1] <= max(HOROVOD_FUSION, ready[i][1]):
+                size += ready[i][1]
+                i += 1
+            end = start + ring(size)
+        return end
+    for t, size in ddp_groups(ready):
+        end = max(end, t) + ring(size)
+    return end
+
+
+def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: float,
+                   precision: str = "fp32", alpha_s: float = analysis.DEFAULT_ALPHA_S) -> float:
+    """A step of `world` ranks over links of link_mbit with this profile (see module doc).
+
+    >>> doc = {"optimizer_s": 0.0, "layers": [{"fwd_s": 0.1, "bwd_s": 0.1, "numel": 25_000_000},
+    ...                                       {"fwd_s": 0.1, "bwd_s": 0.1, "numel": 1000}]}
+    >>> round(predict_step_s(doc, "ddp", 1, 1000.0), 3)          # one rank: no communication
+    0.4
+    >>> # forward 0.2 s, then 100 MB ready 0.2 s into backward take 0.8 s at 1 Gbit/s
+    >>> round(predict_step_s(doc, "ddp", 2, 1000.0, alpha_s=0), 3)
+    1.2
+    """
+    fwd = sum(layer["fwd_s"] for layer in doc["layers"])
+    bwd = sum(layer["bwd_s"] for layer in doc["layers"])
+    if world <= 1 or not link_mbit or math.isnan(link_mbit):
+        return fwd + bwd + doc["optimizer_s"]
+    ready = ready_times(doc, 2 if precision == "amp" else 4)
+    return fwd + max(bwd, timeline_end(ready, engine, world, link_mbit, alpha_s)) + doc["optimizer_s"]
+
+
+def _profile(row: Any) -> dict[str, Any] | None:
+    from scalelab import accel
+    from scalelab.errors import InputError
+    from scalelab.models import MODELS
+
+    try:
+        return accel.resolve(str(row["accelerator"]), str(row["model"]), str(row["precision"]),
+                             int(row["batch_size"]), MODELS[str(row["model"])].image_size)
+    except (InputError, KeyError, ValueError, TypeError):
+        return None
+
+
+def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
+    """Adds overlap_step_s and overlap_eff (step(N0) / step(N)) to the rows of a modelled
+    summary (analysis.add_model) whose series ran on an emulated accelerator, from its profile
+    and the same link rate as the ring model (link_mbit_model); NaN elsewhere."""
+    import numpy as np
+
+    out = modelled.copy()
+    steps = []
+    for _, row in out.iterrows():
+        doc = _profile(row) if row.get("accelerator") else None
+        if doc is None:
+            steps.append(np.nan)
+            continue
+        rate = float(row["link_mbit_model"]) if int(row["nodes"]) > 1 else math.inf
+        steps.append(predict_step_s(doc, str(row["engine"]), int(row["world_size"]), rate,
+                                    str(row["precision"]), alpha_s))
+    out["overlap_step_s"] = steps
+    keys = list(analysis.SERIES_KEYS)
+    base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min") if len(out) else []
+    base = out["overlap_step_s"].where(out["world_size"] == base_ws).groupby(
+        [out[k] for k in keys], dropna=False).transform("max") if len(out) else []
+    out["overlap_eff"] = base / out["overlap_step_s"] if len(out) else []
+    return out
+
+
+def what_if(row: Any, world_sizes: Sequence[int], link_factors: Sequence[float],
+            alpha_s: float = analysis.DEFAULT_ALPHA_S) -> list[dict[str, Any]]:
+    """Predictions beyond the measured points for one series (its largest measured row):
+    efficiency at other world sizes and link rates, from the overlap model."""
+    doc = _profile(row)
+    rate = float(row["link_mbit_model"])
+    if doc is None or not rate > 0:
+        return []
+    one = predict_step_s(doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
+    out = []
+    for f in link_factors:
+        for n in world_sizes:
+            step = predict_step_s(doc, str(row["engine"]), n, rate * f, str(row["precision"]), alpha_s)
+            out.append({"world_size": n, "link_mbit": rate * f, "step_s": step,
+                        "eff": one / step, "images_per_sec": n * int(row["batch_size"]) / step})
+    return out
