@@ -59,7 +59,9 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
                "ranks", "gradient_bytes", "link_mbit_measured", "link_error", "env",
                "started_at", "duration_s", "error")
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
-                 "env", "timeline")
+                 "env", "timeline", "accelerator")
+# an emulated accelerator's run also has "accelerator" (optional): the profile's device,
+# source (measured|derived), provenance and profile_{fwd,bwd,optimizer,step}_s
 # a training run's "timeline" (optional): where its wall time went, in this order, adding up to
 # duration_s (scalelab.driver.timeline works them out)
 TIMELINE_KEYS = ("launch_s", "import_s", "rendezvous_s", "setup_s", "warmup_s", "timed_s",

@@ -153,9 +153,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class _CommTimer:
     """State of the timing DDP comm hook: bucket launch marks and [launch, done] intervals."""
 
-    def __init__(self, clock: common.StepClock, comm_dtype) -> None:
+    def __init__(self, clock: common.StepClock, comm_dtype, average: bool = True) -> None:
         self.clock = clock
         self.comm_dtype = comm_dtype
+        self.average = average
         self.lock = threading.Lock()
         self.launches: list[Any] = []
         self.intervals: list[tuple[Any, Any]] = []
@@ -177,7 +178,9 @@ def _timed_allreduce_hook(state: _CommTimer, bucket):
     if state.comm_dtype is not None and buf.dtype != state.comm_dtype:
         t = buf.to(state.comm_dtype).div_(world)  # divide first: avoids fp16 overflow
     else:
-        t = buf.div_(world)
+        # an emulated accelerator's gradients are zeros: the averaging (microseconds on a GPU)
+        # would only cost the emulation host a pass over every byte
+        t = buf.div_(world) if state.average else buf
     fut = dist.all_reduce(t, async_op=True).get_future()
 
     def done(f):
@@ -314,7 +317,10 @@ def run(a: argparse.Namespace) -> int:
         num_params = sum(p.numel() for p in model.parameters())
         grad_bytes = models.gradient_bytes(model, a.precision)
     criterion = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, weight_decay=1e-4)
+    # an emulated DDP rank's optimizer step is a wait: no optimizer (creating SGD imports
+    # torch._dynamo, seconds per run); Horovod wraps one to hook the gradients
+    optimizer = (None if a.emulated and hvd is None else
+                 torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, weight_decay=1e-4))
     scaler = None
     if a.precision == "amp" and device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")
@@ -323,7 +329,7 @@ def run(a: argparse.Namespace) -> int:
     comm_dtype = None
     if a.precision == "amp":
         comm_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    timer = _CommTimer(clock, comm_dtype)
+    timer = _CommTimer(clock, comm_dtype, average=not a.emulated)
     grad_ready: list[Any] = []
     if hvd is None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -331,6 +337,8 @@ def run(a: argparse.Namespace) -> int:
         ddp_kw: dict[str, Any] = {"device_ids": [device.index]} if device.type == "cuda" else {}
         if a.emulated:
             ddp_kw["gradient_as_bucket_view"] = True  # see emulate.build: no copies into buckets
+            if "init_sync" in inspect.signature(DDP.__init__).parameters:
+                ddp_kw["init_sync"] = False  # every rank's parameters are zeros already
         # torch >= 2.13 renames broadcast_buffers (deprecated) to forward_sync_buffers.
         if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
             ddp_kw["forward_sync_buffers"] = False
@@ -345,7 +353,10 @@ def run(a: argparse.Namespace) -> int:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=list(zip(param_names, model.parameters(), strict=True)), compression=compression
+            optimizer,
+            named_parameters=list(zip(param_names, model.parameters(), strict=True)),
+            compression=compression,
+            op=hvd.Sum if a.emulated else hvd.Average,  # zeros: no scaling pass (see _CommTimer)
         )
 
         def on_grad(_p):
