@@ -2,17 +2,25 @@
 profiles staged on the nodes.
 
 k (time dilation) is the sweep's when it gives one. Otherwise, on a target whose nodes share one
-host, the first emulated run calibrates what the host can move (one TCP stream between two
-nodes, links unshaped) and every link rate gets the smallest whole k at which all the nodes that
-rate is planned for can send at rate / k together within half of that (accel.auto_dilation); on
-a real cluster every node has its own NIC, so k is 1.
+host, the first emulated run calibrates the host: what it can move (one TCP stream between two
+nodes, links unshaped) and how fast one core makes a pass over memory (an in-place add). Each
+(link rate, node count) then gets the smallest whole k at which
+  * the links: N nodes sending at rate / k together stay within half of what the host moved
+    (accel.auto_dilation), and
+  * the host's own work: every rank's passes over its gradient in the backward pass (autograd
+    adding it in, the engine summing it; on the device these take microseconds) fit in half of
+    the host's cores during the dilated backward, k x the profile's backward time;
+on a real cluster every node has its own NIC and cores, so k is 1.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import os
 import shlex
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,9 +31,30 @@ from scalelab.nodes import Node
 log = logging.getLogger(__name__)
 
 
+PASSES = 2  # passes over the gradient per rank per step on the host: autograd's add, gloo's sum
+CPU_SHARE = 0.5  # of the host's cores the ranks' own work may take while they emulate backward
+
+
+def memory_pass_s_per_byte(nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Seconds one core takes per byte of an in-place add (a += b over float32), the best of a
+    few tries."""
+    import numpy as np
+
+    a = np.zeros(nbytes // 4, dtype=np.float32)
+    b = np.zeros_like(a)
+    a += b  # fault the pages in
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a += b
+        best = min(best, time.perf_counter() - t)
+    return best / nbytes
+
+
 class Emulation:
     def __init__(self, runs: list, nodes: list[Node], known_hosts: str, workdir: str,
-                 shared_host: bool, calibrate: Callable[[], float | None]) -> None:
+                 shared_host: bool, calibrate: Callable[[], float | None],
+                 host_cpus: int | None = None) -> None:
         self.nodes = nodes
         self.known_hosts = known_hosts
         self.workdir = workdir
@@ -35,10 +64,24 @@ class Emulation:
         self._calibrated = False
         self._k: dict[Any, float] = {}
         self._staged: set[str] = set()
-        self._most_nodes: dict[Any, int] = {}
+        self.host_cpus = host_cpus or os.cpu_count() or 1
+        self.pass_s_per_byte: float | None = None
+        # per (rate, nodes): the tightest train run's (ranks, gradient bytes, backward seconds)
+        self._load: dict[Any, tuple[int, int, float]] = {}
         for r in runs:
-            rate = r.params.get("bandwidth_mbit")
-            self._most_nodes[rate] = max(self._most_nodes.get(rate, 1), r.params["nodes"])
+            p = r.params
+            if r.kind != "train" or not p.get("accelerator"):
+                continue
+            doc = accel.resolve(p["accelerator"], p["model"], p["precision"], p["batch_size"],
+                                p["image_size"])
+            bwd = sum(layer["bwd_s"] for layer in doc["layers"])
+            grad = sum(int(layer.get("numel") or 0) for layer in doc["layers"]) * (
+                2 if p["precision"] == "amp" else 4)
+            key = (p.get("bandwidth_mbit"), p["nodes"])
+            ranks = p["nodes"] * p["procs_per_node"]
+            old = self._load.get(key)
+            if old is None or ranks * grad / bwd > old[0] * old[1] / old[2]:
+                self._load[key] = (ranks, grad, bwd)
 
     def dilation(self, run) -> float:
         """k for this run: 1 when it computes for real."""
@@ -47,16 +90,24 @@ class Emulation:
             return 1.0
         if p.get("dilation"):
             return float(p["dilation"])
-        rate = p.get("bandwidth_mbit")
-        if rate not in self._k:
-            if self.shared_host and rate and not self._calibrated:
-                self.host_mbit = self._calibrate()
+        key = (p.get("bandwidth_mbit"), p["nodes"])
+        if key not in self._k:
+            if not self.shared_host:
+                self._k[key] = 1.0
+                return 1.0
+            if not self._calibrated:
+                self.host_mbit = self._calibrate() if any(r for r, _ in self._load) else None
+                self.pass_s_per_byte = memory_pass_s_per_byte()
                 self._calibrated = True
-                log.info("host calibration: one stream moves %s Mbit/s",
-                         f"{self.host_mbit:.0f}" if self.host_mbit else "(failed)")
-            self._k[rate] = (accel.auto_dilation(self._most_nodes.get(rate, 1), rate, self.host_mbit)
-                             if self.shared_host else 1.0)
-        return self._k[rate]
+                log.info("host calibration: one stream moves %s Mbit/s; a memory pass %.2f ms/MB",
+                         f"{self.host_mbit:.0f}" if self.host_mbit else "(not measured)",
+                         self.pass_s_per_byte * 1e9)
+            ranks, grad, bwd = self._load.get(key, (p["nodes"], 0, 1.0))
+            k_link = accel.auto_dilation(p["nodes"], key[0], self.host_mbit)
+            k_cpu = math.ceil(ranks * PASSES * grad * (self.pass_s_per_byte or 0)
+                              / (CPU_SHARE * self.host_cpus * bwd))
+            self._k[key] = float(max(1, k_link, k_cpu))
+        return self._k[key]
 
     def with_dilation(self, run, k: float):
         """The run as recorded: params carry the k it ran at."""

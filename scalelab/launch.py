@@ -82,9 +82,12 @@ def allreduce_args(params: dict[str, Any], sizes: tuple[int, ...]) -> list[str]:
     """
     sizes = tuple(sorted(sizes)) or (1 << 20,)
     factor = sizes[1] // sizes[0] if len(sizes) > 1 else 2
-    return ["--min-bytes", str(sizes[0]), "--max-bytes", str(sizes[-1]), "--factor",
+    args = ["--min-bytes", str(sizes[0]), "--max-bytes", str(sizes[-1]), "--factor",
             str(max(2, factor)), "--iters", str(params.get("steps") or 10), "--warmup",
             str(params.get("warmup") or 2)]
+    if params.get("accelerator") and params.get("dilation"):
+        args += ["--dilation", f"{float(params['dilation']):g}"]  # in the emulated device's time
+    return args
 
 
 def threads_per_rank(node: Node, procs_per_node: int) -> int:

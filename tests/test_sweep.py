@@ -15,7 +15,7 @@ from scalelab.errors import InputError
 from scalelab.estimate import estimate_duration_s
 from scalelab.models import MODELS
 from scalelab.nodes import Node
-from scalelab.sweep import PARAM_KEYS, SweepSpec, describe, new_sweep_id, plan
+from scalelab.sweep import EMULATION_KEYS, PARAM_KEYS, SweepSpec, describe, new_sweep_id, plan
 from scalelab.sweepfile import (
     SWEEPS_DIR,
     find_sweep_file,
@@ -114,12 +114,13 @@ def test_run_ids_golden_and_stable():
 def test_params_hold_exactly_the_contract_keys():
     runs = plan(spec(bandwidth="1gbit"), make_cluster(3), can_shape=True)
     for r in runs:
-        assert tuple(r.params) == PARAM_KEYS
+        assert tuple(r.params) == PARAM_KEYS + EMULATION_KEYS
     train = next(r for r in runs if r.run_id == "train-n03-p1-b064-bw1000-r0")
     assert train.params == {
         "nodes": 3, "procs_per_node": 1, "world_size": 3, "model": "resnet20", "engine": "ddp",
         "precision": "fp32", "batch_size": 64, "bandwidth_mbit": 1000.0, "repeat": 0,
-        "steps": 30, "warmup": 5, "image_size": 32, "data": "synthetic"}
+        "steps": 30, "warmup": 5, "image_size": 32, "data": "synthetic", "accelerator": None,
+        "dilation": None}
     assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
     probe = next(r for r in runs if r.kind == "allreduce")
     assert probe.params["batch_size"] is None and probe.params["image_size"] is None

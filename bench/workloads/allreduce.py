@@ -78,6 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--timeout-s", type=float, default=600.0, help="collective timeout")
+    p.add_argument(
+        "--dilation",
+        type=float,
+        default=1.0,
+        help="time dilation k of an emulated cluster (links shaped to rate/k): times are reported divided by k",
+    )
     a = p.parse_args(argv)
     try:
         a.sizes = message_sizes(
@@ -87,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if a.iters < 1 or a.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
+    if not a.dilation >= 1:
+        p.error(f"--dilation must be >= 1, got {a.dilation}")
     return a
 
 
@@ -115,7 +123,7 @@ def run(a: argparse.Namespace) -> int:
         for _ in range(a.iters):
             dist.all_reduce(t)
         sync()
-        mine.append((time.perf_counter() - t0) / a.iters)
+        mine.append((time.perf_counter() - t0) / a.iters / a.dilation)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"rank": rank, "host": socket.gethostname(), "times": mine})
     if rank == 0:
@@ -138,6 +146,7 @@ def run(a: argparse.Namespace) -> int:
             {
                 "world_size": world,
                 "backend": backend,
+                "dilation": a.dilation,
                 "dtype": a.dtype,
                 "iters": a.iters,
                 "warmup": a.warmup,
