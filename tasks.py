@@ -327,6 +327,51 @@ def bundle(c, out="bundle", wheel_dir=""):
 
 
 @task(help={
+    "model": "resnet18/34/50/101/152 or resnet20/32/44/56",
+    "batch_size": "per-device batch size the profile is for",
+    "precision": "fp32 or amp",
+    "device": "cuda (a GPU: CUDA events per layer), cpu, or auto",
+    "steps": "measured steps; each layer's time is their median",
+    "output": "profile file to write (default bench/profiles/measured-MODEL-PRECISION-bBATCH.json)",
+})
+@friendly
+def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto", steps="10",
+            output=""):
+    """Measure a device profile on this machine (per-layer forward/backward times) for --accelerator."""
+    import subprocess
+    from pathlib import Path
+
+    from scalelab import accel
+    from scalelab.errors import InputError
+    from scalelab.models import MODELS
+    from scalelab.sweepfile import suggest
+
+    if model not in MODELS:
+        raise InputError(f"unknown model {model!r}{suggest(model, list(MODELS))}; known: "
+                         f"{', '.join(MODELS)}")
+    if precision not in ("fp32", "amp"):
+        raise InputError(f"--precision {precision!r}: use fp32 or amp")
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"--device {device!r}: use cuda, cpu or auto")
+    for name, value in (("batch-size", batch_size), ("steps", steps)):
+        if not str(value).isdigit() or int(value) < 1:
+            raise InputError(f"--{name} {value!r}: give a whole number >= 1")
+    out = Path(output or accel.PROFILES_DIR / f"measured-{model}-{precision}-b{batch_size}.json")
+    if not out.parent.is_dir():
+        raise InputError(f"--output {output}: directory {out.parent} does not exist")
+    tmp = out.with_name(f".{out.name}.tmp")
+    cmd = [sys.executable, str(accel.ROOT / "bench" / "workloads" / "devprofile.py"), "--model", model,
+           "--batch-size", str(batch_size), "--precision", precision, "--device", device,
+           "--steps", str(steps), "--output", str(tmp)]
+    proc = subprocess.run(cmd)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise Exit(f"error: the profiler failed (exit {proc.returncode}); see above", code=1)
+    tmp.replace(out)
+    print(f"profile: {out}; use it with invoke bench --accelerator {out}")
+
+
+@task(help={
     "sweep": "sweep id, or latest",
     "compare": "several sweep ids, comma-separated, drawn on shared axes",
     "out": "directory to write index.html into (default reports/<id>/)",
@@ -347,7 +392,7 @@ def report(c, sweep="latest", compare="", out=""):
             "sweep": "sweep file to run (a name under bench/sweeps/ or a path)",
             "keep": "leave the cluster up afterwards (invoke destroy --cluster demo removes it)"})
 @friendly
-def demo(c, nodes="3", sweep="demo", keep=False):
+def demo(c, nodes="8", sweep="demo", keep=False):
     """The main job on the local default: provision, check, bench, report, destroy."""
     from scalelab import driver, provisioning, sweepfile
     from scalelab import report as reports
@@ -414,5 +459,5 @@ def lint(c):
     print("lint: all clean")
 
 
-ns = Collection(provision, destroy, status, check, shape, configure, bundle, bench, report, demo,
+ns = Collection(provision, destroy, status, check, shape, configure, bundle, bench, profile, report, demo,
                 test, lint)

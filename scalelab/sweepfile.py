@@ -286,7 +286,7 @@ def load_sweep_file(path: str | Path) -> SweepSpec:
     """Read and validate bench/sweeps/NAME.yml (same keys as the CLI, underscores for dashes).
 
     >>> load_sweep_file(SWEEPS_DIR / "demo.yml").model
-    'resnet20'
+    'resnet50'
     """
     return _build(_file_fields(Path(path)), str(path))
 

@@ -136,6 +136,10 @@ CASES = [
     ("shape-static", "static", ["shape", "--cluster", FAKE, "--bandwidth", "1gbit"],
      "is a static cluster"),
     # ---- bench: options
+    ("profile-model", "none", ["profile", "--model", "resnet9"], "unknown model 'resnet9'"),
+    ("profile-batch", "none", ["profile", "--batch-size", "0"], "--batch-size '0': give a whole"),
+    ("profile-out", "none", ["profile", "--output", "/nonexistent/dir/p.json"],
+     "directory /nonexistent/dir does not exist"),
     ("bench-accel-unknown", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
                                       "--accelerator", "v101"], "unknown accelerator 'v101'"),
     ("bench-accel-model", "local", ["bench", "--nodes", "1-2", "--batch-size", "32", "--model",

@@ -41,3 +41,20 @@ def test_two_rank_ddp_over_nccl():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert '"world_size": 2' in proc.stdout
+
+
+def test_a_gpu_profile_is_measured_with_cuda_events_and_emulates_that_gpu(tmp_path):
+    """invoke profile on the GPU, then an emulated rank on the host computes for as long."""
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, "-m", "invoke", "profile", "--model", "resnet50",
+                           "--batch-size", "64", "--precision", "amp", "--device", "cuda",
+                           "--steps", "10", "--output", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["source"] == "measured" and doc["device"] == torch.cuda.get_device_name()
+    step = sum(x["fwd_s"] + x["bwd_s"] for x in doc["layers"]) + doc["optimizer_s"]
+    assert 64 / step > 300  # any training GPU of the last years does ResNet-50 amp faster
+    r = run_resnet("--model", "resnet50", "--precision", "amp", "--batch-size", "64",
+                   "--profile", str(out), "--warmup", "2", "--steps", "5")
+    assert r["ranks"][0]["compute_time_mean_s"] == pytest.approx(step, rel=0.05)

@@ -303,7 +303,7 @@ def test_sweep_files_are_found_by_name(tmp_path):
 
 
 def test_spec_round_trips_through_sweep_json_plan():
-    for name in ("demo", "ci", "slices"):
+    for name in ("demo", "cpu-demo", "ci", "slices"):
         s = load_sweep_file(SWEEPS_DIR / f"{name}.yml")
         assert spec_from_mapping(spec_to_dict(s), "sweep.json") == s
     s = spec(bandwidth="2500kbit,native", image_size=64)
@@ -313,9 +313,20 @@ def test_spec_round_trips_through_sweep_json_plan():
 # ------------------------------------------------------------------------------ shipped sweeps
 
 
-def test_demo_sweep_fits_the_local_demo_and_a_few_minutes():
+def test_demo_sweep_is_the_reference_experiment_in_miniature():
     s = load_sweep_file(SWEEPS_DIR / "demo.yml")
-    assert MODELS[s.model].image_size == 32 and s.nodes == [1, 2, 3]
+    # ResNet-50 on emulated GPUs, up to 8 nodes, two batch sizes, 1 against 10 Gbit/s
+    assert (s.model, s.accelerator, s.engine) == ("resnet50", "v100", "ddp")
+    assert s.nodes == [1, 2, 4, 8] and len(s.batch_sizes) == 2
+    assert s.bandwidths == [1000.0, 10000.0]
+    runs = plan(s, make_cluster(8), can_shape=True, cluster="demo")
+    assert len(runs) == 16 and all(r.kind == "train" for r in runs)
+    assert all(r.params["accelerator"] == "v100" and r.params["dilation"] is None for r in runs)
+
+
+def test_cpu_demo_sweep_fits_three_local_nodes_and_a_few_minutes():
+    s = load_sweep_file(SWEEPS_DIR / "cpu-demo.yml")
+    assert MODELS[s.model].image_size == 32 and s.nodes == [1, 2, 3] and s.accelerator is None
     runs = plan(s, make_cluster(3), can_shape=True, cluster="demo")
     assert len([r for r in runs if r.kind == "train"]) == 12
     assert 150 <= estimate_duration_s(runs) <= 330

@@ -13,7 +13,7 @@ demo sweep, bench/sweeps/demo.yml), and prints
     start-up, i.e. launch + reap + the driver's share).
 Needs root.
 
-Usage: .venv/bin/python bench/perf/sweep_overhead.py [--sweep demo] [--nodes 3] [-- BENCH OPTIONS]
+Usage: .venv/bin/python bench/perf/sweep_overhead.py [--sweep demo] [--nodes 8] [-- BENCH OPTIONS]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ PHASES = store.TIMELINE_KEYS
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", default="demo")
-    ap.add_argument("--nodes", type=int, default=3, help="nodes to provision")
+    ap.add_argument("--nodes", type=int, default=8, help="nodes to provision")
     ap.add_argument("bench_args", nargs="*", help="more `invoke bench` options, after --")
     a = ap.parse_args()
     tmp = private_state()
