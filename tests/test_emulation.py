@@ -131,7 +131,7 @@ def test_shipped_profiles_are_fresh_valid_and_say_where_they_come_from():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert {"v100", "a100"} <= set(accel.names())
-    for (gpu, model, precision), path in accel.shipped().items():
+    for (_gpu, model, precision), path in accel.shipped().items():
         doc = accel.load(path)
         assert (doc["model"], doc["precision"]) == (model, precision)
         assert doc["source"] == "derived" and "img/s" in doc["provenance"]
