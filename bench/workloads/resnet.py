@@ -297,13 +297,9 @@ def run(a: argparse.Namespace) -> int:
     torch.manual_seed(a.seed)  # identical init on every rank (DDP/Horovod broadcast anyway)
     pacer = None
     if a.emulated:
-        # the real parameters, shapes and names, without paying for their initialisation
-        with torch.device("meta"):
-            real_model = models.build_model(a.model, num_classes)
-        real_model = real_model.to_empty(device=device)
-        with torch.no_grad():
-            for t in real_model.parameters():
-                t.zero_()
+        # the real parameters, shapes and names (built as usual: on the meta device it would
+        # be cheaper in principle, but its first use costs torch 1.5 s of set-up per process)
+        real_model = models.build_model(a.model, num_classes).to(device)
         param_names = [n for n, _ in real_model.named_parameters()]
         try:
             model, pacer = emulate.build(a.emulated, list(real_model.named_parameters()), a.dilation)
