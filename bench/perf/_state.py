@@ -21,3 +21,30 @@ def private_state() -> Path:
     os.environ["SCALELAB_INVENTORIES"] = str(tmp / "inventories")
     os.environ["SCALELAB_REPORTS"] = str(tmp / "reports")
     return tmp
+
+
+def bench_on_local_cluster(name: str, nodes: int, *bench_args: str) -> tuple[float, Path]:
+    """Provision a local cluster, run `invoke bench` on it as a user would (no report), destroy
+    it; return the wall time of invoke bench and the sweep's directory. Exits with the tail of
+    its stderr when it fails."""
+    import subprocess
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    from scalelab.targets.local import LocalCluster
+
+    lc = LocalCluster(name)
+    lc.provision(nodes)
+    try:
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "invoke", "bench", "--cluster", lc.name,
+                               "--no-report", *bench_args], cwd=root, capture_output=True,
+                              text=True, timeout=3600)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            sys.exit(f"invoke bench failed:\n{proc.stderr[-3000:]}")
+    finally:
+        lc.destroy()
+    reports = Path(os.environ["SCALELAB_REPORTS"])
+    return wall, reports / os.readlink(reports / "latest")

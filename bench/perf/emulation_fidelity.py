@@ -23,19 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from _state import private_state  # noqa: E402
+from _state import bench_on_local_cluster, private_state  # noqa: E402
 
 from scalelab.report.data import analyse, load_sweep_data  # noqa: E402
-from scalelab.targets.local import LocalCluster  # noqa: E402
 
 
 def main() -> None:
@@ -48,24 +44,12 @@ def main() -> None:
     ap.add_argument("--steps", default="3")
     ap.add_argument("bench_args", nargs="*", help="more `invoke bench` options, after --")
     a = ap.parse_args()
-    tmp = private_state()
+    private_state()
     most = max(int(x) for x in a.nodes.replace("-", ",").split(","))
-    lc = LocalCluster("perfemu")
-    lc.provision(most)
-    try:
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "invoke", "bench", "--cluster", lc.name,
-                               "--nodes", a.nodes, "--batch-size", a.batch_size,
-                               "--bandwidth", a.bandwidth, "--model", a.model,
-                               "--accelerator", a.accelerator, "--steps", a.steps,
-                               "--repeats", "1", "--no-report", *a.bench_args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=3600)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            sys.exit(f"invoke bench failed:\n{proc.stderr[-3000:]}")
-    finally:
-        lc.destroy()
-    sweep_dir = tmp / "reports" / os.readlink(tmp / "reports" / "latest")
+    wall, sweep_dir = bench_on_local_cluster(
+        "perfemu", most, "--nodes", a.nodes, "--batch-size", a.batch_size, "--bandwidth",
+        a.bandwidth, "--model", a.model, "--accelerator", a.accelerator, "--steps", a.steps,
+        "--repeats", "1", *a.bench_args)
     records = [json.loads(x) for x in (sweep_dir / "runs.jsonl").read_text().splitlines()]
     train = {r["run_id"]: r for r in records if r["kind"] == "train"}
     a_ = analyse([load_sweep_data(sweep_dir)], None, False)

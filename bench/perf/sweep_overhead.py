@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from _state import private_state  # noqa: E402
+from _state import bench_on_local_cluster, private_state  # noqa: E402
 
 from scalelab import store  # noqa: E402
-from scalelab.targets.local import LocalCluster  # noqa: E402
 
 PHASES = store.TIMELINE_KEYS
 
@@ -44,22 +40,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=8, help="nodes to provision")
     ap.add_argument("bench_args", nargs="*", help="more `invoke bench` options, after --")
     a = ap.parse_args()
-    tmp = private_state()
-    lc = LocalCluster("perfsw")
-    lc.provision(a.nodes)
-    try:
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "invoke", "bench", "--cluster", lc.name,
-                               "--sweep", a.sweep, "--no-report", *a.bench_args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=3600)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            sys.exit(f"invoke bench failed:\n{proc.stderr[-3000:]}")
-    finally:
-        lc.destroy()
-    reports = tmp / "reports"
-    runs = [json.loads(x) for x in
-            (reports / os.readlink(reports / "latest") / "runs.jsonl").read_text().splitlines()]
+    private_state()
+    wall, sweep_dir = bench_on_local_cluster("perfsw", a.nodes, "--sweep", a.sweep, *a.bench_args)
+    runs = [json.loads(x) for x in (sweep_dir / "runs.jsonl").read_text().splitlines()]
     train = [r for r in runs if r["kind"] == "train" and r["status"] == "ok" and r.get("timeline")]
     probes = [r for r in runs if r["kind"] == "allreduce"]
     steps = sum(r["timeline"]["warmup_s"] + r["timeline"]["timed_s"] for r in train)
