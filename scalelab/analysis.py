@@ -589,17 +589,17 @@ def _judge(series: dict[str, Any], row: pd.Series, grp: pd.DataFrame, synth: pd.
     if grp["world_size"].nunique() < 2:
         return "undetermined", (f"Only one world size ({n}) was measured, so scaling cannot "
                                 "be judged.")
+    if row.get("accelerator") and row.get("fidelity"):
+        # emulated accelerators sleep instead of computing: the fidelity guard's measurements,
+        # not core counts, say whether the host kept up
+        return "emulation-bound", (
+            f"At {n} ranks the emulation fell short ({row['fidelity']}), so the "
+            f"{_pct(eff)} efficiency reflects the host, not the emulated cluster.")
     if eff >= COMPUTE_BOUND_EFFICIENCY:
         return "compute-bound", (
             f"At {n} ranks efficiency is {_pct(eff)} (model {_pct(pred)}): communication is "
             "small next to compute, so more nodes add throughput almost linearly.")
     if row.get("accelerator"):
-        # emulated accelerators sleep instead of computing: the fidelity guard's measurements,
-        # not core counts, say whether the host kept up
-        if row.get("fidelity"):
-            return "emulation-bound", (
-                f"At {n} ranks the emulation fell short ({row['fidelity']}), so the "
-                f"{_pct(eff)} efficiency reflects the host, not the emulated cluster.")
         return _judge_network(series, row, n, eff, pred, share)
     host = float(lim.get("host_cpus") or math.nan)
     node_cpus = float(lim.get("node_cpus") or math.nan)

@@ -164,6 +164,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
         return measure_link(all_nodes, rt, BASE_PORT + 450, stop=stop)[0]
 
     emu = Emulation(runs, all_nodes, rt.known_hosts, rt.workdir, target.emulated, calibrate)
+    emu.keep(store.read_runs(sweep_dir).values())  # a resumed sweep keeps its k
 
     def stopped() -> bool:
         return stop is not None and stop.is_set()

@@ -74,7 +74,7 @@ class Emulation:
                 continue
             doc = accel.resolve(p["accelerator"], p["model"], p["precision"], p["batch_size"],
                                 p["image_size"])
-            bwd = sum(layer["bwd_s"] for layer in doc["layers"])
+            bwd = max(sum(layer["bwd_s"] for layer in doc["layers"]), 1e-6)
             grad = sum(int(layer.get("numel") or 0) for layer in doc["layers"]) * (
                 2 if p["precision"] == "amp" else 4)
             key = (p.get("bandwidth_mbit"), p["nodes"])
@@ -82,6 +82,14 @@ class Emulation:
             old = self._load.get(key)
             if old is None or ranks * grad / bwd > old[0] * old[1] / old[2]:
                 self._load[key] = (ranks, grad, bwd)
+
+    def keep(self, records) -> None:
+        """Reuse the k each (rate, node count) ran at before (a resumed sweep): runs of one
+        sweep at one point are measured at one k."""
+        for rec in records:
+            p = rec.get("params") or {}
+            if p.get("accelerator") and p.get("dilation"):
+                self._k.setdefault((p.get("bandwidth_mbit"), p.get("nodes")), float(p["dilation"]))
 
     def dilation(self, run) -> float:
         """k for this run: 1 when it computes for real."""
@@ -104,7 +112,9 @@ class Emulation:
                          self.pass_s_per_byte * 1e9)
             ranks, grad, bwd = self._load.get(key, (p["nodes"], 0, 1.0))
             k_link = accel.auto_dilation(p["nodes"], key[0], self.host_mbit)
-            k_cpu = math.ceil(ranks * PASSES * grad * (self.pass_s_per_byte or 0)
+            # amp: the engine's hook also casts each bucket to 16 bits and back
+            passes = PASSES + (3 if p.get("precision") == "amp" else 0)
+            k_cpu = math.ceil(ranks * passes * grad * (self.pass_s_per_byte or 0)
                               / (CPU_SHARE * self.host_cpus * bwd))
             self._k[key] = float(max(1, k_link, k_cpu))
         return self._k[key]

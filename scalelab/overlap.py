@@ -124,6 +124,9 @@ def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) 
             steps.append(np.nan)
             continue
         rate = float(row["link_mbit_model"]) if int(row["nodes"]) > 1 else math.inf
+        if not rate > 0:  # NaN: no link rate known, so nothing to predict
+            steps.append(np.nan)
+            continue
         steps.append(predict_step_s(doc, str(row["engine"]), int(row["world_size"]), rate,
                                     str(row["precision"]), alpha_s))
     out["overlap_step_s"] = steps

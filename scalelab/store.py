@@ -43,7 +43,7 @@ from typing import Any
 
 from scalelab.errors import ScalelabError
 from scalelab.state import write_atomic
-from scalelab.sweep import KINDS, PARAM_KEYS, RunPlan
+from scalelab.sweep import EMULATION_KEYS, KINDS, PARAM_KEYS, RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -470,6 +470,27 @@ def read_runs(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     return runs
 
 
+def same_params(stored: Any, planned: dict[str, Any]) -> bool:
+    """Whether a stored run's params are the planned ones: a store from before emulated
+    accelerators lacks their keys (None), and a dilation the plan left to the driver (None)
+    is recorded as the k it chose.
+
+    >>> same_params({"nodes": 2}, {"nodes": 2, "accelerator": None, "dilation": None})
+    True
+    >>> same_params({"nodes": 2, "accelerator": "v100", "dilation": 4.0},
+    ...             {"nodes": 2, "accelerator": "v100", "dilation": None})
+    True
+    >>> same_params({"nodes": 2, "dilation": 4.0}, {"nodes": 2, "dilation": 2.0})
+    False
+    """
+    if not isinstance(stored, dict):
+        return False
+    stored = {**dict.fromkeys(EMULATION_KEYS), **stored}
+    if planned.get("dilation") is None:
+        stored = {**stored, "dilation": None}
+    return stored == planned
+
+
 def missing_runs(sweep_dir: Path, plan: Sequence[RunPlan],
                  retry_failed: bool = False) -> list[RunPlan]:
     """The planned runs to (re)do on resume, in plan order (see the module doc for why).
@@ -482,7 +503,7 @@ def missing_runs(sweep_dir: Path, plan: Sequence[RunPlan],
     todo = []
     for run in plan:
         rec = runs.get(run.run_id)
-        if rec is not None and rec.get("params") != run.params:
+        if rec is not None and not same_params(rec.get("params"), run.params):
             raise StoreError(f"run {run.run_id} is stored with other parameters than planned; "
                              "resume with the sweep's own plan (sweep.json) or start a new "
                              "sweep")

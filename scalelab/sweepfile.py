@@ -143,6 +143,9 @@ def _accelerator(value: Any, what: str) -> str | None:
     text = str(value).strip()
     if text.lower() in ("none", "off"):
         return None
+    if accel.is_path(text):
+        # kept absolute in the sweep's plan, so a resume from elsewhere finds the same file
+        text = str(Path(text).expanduser().resolve())
     try:
         accel.check_name(text)
     except InputError as exc:

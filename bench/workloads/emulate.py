@@ -152,11 +152,14 @@ def build(doc: dict[str, Any], model_params: list[tuple[str, Any]], dilation: fl
     pacer = Pacer(dilation)
     fwd = [layer["fwd_s"] for layer in doc["layers"]]
     bwd = [layer["bwd_s"] for layer in doc["layers"]]
-    # The gradients handed to the engine: zeros, made once. The caller never clears .grad, so
-    # after the first step autograd adds these into the existing gradient in place (with DDP's
-    # gradient_as_bucket_view, straight into the bucket) and the host does the least copying a
-    # real step would: no allocation, no page faults, one pass over the gradients.
-    zeros = [[torch.zeros_like(by_name[p]) for p in layer["params"]] for layer in doc["layers"]]
+    # The gradients handed to the engine: one zero, broadcast to each parameter's shape (no
+    # memory of its own). The caller never clears .grad, so after the first step autograd adds
+    # it into the existing gradient in place (with DDP's gradient_as_bucket_view, straight into
+    # the bucket) and the host does the least a real step would: no allocation, no page
+    # faults, one pass over the gradients.
+    zero = {t.dtype: torch.zeros((), dtype=t.dtype) for t in by_name.values()}
+    zeros = [[zero[by_name[p].dtype].expand(by_name[p].shape) for p in layer["params"]]
+             for layer in doc["layers"]]
 
     class Layer(torch.autograd.Function):
         @staticmethod

@@ -340,8 +340,10 @@ def findings(a: Analysis) -> list[str]:
         grp = grp.assign(_bw=grp["bandwidth_mbit"].astype(float).fillna(np.inf))
         for bw, g in grp.sort_values(["_bw", "world_size"]).groupby("bandwidth", sort=False):
             last = g.iloc[-1]
+            eff = float(last["eff_mean"])
             parts.append(f"at {bw}, {int(last['world_size'])} ranks reach "
-                         f"{_fmt(float(last['eff_mean']) * 100, 3)}% efficiency")
+                         + (f"{_fmt(eff * 100, 3)}% efficiency" if eff == eff else
+                            "an efficiency that could not be measured"))
             kind = kinds.get(tuple({**series, "bandwidth": bw}[k] for k in analysis.SERIES_KEYS))
             low = g[(g["eff_mean"].astype(float) < analysis.COMPUTE_BOUND_EFFICIENCY)
                     & (g["world_size"] > 1)]
@@ -350,14 +352,16 @@ def findings(a: Analysis) -> list[str]:
             elif kind == "emulation-bound":
                 starts.append(f"at {bw} the emulation, not the network, limits the largest runs")
         what = f"{series['model']}, batch {int(series['batch_size'])}"
-        acc = str(g["accelerator"].iloc[0]) if "accelerator" in g and g["accelerator"].iloc[0] else ""
+        acc = str(grp["accelerator"].iloc[0]) if "accelerator" in grp and grp["accelerator"].iloc[0] else ""
         if acc:
             what += f" on emulated {acc}"
         line = f"{what}: " + "; ".join(parts) + "."
-        if any(x.startswith("from") for x in starts):
-            line += " The network is the bottleneck " + ", ".join(starts) + "."
-        elif starts:
-            line += " " + "; ".join(starts).capitalize() + "."
+        net = [x for x in starts if x.startswith("from")]
+        emu = [x for x in starts if not x.startswith("from")]
+        if net:
+            line += " The network is the bottleneck " + ", ".join(net) + "."
+        if emu:
+            line += " " + "; ".join(emu).capitalize() + "."
         lines.append(line)
     return lines
 
