@@ -58,10 +58,17 @@ def ddp_groups(ready: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
 
 def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, link_mbit: float,
                  alpha_s: float) -> float:
-    """When the last allreduce ends, in seconds after backward starts."""
-    def ring(nbytes: int) -> float:
-        return float(analysis.ring_allreduce_time_s(world, nbytes, link_mbit, alpha_s))
+    """When the last allreduce ends, in seconds after backward starts.
 
+    Groups share the link one after another, but a group's per-hop latencies (alpha x 2(N-1))
+    are not link time: the engine has it in flight while the previous group still holds the
+    link (gloo and NCCL run several collectives at once), so a group ends at
+    max(previous end + its transfer, its ready time + its whole ring time).
+    """
+    def transfer(nbytes: int) -> float:
+        return float(analysis.ring_allreduce_time_s(world, nbytes, link_mbit, 0.0))
+
+    latency = float(analysis.ring_allreduce_time_s(world, 0, link_mbit, alpha_s))
     end = 0.0
     if engine == "horovod":
         i = 0
@@ -71,10 +78,10 @@ def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, li
             while i < len(ready) and ready[i][0] <= start and size + ready[i][1] <= max(HOROVOD_FUSION, ready[i][1]):
                 size += ready[i][1]
                 i += 1
-            end = start + ring(size)
+            end = max(end + transfer(size), start + latency + transfer(size))
         return end
     for t, size in ddp_groups(ready):
-        end = max(end, t) + ring(size)
+        end = max(end + transfer(size), t + latency + transfer(size))
     return end
 
 
