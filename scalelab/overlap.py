@@ -3,10 +3,12 @@
 With per-layer backward times (a device profile), gradients become ready one layer at a time,
 last layer first. The engine groups them (DDP: buckets of 25 MiB, the first 1 MiB, in the order
 gradients become ready; Horovod: whatever is ready when its background thread is next free,
-fused up to 64 MiB) and reduces one group after another over the link. A group's allreduce
-starts when its last gradient is ready and the previous group's allreduce is done:
+fused up to 64 MiB) and reduces one group after another over the link. A group's transfer starts when its last
+gradient is ready and the previous group's transfer is done; its per-hop latencies are not
+link time and overlap the previous group's transfer:
 
-    start_j = max(ready_j, end_(j-1)),  end_j = start_j + ring(N, bytes_j, link)
+    end_j = max(end_(j-1) + transfer_j,  ready_j + latency + transfer_j)
+    transfer_j = 2(N-1)/N x bytes_j / link,  latency = 2(N-1) x alpha
 
     step = forward + max(backward, end_last) + optimizer
 

@@ -391,8 +391,8 @@ def _emulation_section(a: Analysis) -> str:
              f"stretched over {analysis.COMPUTE_FIDELITY * 100:.0f}% past the profile, or the "
              f"link gave under {analysis.LINK_FIDELITY * 100:.0f}% of its dilated rate. The ring "
              f"model adds compute and communication; the overlap model replays the bucket "
-             f"timeline (a bucket's allreduce starts when its last gradient is ready and the "
-             f"previous one is done).</p>"]
+             f"timeline (a bucket's transfer starts when its last gradient is ready and the "
+             f"previous bucket's transfer is done).</p>"]
     cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "int"),
             ("world_size", "world size", "int"), ("dilation", "k", "num"),
             ("eff_mean", "measured efficiency", "pct"),
