@@ -21,11 +21,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench" / "workloads"))
+sys.path.insert(0, str(ROOT))
 import emulate  # noqa: E402
+
+from scalelab.models import MODELS  # noqa: E402  (the one model registry)
 
 OUT = ROOT / "bench" / "profiles"
 SPLITS = OUT / "splits"
-MODELS = json.loads((ROOT / "bench" / "workloads" / "models.json").read_text())
 
 DLE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
        "'Training performance results', 1 GPU, pytorch-21.03 container; batch size from "
@@ -43,7 +45,7 @@ BY_FLOPS = ("resnet101",)
 
 def derive(split: dict, gpu: str, device: str, hbm_gbs: float, precision: str, batch: int,
            img_s: float, provenance: str) -> dict:
-    params = MODELS[split["model"]]["params"]
+    params = MODELS[split["model"]].params
     # SGD with momentum and weight decay reads weight, gradient, momentum and writes weight,
     # momentum: 5 fp32 accesses per parameter (master weights stay fp32 under amp)
     opt_s = params * 4 * 5 / (hbm_gbs * 1e9)
@@ -68,10 +70,10 @@ def profiles() -> dict[str, dict]:
             rate = img_s
             how = f"{img_s:g} img/s ({note}) from {source}"
             if model != "resnet50":
-                ratio = MODELS["resnet50"]["gflops_fwd"] / MODELS[model]["gflops_fwd"]
+                ratio = MODELS["resnet50"].gflops_fwd / MODELS[model].gflops_fwd
                 rate = img_s * ratio
                 how = (f"{rate:.1f} img/s: ResNet-50's {img_s:g} img/s ({note}, {source}) x the "
-                       f"forward GFLOP ratio {MODELS['resnet50']['gflops_fwd']}/{MODELS[model]['gflops_fwd']}")
+                       f"forward GFLOP ratio {MODELS['resnet50'].gflops_fwd}/{MODELS[model].gflops_fwd}")
             prov = (f"derived: step time from {how}; per-layer forward/backward split as measured "
                     f"on a CPU ({split['provenance']}); optimizer step = SGD memory traffic at "
                     f"{hbm} GB/s")
