@@ -115,7 +115,7 @@ def timeline(res: launch.LaunchResult) -> dict[str, float]:
 
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
                link_mbit: float | None, rate: float | None,
-               link_error: str = "") -> dict[str, Any]:
+               link_error: str = "", launcher: str = "") -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
@@ -125,6 +125,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     env = dict(result.get("env") or {})
     env.update({"scalelab": scalelab_commit(), "controller_python": platform.python_version(),
                 "target": target, "nodes": list(run.node_names), "tc": netshape.describe(rate)})
+    if launcher:
+        env["launcher"] = launcher
     measured: dict[str, Any] = {"ranks": result.get("ranks", []), "env": env,
                                 "gradient_bytes": result.get("gradient_bytes"),
                                 "link_mbit_measured": link_mbit,
@@ -192,15 +194,13 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             # a fresh port per run: the last one may still be in TIME_WAIT
             port = BASE_PORT + (os.getpid() * 7 + k) % 400
             if run.kind == "allreduce":
-                cmds = launch.torchrun_commands(nodes, p["procs_per_node"], "allreduce.py",
-                                                launch.allreduce_args(p, run.allreduce_sizes), rt,
-                                                port)
-            elif p["engine"] == "horovod":
-                cmds = launch.horovodrun_commands(nodes, p["procs_per_node"], "resnet.py",
-                                                  launch.workload_args(p, profile), rt, port)
+                script, args, engine = ("allreduce.py",
+                                        launch.allreduce_args(p, run.allreduce_sizes), "ddp")
             else:
-                cmds = launch.torchrun_commands(nodes, p["procs_per_node"], "resnet.py",
-                                                launch.workload_args(p, profile), rt, port)
+                script, args, engine = ("resnet.py", launch.workload_args(p, profile),
+                                        p["engine"])
+            launcher, cmds = launch.rank_commands(engine, nodes, p["procs_per_node"], script,
+                                                  args, rt, port, shared_host=target.emulated)
             started = utcnow()
             interrupted = False
             try:
@@ -213,7 +213,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             if measured_mbit is not None:
                 measured_mbit *= dilation  # in the emulated device's time
             record = run_record(sweep_id, run, rec["target"], res, started, measured_mbit, rate,
-                                links[rate][1])
+                                links[rate][1], launcher)
             store.append_run(sweep_dir, record)
             counts[res.status] = counts.get(res.status, 0) + 1
             if on_progress:

@@ -1,4 +1,4 @@
-"""Start ranks on nodes over SSH (torchrun or horovodrun), enforce a timeout, reap by pid.
+"""Start ranks on nodes over SSH (torchrun, horovodrun or directly), time them out, reap by pid.
 
 Every remote command runs as the leader of a new session (`setsid -w`), and prints its
 process-group id first; on timeout, failure or Ctrl-C the driver ends exactly that group
@@ -134,6 +134,48 @@ def torchrun_commands(nodes: list[Node], procs_per_node: int, script: str, args:
                 f"{rt.workdir}/{WORKLOADS}/{script}", *args]
         out.append(RankCommand(n, argv, rank_env(n, procs_per_node)))
     return out
+
+
+def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime,
+                    port: int) -> list[RankCommand]:
+    """One rank per node started directly, with torchrun's static rendezvous in its environment.
+
+    For nodes that share one host's cores (the local target): torchrun's agent imports torch
+    as the rank does, which on a 2-core host running 8 nodes doubles the start-up of every run,
+    and an agent buys nothing for a static group of one process per node. The rank's
+    rendezvous is the same c10d store at the head (rank 0 serves it instead of the agent).
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> cmd = direct_commands(ns, "resnet.py", ["--steps", "5"], rt, 29500)[1]
+    >>> " ".join(cmd.argv)
+    '/v/bin/python /w/bench/workloads/resnet.py --steps 5'
+    >>> {k: cmd.env[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    {'RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '10.0.0.10', 'MASTER_PORT': '29500'}
+    """
+    head = nodes[0].private_address
+    out = []
+    for i, n in enumerate(nodes):
+        env = rank_env(n, 1)
+        env.update({"RANK": str(i), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0",
+                    "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(i), "MASTER_ADDR": head,
+                    "MASTER_PORT": str(port)})
+        out.append(RankCommand(n, [rt.python, f"{rt.workdir}/{WORKLOADS}/{script}", *args], env))
+    return out
+
+
+def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: str,
+                  args: list[str], rt: Runtime, port: int,
+                  shared_host: bool = False) -> tuple[str, list[RankCommand]]:
+    """The launcher for a run and its commands: horovodrun for Horovod; for DDP and the
+    allreduce probe torchrun, or, where the nodes share one host's cores and run one process
+    each, the ranks directly (direct_commands says why)."""
+    if engine == "horovod":
+        return "horovodrun", horovodrun_commands(nodes, procs_per_node, script, args, rt, port)
+    if shared_host and procs_per_node == 1:
+        return "direct", direct_commands(nodes, script, args, rt, port)
+    return "torchrun", torchrun_commands(nodes, procs_per_node, script, args, rt, port)
 
 
 def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
@@ -474,6 +516,11 @@ def _clean(text: str) -> str:
     return text[:300]
 
 
+# `setsid -w` when its child (a rank started directly) was killed by a signal
+_SETSID_SIGNALED = re.compile(r"^setsid: child \d+ did not exit normally")
+_RANK_LINE = re.compile(r"\brank (?P<rank>\d+)/\d+\b")
+
+
 def _signal_name(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -496,6 +543,8 @@ def rank_reason(stderr: str, returncode: int | None) -> str:
     'lost the SSH connection (node down, sshd gone or link cut)'
     >>> rank_reason("ssh: connect to host 10.0.0.11 port 22: Connection refused\\n", 255)
     'ssh: connect to host 10.0.0.11 port 22: Connection refused'
+    >>> rank_reason("[resnet.py] rank 1/2 on n1\\nsetsid: child 7 did not exit normally: x\\n", 9)
+    'rank 1 killed by signal 9 (SIGKILL)'
     >>> rank_reason("netprobe.py: error: bind failed\\n", 2)
     'exit 2: netprobe.py: error: bind failed'
     """
@@ -516,6 +565,12 @@ def rank_reason(stderr: str, returncode: int | None) -> str:
             code = int(m.group())
             rank = re.match(r"\d+", fields.get("rank", ""))
             who = f"rank {rank.group()} " if rank else "a rank "
+    died = [ln for ln in lines if _SETSID_SIGNALED.search(ln)]
+    if died and not who and returncode and 0 < returncode < 128:
+        # a rank started directly: `setsid -w` exits with the raw wait status of its child
+        code = -(returncode & 0x7F)
+        rank = [m for m in (_RANK_LINE.search(ln) for ln in lines) if m]
+        who = f"rank {rank[-1]['rank']} " if rank else ""
     if code is not None and code < 0:
         return f"{who}killed by signal {-code} ({_signal_name(-code)})"
     if returncode == 255 and not who:

@@ -145,6 +145,7 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
             assert 0.85 * rate < measured <= 1.02 * rate, r
         runs = [json.loads(x) for x in (sweep_dir / "runs.jsonl").read_text().splitlines()]
         assert {r["env"]["target"] for r in runs} == {"static"}
+        assert {r["env"]["launcher"] for r in runs} == {"torchrun"}  # real hosts: the agent
         # every host's qdiscs are back as they were before the sweep
         assert _qdiscs(lab_nodes, kh) == before
 

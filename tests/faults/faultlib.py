@@ -87,18 +87,29 @@ def all_workload_pids(cluster: str, nodes: int) -> dict[int, str]:
 
 
 def rank_pid(cluster: str, index: int) -> int | None:
-    """The training rank (resnet.py run by torchrun, not torchrun itself) on a node."""
+    """The training rank (resnet.py, run by torchrun or directly; not torchrun itself)."""
     for pid, cl in workload_pids(cluster, index).items():
-        if "resnet.py" in cl and "torch.distributed.run" not in cl:
+        argv = cl.split()
+        # the interpreter itself, not setsid or the shell that started it
+        if len(argv) > 1 and "python" in argv[0] and argv[1].endswith("resnet.py"):
             return pid
     return None
 
 
 def _master_port(cluster: str, index: int) -> int | None:
-    for cl in workload_pids(cluster, index).values():
+    """The rendezvous port of the run in flight: torchrun's --master-port, or MASTER_PORT in
+    the environment of a rank started directly."""
+    for pid, cl in workload_pids(cluster, index).items():
         parts = cl.split()
         if "--master-port" in parts:
             return int(parts[parts.index("--master-port") + 1])
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for e in env:
+            if e.startswith(b"MASTER_PORT="):
+                return int(e.split(b"=", 1)[1])
     return None
 
 
