@@ -34,7 +34,6 @@ from scalelab.nodes import Node, nodes_of
 from scalelab.shaping import Shaper
 from scalelab.state import cluster_dir, load_cluster
 from scalelab.targets import base as targets
-from scalelab.warmstart import WARM, WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -172,15 +171,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     def stopped() -> bool:
         return stop is not None and stop.is_set()
 
-    # ranks started directly on shared cores are forked from a warm-start server per node
-    direct = [r for r in runs if launch.starts_directly(
-        "ddp" if r.kind == "allreduce" else r.params["engine"], r.params["procs_per_node"],
-        target.emulated)]
-    warm = (WarmPool(all_nodes[: max(r.params["nodes"] for r in direct)], rt, sweep_dir / WARM)
-            if direct else None)
     try:
-        if warm is not None:
-            warm.start(stop=stop)
         for k, run in enumerate(runs):
             if stopped():
                 raise KeyboardInterrupt
@@ -208,9 +199,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             else:
                 script, args, engine = ("resnet.py", launch.workload_args(p, profile),
                                         p["engine"])
-            launcher, cmds = launch.rank_commands(
-                engine, nodes, p["procs_per_node"], script, args, rt, port,
-                shared_host=target.emulated, warm=warm.name if warm and warm.ready else None)
+            launcher, cmds = launch.rank_commands(engine, nodes, p["procs_per_node"], script,
+                                                  args, rt, port, shared_host=target.emulated)
             started = utcnow()
             interrupted = False
             try:
@@ -231,8 +221,6 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             if interrupted or res.status == "interrupted":
                 raise KeyboardInterrupt
     finally:
-        if warm is not None:
-            warm.stop()
         shaper.restore()
     return counts
 
@@ -372,8 +360,7 @@ def resume(sweep_dir: Path, prep: Prepared,
         with store.hold_sweep(sweep_dir):  # a second resume of the same sweep fails here
             store.compact(sweep_dir)
             rec = load_cluster(prep.cluster)
-            reaped = (launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
-                      + launch.reap_inflight(sweep_dir / WARM, rec["known_hosts"]))
+            reaped = launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
         if reaped:
             log.warning("ended %d process groups left by the interrupted driver", reaped)
         if prep.runs:
