@@ -516,7 +516,7 @@ def _clean(text: str) -> str:
     return text[:300]
 
 
-# `setsid -w` when its child (a rank started directly) was killed by a signal
+# `setsid -w` (remote_line) when the command it waits for was killed by a signal
 _SETSID_SIGNALED = re.compile(r"^setsid: child \d+ did not exit normally")
 _RANK_LINE = re.compile(r"\brank (?P<rank>\d+)/\d+\b")
 
@@ -567,7 +567,8 @@ def rank_reason(stderr: str, returncode: int | None) -> str:
             who = f"rank {rank.group()} " if rank else "a rank "
     died = [ln for ln in lines if _SETSID_SIGNALED.search(ln)]
     if died and not who and returncode and 0 < returncode < 128:
-        # a rank started directly: `setsid -w` exits with the raw wait status of its child
+        # the command was killed by a signal (a rank started directly has no launcher to
+        # say so): `setsid -w` then exits with its child's raw wait status
         code = -(returncode & 0x7F)
         rank = [m for m in (_RANK_LINE.search(ln) for ln in lines) if m]
         who = f"rank {rank[-1]['rank']} " if rank else ""

@@ -342,7 +342,7 @@ def findings(a: Analysis) -> list[str]:
             last = g.iloc[-1]
             eff = float(last["eff_mean"])
             parts.append(f"at {bw}, {int(last['world_size'])} ranks reach "
-                         + (f"{_fmt(eff * 100, 3)}% efficiency" if eff == eff else
+                         + (f"{_fmt(eff * 100, 3)}% efficiency" if not math.isnan(eff) else
                             "an efficiency that could not be measured"))
             kind = kinds.get(tuple({**series, "bandwidth": bw}[k] for k in analysis.SERIES_KEYS))
             low = g[(g["eff_mean"].astype(float) < analysis.COMPUTE_BOUND_EFFICIENCY)
