@@ -106,7 +106,7 @@ def known_tags(playbook_dir: Path = PLAYBOOK_DIR) -> list[str]:
         for role in play.get("roles", []) or []:
             if isinstance(role, dict):
                 tags.update(role.get("tags", []) or [])
-    return sorted(tags)
+    return sorted(tags - {"never"})  # Ansible's own: a role tagged so runs only when named
 
 
 def parse_tags(tags: Sequence[str] | str | None, allowed: Sequence[str]) -> list[str]:

@@ -52,7 +52,15 @@ def _tasks(role: Path) -> list[dict]:
 
 def test_the_roles_the_brief_names_are_all_there():
     assert set(ROLE_NAMES) == {"common", "docker_nvidia", "nfs_server", "nfs_client", "pytorch",
-                               "horovod", "netshape", "jupyterlab", "workloads"}
+                               "horovod", "netshape", "jupyterlab", "workloads", "slurm"}
+
+
+def test_slurm_is_applied_only_when_asked_for():
+    """A cluster that already runs Slurm must not get a second one from a plain configure."""
+    tags = {r["role"]: r.get("tags", []) for p in _yaml(PLAYBOOKS / "site.yml") for r in p["roles"]}
+    assert "never" in tags["slurm"]
+    assert all("never" not in t for name, t in tags.items() if name != "slurm")
+    assert "slurm" in known_tags() and "never" not in known_tags()
 
 
 def test_site_yml_applies_every_role_tagged_with_its_own_name():

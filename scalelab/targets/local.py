@@ -21,6 +21,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -94,6 +95,53 @@ def node_address(subnet: ipaddress.IPv4Network, index: int) -> str:
 
 def bridge_address(subnet: ipaddress.IPv4Network) -> str:
     return str(subnet.network_address + 1)
+
+
+def cgroup_mounts(mounts: str, root: str) -> list[str]:
+    r"""Shell steps that give a node the host's /sys/fs/cgroup (`ip netns exec` mounts a fresh
+    sysfs without it): what runs on a real host and looks there (slurmd does) finds it.
+
+    The same hierarchies are mounted again, so a node sees the host's cgroups, as a
+    container does; its own processes stay in the node's CPU cgroup.
+
+    >>> text = ("tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0\n"
+    ...         "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n"
+    ...         "cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0\n"
+    ...         "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n")
+    >>> cgroup_mounts(text, "/m")  # doctest: +NORMALIZE_WHITESPACE
+    ['mount -t tmpfs -o mode=755 cgroup /m/sys/fs/cgroup',
+     'mkdir -p /m/sys/fs/cgroup/cpu', 'mount -t cgroup -o cpu cgroup /m/sys/fs/cgroup/cpu',
+     'mkdir -p /m/sys/fs/cgroup/systemd',
+     'mount -t cgroup -o none,name=systemd cgroup /m/sys/fs/cgroup/systemd',
+     'mkdir -p /m/sys/fs/cgroup/unified', 'mount -t cgroup2 cgroup2 /m/sys/fs/cgroup/unified']
+    >>> cgroup_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n", "/m")
+    ['mount -t cgroup2 cgroup2 /m/sys/fs/cgroup']
+    """
+    base = "/sys/fs/cgroup"
+    steps: list[str] = []
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 4 or not (parts[1] == base or parts[1].startswith(base + "/")):
+            continue
+        point, fstype, opts = parts[1], parts[2], parts[3].split(",")
+        if not re.fullmatch(r"[\w/.-]+", point):
+            continue
+        target = f"{root}{point}"
+        if point != base:
+            steps.append(f"mkdir -p {target}")
+        if fstype == "tmpfs":
+            steps.append(f"mount -t tmpfs -o mode=755 cgroup {target}")
+        elif fstype == "cgroup2":
+            steps.append(f"mount -t cgroup2 cgroup2 {target}")
+        elif fstype == "cgroup":
+            keep = [o for o in opts if re.fullmatch(r"[a-z_]+|name=[\w.-]+", o)
+                    and o not in ("rw", "ro", "relatime", "noatime", "nosuid", "nodev",
+                                  "noexec", "clone_children")]
+            if any(o.startswith("name=") for o in keep):
+                keep = ["none", *keep]
+            if keep:
+                steps.append(f"mount -t cgroup -o {','.join(keep)} cgroup {target}")
+    return steps
 
 
 # ------------------------------------------------------------------ checks
@@ -464,6 +512,9 @@ class LocalCluster:
         for p in paths.values():
             private_dir(p)
         upper = paths["upper"]
+        # the upper dir's own mode is the node's "/": 0700 would lock every daemon that drops
+        # root (munged, slurmd, mariadbd) out of the whole file system; its parent stays private
+        os.chmod(upper, 0o755)
 
         # host key, sshd config and authorized key go into the node's upper layer
         sshdir = upper / "etc" / "ssh"
@@ -518,6 +569,7 @@ class LocalCluster:
             f"mount -t tmpfs -o mode=1777,size=2g tmpfs {m}/dev/shm",
             f"mount -t proc proc {m}/proc",
             f"mount --rbind /sys {m}/sys",
+            *cgroup_mounts(Path("/proc/self/mounts").read_text(), str(m)),
             f"mount -t tmpfs -o mode=755 tmpfs {m}/run",
             f"mkdir -p {m}/run/sshd",
             f"mount --bind -o ro {self.shared} {m}/etc/scalelab",
