@@ -183,11 +183,17 @@ def _print_nodes(result) -> None:
     "resume": "sweep id (or latest) to complete: runs only what its store lacks",
     "retry_failed": "with --resume: run failed and timed-out runs again too",
     "report": "write the HTML report when the sweep ends",
+    "launcher": "ssh (ranks started over SSH) or slurm (every run a Slurm job on the head "
+                "node's Slurm; set it up with invoke configure --tags slurm)",
+    "partition": "with --launcher slurm: the partition (default: the cluster's default one)",
+    "timeout": "seconds a run may take, launch to exit, before it is ended (and its Slurm "
+               "job cancelled)",
 })
 @friendly
 def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
-          resume="", retry_failed=False, report=True, accelerator="", dilation=""):
+          resume="", retry_failed=False, report=True, accelerator="", dilation="",
+          launcher="", partition="", timeout=""):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -208,6 +214,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             procs_per_node=procs_per_node or None, model=model or None, engine=engine or None,
             precision=precision or None, repeats=repeats or None, steps=steps or None,
             accelerator=accelerator or None, dilation=dilation or None,
+            launcher=launcher or None, partition=partition or None, timeout_s=timeout or None,
             sweep_file=sweep or None)
         prep = driver.prepare(cluster, spec)
     if dry_run:

@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 import os
 import platform
+import secrets
 import signal
 import subprocess
 import threading
@@ -116,7 +117,8 @@ def timeline(res: launch.LaunchResult) -> dict[str, float]:
 
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
                link_mbit: float | None, rate: float | None,
-               link_error: str = "", launcher: str = "") -> dict[str, Any]:
+               link_error: str = "", launcher: str = "",
+               job: dict[str, Any] | None = None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
@@ -134,6 +136,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                                 "link_error": link_error, "timeline": timeline(res)}
     if result.get("accelerator"):
         measured["accelerator"] = result["accelerator"]
+    if job is not None:
+        measured["slurm"] = job
     if run.kind == "allreduce":
         measured["allreduce"] = result.get("sizes", [])
     status = res.status
@@ -144,14 +148,68 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                             duration_s=round(res.duration_s, 3), error=error, **measured)
 
 
+class Launcher:
+    """How a sweep starts its runs: over SSH on the nodes, or as Slurm jobs on a login host."""
+
+    def __init__(self, kind: str, nodes: list[Node], rt: launch.Runtime, emulated: bool,
+                 partition: str | None = None) -> None:
+        self.kind, self.rt, self.emulated, self.partition = kind, rt, emulated, partition
+        self.login = nodes[0]  # the head node: where sbatch/srun run on a Slurm cluster
+
+    def measure_link(self, nodes: list[Node], port: int,
+                     stop: threading.Event | None) -> tuple[float | None, str]:
+        if self.kind == "slurm":
+            from scalelab import slurm
+
+            return slurm.measure_link(nodes, self.login, self.rt.known_hosts, port,
+                                      secrets.token_hex(8), self.partition, stop=stop)
+        return measure_link(nodes, self.rt, port, stop=stop)
+
+    def run(self, run, engine: str, nodes: list[Node], script: str, args: list[str], port: int,
+            timeout_s: float, stop: threading.Event | None,
+            inflight: Path) -> tuple[str, launch.LaunchResult, dict[str, Any] | None]:
+        """Start, wait, reap one run; (launcher name, result, the Slurm job's record)."""
+        ppn = run.params["procs_per_node"]
+        if self.kind != "slurm":
+            name, cmds = launch.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
+                                              shared_host=self.emulated)
+            return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
+                                    inflight=inflight), None
+        from scalelab import slurm
+
+        job = slurm.job_name(secrets.token_hex(8), run.run_id)
+        gpus = ppn if all(n.gpus for n in nodes) else 0
+        cmds = slurm.rank_commands(engine, nodes, self.login, ppn, script, args, self.rt, port,
+                                   job, self.partition, timeout_s, gpus_per_node=gpus)
+        try:
+            res = launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop, inflight=inflight)
+        except KeyboardInterrupt:
+            res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
+        state = slurm.job_state(self.login, self.rt.known_hosts, job)
+        res.status, res.error = slurm.outcome(state, res.status, res.error, timeout_s)
+        if res.status == "interrupted":
+            raise _Interrupted(res, state.to_record())
+        return "slurm", res, state.to_record()
+
+
+class _Interrupted(KeyboardInterrupt):
+    """A Ctrl-C during a Slurm run, after its job was cancelled and looked up."""
+
+    def __init__(self, res: launch.LaunchResult, job: dict[str, Any]) -> None:
+        super().__init__()
+        self.res, self.job = res, job
+
+
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             on_progress: Callable[[Progress], None] | None = None,
-            stop: threading.Event | None = None, netprobe: bool = True) -> dict[str, int]:
+            stop: threading.Event | None = None, netprobe: bool = True,
+            launcher: str = "ssh", partition: str | None = None) -> dict[str, int]:
     """Run the given plan entries in order, committing each record as soon as it finishes.
 
     stop (an Event, set by the signal handler of start/resume): no new run starts, the run
     in flight is ended and recorded as interrupted, link rates are restored, then
-    KeyboardInterrupt is raised.
+    KeyboardInterrupt is raised. launcher: ssh, or slurm (every run a job on the head node's
+    Slurm, in partition, or the default one).
     """
     rec = load_cluster(cluster)
     all_nodes = nodes_of(rec)
@@ -161,10 +219,11 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     sweep_id = sweep_dir.name
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
     links: dict[Any, tuple[float | None, str]] = {}
+    starter = Launcher(launcher, all_nodes, rt, target.emulated, partition)
 
     def calibrate() -> float | None:
         shaper.set(None)
-        return measure_link(all_nodes, rt, BASE_PORT + 450, stop=stop)[0]
+        return starter.measure_link(all_nodes, BASE_PORT + 450, stop)[0]
 
     emu = Emulation(runs, all_nodes, rt.known_hosts, rt.workdir, target.emulated, calibrate)
     emu.keep(store.read_runs(sweep_dir).values())  # a resumed sweep keeps its k
@@ -187,7 +246,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             nodes = all_nodes[: p["nodes"]]
             shaper.set(rate)
             if rate not in links:
-                links[rate] = (measure_link(all_nodes, rt, BASE_PORT + 500 + k % 400, stop=stop)
+                links[rate] = (starter.measure_link(all_nodes, BASE_PORT + 500 + k % 400, stop)
                                if netprobe else (None, ""))
             profile = emu.stage(run)
             if stopped():
@@ -200,13 +259,15 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             else:
                 script, args, engine = ("resnet.py", launch.workload_args(p, profile),
                                         p["engine"])
-            launcher, cmds = launch.rank_commands(engine, nodes, p["procs_per_node"], script,
-                                                  args, rt, port, shared_host=target.emulated)
             started = utcnow()
             interrupted = False
+            job = None
+            launcher_name = starter.kind
             try:
-                res = launch.run(cmds, rt, timeout_s=timeout_s, stop=stop,
-                                 inflight=sweep_dir / INFLIGHT)
+                launcher_name, res, job = starter.run(run, engine, nodes, script, args, port,
+                                                      timeout_s, stop, sweep_dir / INFLIGHT)
+            except _Interrupted as exc:
+                interrupted, res, job = True, exc.res, exc.job
             except KeyboardInterrupt:
                 interrupted = True
                 res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
@@ -214,7 +275,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             if measured_mbit is not None:
                 measured_mbit *= dilation  # in the emulated device's time
             record = run_record(sweep_id, run, rec["target"], res, started, measured_mbit, rate,
-                                links[rate][1], launcher)
+                                links[rate][1], launcher_name, job)
             store.append_run(sweep_dir, record)
             counts[res.status] = counts.get(res.status, 0) + 1
             if on_progress:
@@ -302,6 +363,13 @@ def prepare(cluster: str, spec) -> Prepared:
     facts.require_configured(rec)
     nodes = nodes_of(rec)
     runs = sweep.plan(spec, nodes, targets.of(rec).can_shape(rec), cluster=cluster)
+    if getattr(spec, "launcher", "ssh") == "slurm" and runs:
+        from scalelab import slurm
+
+        # before anything is written or submitted: Slurm answers, the partition holds the nodes
+        most = max(r.params["nodes"] for r in runs)
+        slurm.check(cluster, nodes[0], rec["known_hosts"], spec.partition,
+                    [n.name for n in nodes[:most]])
     return Prepared(cluster, spec, runs, estimate.estimate_duration_s(runs, device=_device(rec)))
 
 
@@ -380,7 +448,9 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
     try:
         with store.hold_sweep(sweep_dir):
             counts = execute(cluster, sweep_dir, runs, spec.timeout_s, on_progress, stop,
-                             netprobe=getattr(spec, "netprobe", True))
+                             netprobe=getattr(spec, "netprobe", True),
+                             launcher=getattr(spec, "launcher", "ssh"),
+                             partition=getattr(spec, "partition", None))
             store.finish_sweep(sweep_dir, utcnow())
         ended = True
         return counts

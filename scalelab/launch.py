@@ -53,6 +53,9 @@ class RankCommand:
     node: Node
     argv: list[str]  # what runs on the node
     env: dict[str, str] = field(default_factory=dict)
+    # a shell line that ends, on the same node, what the command started elsewhere (a
+    # launcher's own work: a Slurm job); run before the command's process group is ended
+    cancel: str = ""
 
 
 def workload_args(params: dict[str, Any], profile: str | None = None) -> list[str]:
@@ -311,6 +314,19 @@ class LaunchResult:
     # (ending what is left, closing the ssh clients) is duration_s - waited_s
 
 
+def run_cancels(lines: list[tuple[Node, str]], known_hosts: str, timeout_s: float = 20.0) -> None:
+    """Run each command's cancel line on its node (a launcher's work elsewhere, ended before
+    the command's own process group); bounded, and a failure is only logged."""
+    for node, line in lines:
+        try:
+            proc = ssh.run(node, known_hosts, line, timeout=timeout_s, check=False)
+            if proc.returncode != 0:
+                log.warning("cancel on %s exited %s: %s", node.name, proc.returncode,
+                            proc.stderr.strip()[-200:])
+        except (CommandError, ScalelabError) as exc:
+            log.warning("could not cancel on %s: %s", node.name, exc)
+
+
 def end_groups(groups: list[tuple[Node, int | None]], known_hosts: str, token: str = "",
                grace_s: float = 3.0, retry_s: float = 20.0) -> list[tuple[Node, int]]:
     """End process groups on their nodes, in parallel; return those that could not be reached.
@@ -407,7 +423,8 @@ class Launch:
         """What the inflight file lists: this launch on every node (its group id once read;
         the token finds it before that), and older launches still to end."""
         return self.pending + [{"node": c.node.to_dict(), "pgid": self.pgids.get(c.node.name),
-                                "token": self.token} for c in self.commands]
+                                "token": self.token, **({"cancel": c.cancel} if c.cancel else {})}
+                               for c in self.commands]
 
     def wait(self, timeout_s: float, fail_grace_s: float = 5.0,
              stop: threading.Event | None = None, inflight: Path | None = None) -> str:
@@ -445,7 +462,11 @@ class Launch:
         Returns the nodes whose group could not be ended (unreachable for retry_s); their
         groups are kept in self.pending.
         """
-        self._note_exits()
+        codes = self._note_exits()
+        cancels = [(c.node, c.cancel) for c, code in zip(self.commands, codes, strict=True)
+                   if c.cancel and code != 0]
+        if cancels:
+            run_cancels(cancels, self.rt.known_hosts)
         # every group, also of ranks whose ssh client has exited: after a lost connection
         # (exit 255) the group may well still run on the node
         # with a token, also the nodes whose group id was never read (the launch is found by
@@ -654,6 +675,11 @@ def _end_entries(entries: list[dict[str, Any]], known_hosts: str,
     for e in entries:
         by_token.setdefault(str(e.get("token") or ""), []).append(e)
     for token, group in by_token.items():
+        from scalelab.slurm import is_cancel_line  # the one launcher with work elsewhere
+
+        # a line read back from a file is run only if it is one a launcher writes
+        run_cancels([(Node.from_dict(e["node"]), str(e["cancel"])) for e in group
+                     if is_cancel_line(str(e.get("cancel") or ""))], known_hosts)
         nodes = [(Node.from_dict(e["node"]), _pgid(e)) for e in group]
         failed = {(n.name, g) for n, g in end_groups(nodes, known_hosts, token, retry_s=retry_s)}
         left += [e for e in group if (e["node"]["name"], _pgid(e)) in failed]

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 
 ENGINES = ("ddp", "horovod")
+LAUNCHERS = ("ssh", "slurm")
 PRECISIONS = ("fp32", "amp")
 KINDS = ("train", "allreduce")
 SYNTHETIC = "synthetic"
@@ -91,6 +92,8 @@ class SweepSpec:
     description: str = ""
     accelerator: str | None = None  # emulate this device (a name in bench/profiles or a file)
     dilation: float | None = None  # time dilation k with an accelerator; None = pick per rate
+    launcher: str = "ssh"  # ssh: ranks started over SSH; slurm: each run a Slurm job
+    partition: str | None = None  # slurm: the partition (None: the cluster's default one)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import yaml
 
 from scalelab.errors import InputError
 from scalelab.models import MODELS
-from scalelab.sweep import ENGINES, PRECISIONS, SYNTHETIC, SweepSpec
+from scalelab.sweep import ENGINES, LAUNCHERS, PRECISIONS, SYNTHETIC, SweepSpec
 from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,13 @@ def _dilation(value: Any, what: str) -> float | None:
     return k
 
 
+def _partition(value: Any, what: str) -> str:
+    text = str(value).strip()
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,39}", text):
+        raise InputError(f"{what}: {value!r} is not a Slurm partition name; give e.g. gpu")
+    return text
+
+
 def _strip_what(exc: InputError, what: str) -> str:
     return str(exc).removeprefix(f"{what}: ")
 
@@ -193,6 +200,8 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "description": ("description", lambda v, w: str(v).strip()),
     "accelerator": ("accelerator", lambda v, w: _accelerator(v, w)),
     "dilation": ("dilation", lambda v, w: _dilation(v, w)),
+    "launcher": ("launcher", lambda v, w: _choice(v, w, LAUNCHERS)),
+    "partition": ("partition", lambda v, w: _partition(v, w)),
 }
 SWEEP_KEYS = tuple(_KEYS)
 
@@ -216,6 +225,9 @@ def _build(fields: dict[str, Any], source: str | None) -> SweepSpec:
         where = f"{source} gives no {' or '.join(missing)}; add it there or " if source else ""
         raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64")
     spec = SweepSpec(**fields)
+    if spec.partition and spec.launcher != "slurm":
+        raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
+                         "launcher: slurm in the sweep file)")
     if spec.accelerator:
         # a profile that cannot serve every planned batch size is refused before any cluster
         # is looked at
@@ -332,6 +344,8 @@ def spec_from_options(
     allreduce_iters: str | int | None = None,
     accelerator: str | None = None,
     dilation: str | float | None = None,
+    launcher: str | None = None,
+    partition: str | None = None,
     sweep_file: str | Path | None = None,
 ) -> SweepSpec:
     """Build a spec from CLI strings; None or "" means not given.

@@ -1,0 +1,403 @@
+"""Runs as Slurm jobs: checks on the login host, srun command lines, job state from sacct.
+
+With `--launcher slurm` every run (training, allreduce probe, link probe) is one Slurm job.
+scalelab logs in to the login host over SSH, as for any other command, and starts `srun` there
+in the foreground: srun asks slurmctld for an allocation of whole nodes (--exclusive) with a
+time limit, starts the ranks on the allocated nodes, and relays their output, which scalelab
+reads as it reads a rank's over SSH. The job's name carries the run's launch token, so the job
+is found (sacct) and cancelled (scancel) by a name no other job has: on a timeout, a Ctrl-C,
+a failure, and on --resume after a driver was killed outright.
+
+sacct's state and exit code decide a run's status (outcome()); what srun and the workload
+printed says why it failed.
+
+DDP ranks are started by srun itself, one task per rank, with torchrun's environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) taken from Slurm's (SLURM_PROCID, ...).
+Horovod runs as `horovodrun` on the first node of an allocation made by `salloc`, with the
+allocated hosts as its host list.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import shlex
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab import launch, ssh
+from scalelab.errors import ClusterError, InputError, ScalelabError
+from scalelab.nodes import Node
+from scalelab.targets.base import Runtime
+
+log = logging.getLogger(__name__)
+
+LAUNCHERS = ("ssh", "slurm")
+TOOLS = ("srun", "salloc", "sinfo", "sacct", "scancel", "scontrol")
+# sacct states in which a job is over (sacct(1) JOB STATE CODES)
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED")
+SACCT_WAIT_S = 20.0  # slurmctld hands a finished job to slurmdbd within a few seconds
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class SlurmError(ScalelabError):
+    """Slurm on the login host could not be asked, or answered something unreadable."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition as sinfo lists it on the login host."""
+
+    name: str
+    nodes: tuple[str, ...]
+    default: bool = False
+    available: str = "up"
+
+
+@dataclass
+class Job:
+    """One run's Slurm job: its name (known before it exists) and what sacct says of it."""
+
+    name: str
+    job_id: str = ""
+    state: str = ""  # sacct State, e.g. COMPLETED, CANCELLED (by 0 stripped into `by`)
+    exit_code: str = ""  # sacct ExitCode, "code:signal"
+    nodelist: str = ""
+    partition: str = ""
+    elapsed_s: float | None = None
+    by: str = ""  # who cancelled it (a uid), when sacct says
+
+    def to_record(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "job_name": self.name, "state": self.state,
+                "exit_code": self.exit_code, "nodelist": self.nodelist,
+                "partition": self.partition, "elapsed_s": self.elapsed_s}
+
+
+def job_name(token: str, run_id: str) -> str:
+    """The job's name: the run and its launch token, unique among every job of the cluster.
+
+    >>> job_name("ab12cd34ef56", "train-n02-p1-b032-bw1000-r0")
+    'scalelab-ab12cd34-train-n02-p1-b032-bw1000-r0'
+    """
+    name = f"scalelab-{token[:8]}-{run_id}"
+    if not _JOB_NAME.match(name):
+        raise SlurmError(f"cannot make a Slurm job name of run {run_id!r}")
+    return name
+
+
+def time_limit_min(timeout_s: float) -> int:
+    """The job's --time in whole minutes: the run's own timeout, rounded up, plus one.
+
+    scalelab ends a run at its timeout itself (and cancels the job); Slurm's limit, which it
+    checks about every 30 s, is the backstop that holds when the driver is gone.
+
+    >>> time_limit_min(180), time_limit_min(20), time_limit_min(61)
+    (4, 2, 3)
+    """
+    return max(1, math.ceil(timeout_s / 60)) + 1
+
+
+def alloc_options(name: str, nodes: list[Node], procs_per_node: int, partition: str | None,
+                  timeout_s: float, gpus_per_node: int = 0, tasks: bool = True) -> list[str]:
+    """srun/salloc options of a run: whole nodes, these nodes, a time limit, a name.
+
+    >>> ns = [Node("c-n0", "a", "a", "head", "local"), Node("c-n1", "b", "b", "worker", "local")]
+    >>> " ".join(alloc_options("j", ns, 2, "gpu", 180, gpus_per_node=2))
+    '--job-name j --partition gpu --nodes 2 --nodelist c-n0,c-n1 --exclusive --time 4 --ntasks-per-node 2 --gpus-per-node 2'
+    """
+    opts = ["--job-name", name]
+    if partition:
+        opts += ["--partition", partition]
+    opts += ["--nodes", str(len(nodes)), "--nodelist", ",".join(n.name for n in nodes),
+             "--exclusive", "--time", str(time_limit_min(timeout_s))]
+    if tasks:
+        opts += ["--ntasks-per-node", str(procs_per_node)]
+    if gpus_per_node:
+        opts += ["--gpus-per-node", str(gpus_per_node)]
+    return opts
+
+
+# torchrun's environment from Slurm's, for a rank that srun started; MASTER_ADDR is the first
+# allocated node (Slurm puts task 0 there), resolved as the cluster resolves its node names
+_RANK_ENV = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID" '
+             'LOCAL_WORLD_SIZE="$SLURM_NTASKS_PER_NODE" GROUP_RANK="$SLURM_NODEID"; '
+             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1); '
+             'export MASTER_ADDR; exec "$@"')
+
+
+def cancel_line(name: str) -> str:
+    """Shell line on the login host that cancels the run's job, whatever state it is in.
+
+    >>> cancel_line("scalelab-ab12-x")
+    'scancel --name scalelab-ab12-x --full 2>/dev/null; exit 0'
+    """
+    if not _JOB_NAME.match(name):
+        raise SlurmError(f"job name {name!r} is not one scalelab makes")
+    return f"scancel --name {shlex.quote(name)} --full 2>/dev/null; exit 0"
+
+
+def is_cancel_line(line: str) -> bool:
+    """Whether a line (read back from an inflight file) is one cancel_line() makes.
+
+    >>> is_cancel_line(cancel_line("scalelab-ab12-x")), is_cancel_line("rm -rf /; exit 0")
+    (True, False)
+    """
+    m = re.fullmatch(r"scancel --name (\S+) --full 2>/dev/null; exit 0", line)
+    return bool(m and _JOB_NAME.match(m[1]))
+
+
+def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: int,
+                  script: str, args: list[str], rt: Runtime, port: int, name: str,
+                  partition: str | None, timeout_s: float,
+                  gpus_per_node: int = 0) -> list[launch.RankCommand]:
+    """The one command a run is on the login host: srun (DDP, the allreduce probe) or salloc
+    around horovodrun (Horovod).
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> cmd = rank_commands("ddp", ns, ns[0], 1, "resnet.py", ["--steps", "5"], rt, 29500,
+    ...                     "j", "p", 180)[0]
+    >>> cmd.node.name, cmd.argv[:2], cmd.argv[-4:]
+    ('c-n0', ['srun', '--job-name'], ['/v/bin/python', '/w/bench/workloads/resnet.py', '--steps', '5'])
+    >>> cmd.env["MASTER_PORT"], cmd.env["GLOO_SOCKET_IFNAME"], cmd.cancel
+    ('29500', 'eth0', 'scancel --name j --full 2>/dev/null; exit 0')
+    >>> hv = rank_commands("horovod", ns, ns[0], 1, "resnet.py", [], rt, 29500, "j", "p", 180)[0]
+    >>> hv.argv[0], "--ntasks-per-node" in hv.argv, "horovodrun" in hv.argv[-1]
+    ('salloc', False, True)
+    """
+    script_path = f"{rt.workdir}/{launch.WORKLOADS}/{script}"
+    env = launch.rank_env(nodes[0], procs_per_node)
+    cancel = cancel_line(name)
+    if engine == "horovod":
+        bindir = rt.python.rsplit("/", 1)[0]
+        hosts = ('H=$(for h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do '
+                 'a=$(getent hosts "$h" | cut -d" " -f1); '
+                 f'printf "%s:{procs_per_node}," "${{a:-$h}}"; done); H=${{H%,}}')
+        hvd = [f"{bindir}/horovodrun", "--gloo", "-np", str(len(nodes) * procs_per_node),
+               "-H", "__HOSTS__"]
+        if nodes[0].iface and len(nodes) > 1:
+            hvd += ["--network-interfaces", nodes[0].iface]
+        hvd += ["--gloo-timeout-seconds", "60", rt.python, script_path, *args]
+        inner = f"{hosts}; exec {shlex.join(hvd).replace('__HOSTS__', '$H')}"
+        env["PATH"] = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        argv = ["salloc", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
+                                         gpus_per_node, tasks=False),
+                "srun", "--nodes", "1", "--ntasks", "1", "sh", "-c", inner]
+        return [launch.RankCommand(login, argv, env, cancel=cancel)]
+    env["MASTER_PORT"] = str(port)
+    argv = ["srun", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
+                                   gpus_per_node),
+            "--kill-on-bad-exit=1", "sh", "-c", _RANK_ENV, "sh", rt.python, script_path, *args]
+    return [launch.RankCommand(login, argv, env, cancel=cancel)]
+
+
+def link_probe_command(server: Node, client: Node, login: Node, port: int, seconds: float,
+                       name: str, partition: str | None) -> launch.RankCommand:
+    """iperf3 between two nodes inside one allocation: the server on `server`, the client on
+    `client`; stdout carries only the client's JSON document.
+
+    >>> a = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local")
+    >>> b = Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local")
+    >>> cmd = link_probe_command(b, a, a, 5201, 1.0, "j", None)
+    >>> cmd.argv[:2], "iperf3 -s -1 -B 10.0.0.11" in cmd.argv[-1]
+    (['srun', '--job-name'], True)
+    """
+    from scalelab import linkprobe
+
+    wait_s = linkprobe.READY_TIMEOUT_S + linkprobe.SERVER_SLACK_S
+    srv = shlex.join(linkprobe.server_argv(server.private_address, port, wait_s))
+    cli = linkprobe.client_line(server.private_address, port, seconds)
+    inner = (f'if [ "$(hostname)" = {shlex.quote(server.name)} ]; then exec {srv} >/dev/null; '
+             f"else {cli}; fi")
+    nodes = sorted([server, client], key=lambda n: n.name)
+    timeout_s = linkprobe.READY_TIMEOUT_S + linkprobe.iperf_seconds(seconds) + \
+        linkprobe.LAUNCH_SLACK_S
+    argv = ["srun", *alloc_options(name, nodes, 1, partition, timeout_s), "sh", "-c", inner]
+    return launch.RankCommand(login, argv, {}, cancel=cancel_line(name))
+
+
+def measure_link(nodes: list[Node], login: Node, known_hosts: str, port: int, token: str,
+                 partition: str | None, seconds: float = 1.0,
+                 stop: threading.Event | None = None) -> tuple[float | None, str]:
+    """TCP rate head -> second node in Mbit/s, measured inside an allocation; why not if not."""
+    from scalelab import linkprobe
+
+    if len(nodes) < 2:
+        return None, ""
+    name = job_name(token, "linkprobe")
+    cmd = link_probe_command(nodes[1], nodes[0], login, port, seconds, name, partition)
+    timeout_s = linkprobe.READY_TIMEOUT_S + linkprobe.iperf_seconds(seconds) + \
+        linkprobe.LAUNCH_SLACK_S
+    res = launch.run([cmd], Runtime("python3", "/", known_hosts), timeout_s=timeout_s, stop=stop)
+    out = res.outcomes[0] if res.outcomes else None
+    if out is None or res.status in ("timeout", "interrupted"):
+        return None, res.error or "link probe did not run"
+    try:
+        return round(linkprobe.parse_iperf3(out.stdout), 3), ""
+    except linkprobe.LinkProbeError as exc:
+        why = launch.rank_reason(out.stderr, out.returncode) if out.returncode else str(exc)
+        log.warning("link measurement in job %s failed: %s", name, why)
+        return None, f"job {name}: {why}"[:300]
+
+
+# ------------------------------------------------------------------ asking the login host
+
+def _login_run(login: Node, known_hosts: str, line: str, timeout: float = 30):
+    try:
+        return ssh.run(login, known_hosts, line, timeout=timeout, check=False)
+    except ScalelabError as exc:
+        raise ClusterError(f"login host {login.name} does not answer SSH ({exc})") from None
+
+
+def parse_sinfo(text: str) -> list[Partition]:
+    """Partitions from `sinfo --noheader --Node --format '%P|%N|%a'` (one line per node and
+    partition; the default partition's name ends in '*').
+
+    >>> ps = parse_sinfo("scalelab*|lab-n0|up\\nscalelab*|lab-n1|up\\nsmall|lab-n0|up\\n")
+    >>> [(p.name, p.nodes, p.default) for p in ps]
+    [('scalelab', ('lab-n0', 'lab-n1'), True), ('small', ('lab-n0',), False)]
+    """
+    parts: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) < 3 or not cols[0]:
+            continue
+        name, default = cols[0].rstrip("*"), cols[0].endswith("*")
+        p = parts.setdefault(name, {"nodes": [], "default": default, "available": cols[2]})
+        if cols[1] not in p["nodes"]:
+            p["nodes"].append(cols[1])
+    return [Partition(k, tuple(v["nodes"]), v["default"], v["available"]) for k, v in parts.items()]
+
+
+def check(cluster: str, login: Node, known_hosts: str, partition: str | None,
+          node_names: list[str]) -> Partition:
+    """Before any job: Slurm answers on the login host, with accounting; the partition exists
+    and holds every node the sweep needs. One line naming the fix otherwise."""
+    tools = " ".join(TOOLS)
+    proc = _login_run(login, known_hosts,
+                      f"for t in {tools}; do command -v $t >/dev/null || echo missing $t; done; "
+                      "sinfo --noheader --Node --format '%P|%N|%a'")
+    missing = re.findall(r"^missing (\S+)$", proc.stdout, re.MULTILINE)
+    if missing:
+        raise ClusterError(f"no Slurm on the login host {login.name} of cluster {cluster} "
+                           f"({', '.join(missing)} not found); set it up with invoke configure "
+                           f"--cluster {cluster} --tags slurm, or use --launcher ssh")
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise ClusterError(f"Slurm on {login.name} does not answer: sinfo: {why[:200]}; is "
+                           f"slurmctld running? (invoke configure --cluster {cluster} --tags slurm)")
+    parts = parse_sinfo(proc.stdout)
+    if not parts:
+        raise ClusterError(f"Slurm on {login.name} lists no partition; configure one "
+                           f"(invoke configure --cluster {cluster} --tags slurm)")
+    if partition:
+        found = [p for p in parts if p.name == partition]
+        if not found:
+            raise InputError(f"partition {partition!r} is not on cluster {cluster}'s Slurm; "
+                             f"it has {', '.join(p.name for p in parts)}")
+        part = found[0]
+    else:
+        part = next((p for p in parts if p.default), parts[0])
+    if part.available != "up":
+        raise ClusterError(f"partition {part.name} is {part.available}; bring it up with "
+                           f"scontrol update PartitionName={part.name} State=UP")
+    outside = [n for n in node_names if n not in part.nodes]
+    if len(node_names) > len(part.nodes) or outside:
+        raise InputError(f"the sweep needs {len(node_names)} nodes ({', '.join(node_names)}) "
+                         f"but partition {part.name} has {len(part.nodes)} "
+                         f"({', '.join(part.nodes) or 'none'}); lower --nodes or pick another "
+                         f"--partition")
+    proc = _login_run(login, known_hosts, "sacct --noheader --allocations --starttime now "
+                                          "--format JobID")
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise ClusterError(f"sacct does not answer on {login.name} ({why[:200]}); scalelab "
+                           "reads each run's state from Slurm's accounting: set it up with "
+                           f"invoke configure --cluster {cluster} --tags slurm")
+    return part
+
+
+def parse_sacct(text: str, name: str) -> Job | None:
+    """The job of that name from `sacct --noheader --parsable2 --allocations --format
+    JobID,JobName,State,ExitCode,NodeList,Partition,ElapsedRaw` (the last one listed wins).
+
+    >>> j = parse_sacct("7|x|CANCELLED by 0|0:15|lab-n[0-1]|scalelab|12\\n", "x")
+    >>> j.job_id, j.state, j.by, j.exit_code, j.elapsed_s
+    ('7', 'CANCELLED', '0', '0:15', 12.0)
+    >>> parse_sacct("", "x") is None
+    True
+    """
+    job = None
+    for line in text.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) < 7 or cols[1] != name:
+            continue
+        state, _, by = cols[2].partition(" by ")
+        elapsed = float(cols[6]) if re.fullmatch(r"\d+", cols[6]) else None
+        job = Job(name, cols[0], state.strip(), cols[3], cols[4], cols[5], elapsed, by.strip())
+    return job
+
+
+def job_state(login: Node, known_hosts: str, name: str, wait_s: float = SACCT_WAIT_S) -> Job:
+    """What sacct says of the run's job once it is over (it may take slurmdbd a moment to
+    know); state "" when sacct never listed it."""
+    deadline = time.monotonic() + wait_s
+    line = ("sacct --noheader --parsable2 --allocations --starttime now-7days "
+            f"--name {shlex.quote(name)} "
+            "--format JobID,JobName,State,ExitCode,NodeList,Partition,ElapsedRaw")
+    last: Job | None = None
+    while True:
+        proc = _login_run(login, known_hosts, line)
+        if proc.returncode == 0:
+            last = parse_sacct(proc.stdout, name) or last
+            if last is not None and last.state in FINAL:
+                return last
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return last or Job(name)
+
+
+def outcome(job: Job, status: str, error: str, timeout_s: float) -> tuple[str, str]:
+    """A run's status and error from its job's sacct state and what the launch saw.
+
+    sacct decides: a job COMPLETED is ok only with the workload's result; TIMEOUT is Slurm's
+    time limit; CANCELLED by someone else is a failed run that says so. The driver's own
+    timeout and a Ctrl-C cancel the job too: those keep their status and name the job.
+
+    >>> outcome(Job("j", "5", "COMPLETED", "0:0"), "ok", "", 60)
+    ('ok', '')
+    >>> outcome(Job("j", "5", "CANCELLED", "0:15", by="0"), "failed", "n0: exit 1: x", 60)
+    ('failed', 'Slurm job 5 was cancelled (scancel by uid 0); n0: exit 1: x')
+    >>> outcome(Job("j", "5", "CANCELLED", "0:15", by="0"), "timeout", "timed out after 60 s", 60)
+    ('timeout', 'timed out after 60 s; Slurm job 5 cancelled')
+    >>> outcome(Job("j", "5", "TIMEOUT", "0:0"), "failed", "n0: exit 1", 60)
+    ('timeout', 'Slurm job 5 passed its time limit (2 min); n0: exit 1')
+    >>> outcome(Job("j", "5", "FAILED", "1:0"), "failed", "n0: exit 1: RuntimeError: boom", 60)
+    ('failed', 'Slurm job 5 FAILED (exit 1:0); n0: exit 1: RuntimeError: boom')
+    >>> outcome(Job("j"), "failed", "ssh: connect refused", 60)
+    ('failed', 'ssh: connect refused; sacct has no record of job j')
+    """
+    ident = f"Slurm job {job.job_id}" if job.job_id else f"Slurm job {job.name}"
+    if status in ("timeout", "interrupted"):
+        return status, f"{error}; {ident} cancelled" if job.job_id else error
+    if not job.state:
+        note = f"sacct has no record of job {job.name}"
+        return ("failed", f"{error}; {note}" if error else note) if status != "ok" else \
+            ("ok", "")
+    if job.state == "COMPLETED":
+        return status, error
+    if job.state == "TIMEOUT":
+        why = f"{ident} passed its time limit ({time_limit_min(timeout_s)} min)"
+        return "timeout", f"{why}; {error}" if error else why
+    if job.state == "CANCELLED":
+        who = f" by uid {job.by}" if job.by else ""
+        why = f"{ident} was cancelled (scancel{who})"
+    else:
+        why = f"{ident} {job.state} (exit {job.exit_code})"
+    return "failed", f"{why}; {error}" if error and status != "ok" else why
