@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 APT_PACKAGES=(openssh-server openssh-client iproute2 iperf3 procps chromium
-              nfs-ganesha nfs-ganesha-vfs libnfs-utils rsync g++ make dpkg-dev)
+              nfs-ganesha nfs-ganesha-vfs libnfs-utils rsync g++ make dpkg-dev
+              munge slurm-client slurmctld slurmd slurmdbd mariadb-server)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -21,7 +22,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   echo "bootstrap: installing ${missing[*]}"
   apt-get update -qq
+  # No service of these packages starts on the host (munge, MariaDB, Slurm's daemons): scalelab
+  # runs its own per node. A policy-rc.d of our own says so to the packages' scripts while
+  # they install, and goes again (one that was there before is left alone).
+  policy=/usr/sbin/policy-rc.d
+  ours=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"; ours=1
+  fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [ -z "$ours" ] || rm -f "$policy"
 fi
 # The package's postinst may start services on the host; scalelab runs its own per node.
 systemctl disable --now ssh.socket ssh.service nfs-ganesha.service >/dev/null 2>&1 || true

@@ -33,7 +33,7 @@ CSV_COLUMNS = [
     "images_per_sec_per_worker", "step_time_mean_s", "step_time_p95_s", "comm_fraction",
     "busbw_mb_s", "link_mbit_measured", "scaling_efficiency", "started_at", "duration_s", "error", "link_error",
     "baseline_world_size", "accelerator", "dilation", "host_cpu_idle", "link_utilisation",
-    "fidelity",
+    "fidelity", "launcher", "slurm_job_id",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -146,6 +146,8 @@ def to_frame(records: Sequence[dict[str, Any]],
                           rk.get("host_cpu_idle"), rk.get("nic_tx_bytes"), rk.get("timed_wall_s"))
                          for rk in ranks if isinstance(rk, dict))
         acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
+        env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
+        job = rec.get("slurm") if isinstance(rec.get("slurm"), dict) else {}
         runs.append({
             "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
             "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
@@ -164,6 +166,9 @@ def to_frame(records: Sequence[dict[str, Any]],
             "dilation": _num(p.get("dilation")) if p.get("accelerator") else 1.0,
             "profile_step_s": _num(acc.get("profile_step_s")),
             "accelerator_source": str(acc.get("source") or ""),
+            # how the ranks started: direct, torchrun, horovodrun (over SSH) or slurm
+            "launcher": "slurm" if job else str(env.get("launcher") or ""),
+            "slurm_job_id": str(job.get("job_id") or ""),
             **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
         })
     frame = pd.DataFrame(runs, columns=[
@@ -171,7 +176,7 @@ def to_frame(records: Sequence[dict[str, Any]],
         "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "link_mbit_measured",
         "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
         "gradient_bytes", "accelerator", "dilation", "profile_step_s", "accelerator_source",
-        *TIMELINE_KEYS])
+        "launcher", "slurm_job_id", *TIMELINE_KEYS])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
                                                 "inflight", "idle", "tx", "wall"])
     for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall"):

@@ -95,9 +95,11 @@ def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
     probes = pd.DataFrame(
         [{"sweep_id": sweep_id, "run_id": str(r.get("run_id", "")),
           "status": str(r.get("status", "")), "error": str(r.get("error") or ""),
-          "duration_s": float(r.get("duration_s") or 0.0)}
+          "duration_s": float(r.get("duration_s") or 0.0),
+          "slurm_job_id": str((r.get("slurm") or {}).get("job_id") or "")
+          if isinstance(r.get("slurm"), dict) else ""}
          for r in records if r.get("kind") == "allreduce"],
-        columns=["sweep_id", "run_id", "status", "error", "duration_s"])
+        columns=["sweep_id", "run_id", "status", "error", "duration_s", "slurm_job_id"])
     envs = len({software_fingerprint(r.get("env") or {}) for r in records})
     # The raw records are not kept: a million live dicts make every garbage collection
     # during figure drawing slow.

@@ -217,6 +217,7 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
         ("link rates requested", ", ".join(str(r) for r in requested)),
         ("link rates measured (mean)", measured_txt),
         ("allreduce busbw at largest message", busbw_txt),
+        ("launcher", _launchers(runs, s.probes)),
         ("date and duration", when),
         ("training runs", f"{len(runs)} recorded: {status_txt}"),
         ("training run time by phase", _time_split(runs)),
@@ -227,6 +228,31 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
          + (" (runs ran on different software!)" if s.env_fingerprints > 1 else "")),
     ]
     return pairs
+
+
+def _launchers(runs: pd.DataFrame, probes: pd.DataFrame) -> str:
+    """How the runs started, and for Slurm jobs their ids (probes' jobs included).
+
+    >>> r = pd.DataFrame({"launcher": ["slurm", "slurm"], "slurm_job_id": ["12", "14"]})
+    >>> _launchers(r, pd.DataFrame({"slurm_job_id": ["13"]}))
+    'slurm: 3 jobs (ids 12-14)'
+    >>> _launchers(pd.DataFrame({"launcher": ["direct"] * 3, "slurm_job_id": [""] * 3}),
+    ...            pd.DataFrame())
+    'direct (over SSH): 3 runs'
+    """
+    parts = []
+    for name, group in runs.groupby("launcher", sort=True):
+        if name == "slurm":
+            ids = [*group["slurm_job_id"]]
+            if "slurm_job_id" in probes:
+                ids += [*probes["slurm_job_id"]]
+            nums = sorted(int(i) for i in ids if str(i).isdigit())
+            span = f" (ids {nums[0]}-{nums[-1]})" if len(nums) > 1 else \
+                (f" (id {nums[0]})" if nums else "")
+            parts.append(f"slurm: {len(nums)} jobs{span}")
+        else:
+            parts.append(f"{name or 'unrecorded'} (over SSH): {len(group)} runs")
+    return "; ".join(parts) or "unknown"
 
 
 def _time_split(runs: pd.DataFrame) -> str:
@@ -451,7 +477,8 @@ RUN_COLUMNS = [("run_id", "run", "str"), ("nodes", "nodes", "int"),
 def _runs_tables(a: Analysis) -> str:
     runs = a.runs
     multi = len(a.sweeps) > 1
-    cols = ([("sweep_id", "sweep", "str")] if multi else []) + RUN_COLUMNS
+    jobs = [("slurm_job_id", "Slurm job", "str")] if (runs["slurm_job_id"] != "").any() else []
+    cols = ([("sweep_id", "sweep", "str")] if multi else []) + RUN_COLUMNS + jobs
     failed = runs[runs["status"] != "ok"]
     parts = ["<h2 id=\"failed\">Failed runs</h2>"]
     if failed.empty:
@@ -461,7 +488,7 @@ def _runs_tables(a: Analysis) -> str:
                             + [("run_id", "run", "str"), ("status", "status", "str"),
                                ("world_size", "world", "int"), ("batch_size", "batch", "int"),
                                ("bandwidth", "link", "str"), ("started_at", "started", "str"),
-                               ("error", "error", "pre")], "failed"))
+                               *jobs, ("error", "error", "pre")], "failed"))
     bad_probes = pd.concat([s.probes for s in a.sweeps], ignore_index=True)
     bad_probes = bad_probes[bad_probes["status"] != "ok"]
     if not bad_probes.empty:
