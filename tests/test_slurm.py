@@ -1,0 +1,252 @@
+"""Sweeps as Slurm jobs, for real: the slurm role on a local cluster (munge, slurmctld,
+slurmdbd with MariaDB, slurmd, without systemd), then `invoke bench --launcher slurm` as a user
+types it, with its bad input, a job cancelled under it, a run past its time limit and a Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, invoke, needs_root, needs_sshd, unique_name
+
+from scalelab import ssh
+from scalelab.state import load_cluster, reports_dir
+
+pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow,
+              pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists(),
+                                 reason="Slurm not installed (./bootstrap.sh installs it)")]
+
+DAEMONS = {"munged": "/run/munge/munged.pid", "slurmctld": "/run/slurm/slurmctld.pid",
+           "slurmd": "/run/slurm/slurmd.pid", "slurmdbd": "/run/slurm/slurmdbd.pid",
+           "mariadbd": "/run/mysqld/scalelab-mariadb.pid"}
+QUICK = ("--sweep", "ci", "--no-report", "--bandwidth", "native")
+
+
+class Cluster:
+    def __init__(self, name: str) -> None:
+        from scalelab.nodes import nodes_of
+
+        self.name = name
+        self.rec = load_cluster(name)
+        self.nodes = nodes_of(self.rec)
+        self.head = self.nodes[0]
+
+    def on_head(self, command: str, timeout: float = 60) -> str:
+        return ssh.run(self.head, self.rec["known_hosts"], command, timeout=timeout).stdout
+
+    def jobs(self) -> dict[str, tuple[str, str]]:
+        """sacct: job name -> (job id, state)."""
+        out = self.on_head("sacct --noheader --parsable2 --allocations --starttime now-1day "
+                           "--format JobID,JobName,State")
+        return {c[1]: (c[0], c[2]) for c in (ln.split("|") for ln in out.splitlines()) if len(c) > 2}
+
+    def queue(self) -> list[str]:
+        return self.on_head("squeue --noheader --format '%i %j %T'").splitlines()
+
+    def daemon_pids(self) -> list[int]:
+        pids = []
+        for n in self.nodes:
+            for path in DAEMONS.values():
+                text = ssh.run(n, self.rec["known_hosts"], f"cat {path} 2>/dev/null || true").stdout
+                pids += [int(t) for t in text.split() if t.isdigit()]
+        return pids
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """3 local nodes; Slurm set up by the role. Destroyed (daemons and all) at the end."""
+    from scalelab.targets.local import LocalCluster
+
+    name = unique_name("sl")
+    lc = LocalCluster(name)
+    pids: list[int] = []
+    try:
+        lc.provision(3)
+        cl = Cluster(name)
+        bench = invoke("bench", "--cluster", name, "--nodes", "1", "--batch-size", "8",
+                       "--launcher", "slurm", "--dry-run")
+        # no Slurm there yet: one line, nothing planned, no job
+        assert bench.returncode == 1, bench.stdout + bench.stderr
+        err = bench.stderr.strip().splitlines()
+        assert len(err) == 1 and "--tags slurm" in err[0], err
+        proc = invoke("configure", "--cluster", name, "--tags", "slurm", timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        cl.configure_output = proc.stdout
+        pids = cl.daemon_pids()
+        yield cl
+    finally:
+        lc.destroy()
+    from scalelab.targets.local import _alive  # a zombie waiting for init to reap it is gone
+
+    left = [p for p in pids if _alive(p)]
+    assert not left, f"Slurm daemons still running after destroy: {left}"
+
+
+def _records(sweep_dir: Path) -> dict[str, dict]:
+    out = {}
+    for line in (sweep_dir / "runs.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["run_id"]] = rec
+    return out
+
+
+def _sweep_dir(stdout: str) -> Path:
+    for line in stdout.splitlines():
+        if line.startswith("results: "):
+            return Path(line.split(": ", 1)[1]).parent
+    raise AssertionError(f"no results line in: {stdout[-2000:]}")
+
+
+def test_the_role_sets_up_slurm_and_converges(slurm_cluster):
+    cl = slurm_cluster
+    out = cl.on_head("sinfo --noheader --Node --format '%N %P %t'")
+    assert sorted(out.split()[0::3]) == sorted(n.name for n in cl.nodes)
+    assert set(out.split()[2::3]) == {"idle"}
+    again = invoke("configure", "--cluster", cl.name, "--tags", "slurm", timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:]
+    assert ", 0 changes" in again.stdout, again.stdout[-1500:]
+    # munge: one key on every node, readable by munge alone
+    sums = {ssh.run(n, cl.rec["known_hosts"], "stat -c '%U %a' /etc/munge/munge.key && "
+                    "sha256sum /etc/munge/munge.key | cut -c1-64").stdout for n in cl.nodes}
+    assert len(sums) == 1 and sums.pop().startswith("munge 400"), sums
+
+
+def test_bad_slurm_input_is_refused_before_any_job(slurm_cluster):
+    cl = slurm_cluster
+    before = cl.jobs()
+    root = reports_dir()
+    sweeps = set(root.iterdir()) if root.exists() else set()
+    cl.on_head(f"scontrol create PartitionName=small Nodes={cl.nodes[0].name} State=UP")
+    cases = [
+        (["--launcher", "slurm", "--nodes", "1", "--partition", "nosuch"],
+         "partition 'nosuch' is not on"),
+        (["--launcher", "slurm", "--nodes", "1-2", "--partition", "small"],
+         "partition small has 1"),
+        (["--nodes", "1", "--partition", "small"], "only Slurm has partitions"),
+        (["--nodes", "1", "--launcher", "pbs"], "unknown 'pbs'"),
+    ]
+    for extra, expected in cases:
+        proc = invoke("bench", "--cluster", cl.name, "--batch-size", "8", *extra)
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1, (extra, proc.stdout, proc.stderr)
+        assert len(err) == 1 and expected in err[0], (extra, err)
+    assert cl.jobs() == before  # nothing submitted
+    assert (set(root.iterdir()) if root.exists() else set()) == sweeps  # nothing written
+
+
+def test_a_slurm_sweep_gives_the_same_results_as_ssh_and_one_job_per_run(slurm_cluster):
+    cl = slurm_cluster
+    common = ["bench", "--cluster", cl.name, "--sweep", "ci", "--no-report",
+              "--bandwidth", "1gbit"]
+    viaslurm = invoke(*common, "--nodes", "1-3", "--launcher", "slurm", timeout=600)
+    assert viaslurm.returncode == 0, viaslurm.stdout[-3000:] + viaslurm.stderr[-3000:]
+    viassh = invoke(*common, "--nodes", "1-2", timeout=600)
+    assert viassh.returncode == 0, viassh.stderr[-3000:]
+    sl_dir, ssh_dir = _sweep_dir(viaslurm.stdout), _sweep_dir(viassh.stdout)
+    with open(sl_dir / "results.csv") as f:
+        sl_rows = list(csv.DictReader(f))
+    with open(ssh_dir / "results.csv") as f:
+        ssh_rows = list(csv.DictReader(f))
+    assert list(sl_rows[0]) == list(ssh_rows[0])  # the same columns
+    assert [r["nodes"] for r in sl_rows] == ["1", "2", "3"]
+    assert all(r["status"] == "ok" and float(r["images_per_sec"]) > 0 for r in sl_rows)
+    assert {r["launcher"] for r in sl_rows} == {"slurm"}
+    assert {r["launcher"] for r in ssh_rows} == {"direct"} and not any(
+        r["slurm_job_id"] for r in ssh_rows)
+    # the link was measured inside an allocation too
+    assert 800 < float(sl_rows[0]["link_mbit_measured"]) < 1100
+    jobs = cl.jobs()
+    records = _records(sl_dir)
+    for run_id, rec in records.items():  # training runs and allreduce probes alike
+        mine = [(jid, st) for name, (jid, st) in jobs.items() if name.endswith(f"-{run_id}")
+                and jid == rec["slurm"]["job_id"]]
+        assert mine == [(rec["slurm"]["job_id"], "COMPLETED")], (run_id, rec["slurm"])
+        assert rec["env"]["launcher"] == "slurm"
+    assert len({r["slurm"]["job_id"] for r in records.values()}) == len(records) == 5
+    assert not cl.queue()
+
+
+def _bench_in_background(cl: Cluster, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "invoke", "bench", "--cluster", cl.name,
+                             *QUICK, "--launcher", "slurm", *extra], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+
+
+def _wait_for_running_job(cl: Cluster, proc: subprocess.Popen, run_part: str,
+                          timeout_s: float = 90) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        for line in cl.queue():
+            jid, name, state = line.split()
+            if run_part in name and state == "RUNNING":
+                return jid
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(f"no running job for {run_part}: {proc.communicate()}")
+
+
+def test_a_job_cancelled_under_a_sweep_is_a_failed_run_and_the_sweep_goes_on(slurm_cluster):
+    cl = slurm_cluster
+    proc = _bench_in_background(cl, "--nodes", "1", "--repeats", "2", "--steps", "150")
+    try:
+        jid = _wait_for_running_job(cl, proc, "-r0")
+        time.sleep(3)  # well into the training steps
+        cl.on_head(f"scancel {jid}")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    records = _records(_sweep_dir(out))
+    first, second = records["train-n01-p1-b016-native-r0"], records["train-n01-p1-b016-native-r1"]
+    assert first["status"] == "failed" and first["slurm"]["state"] == "CANCELLED"
+    assert f"Slurm job {jid} was cancelled (scancel by uid 0)" in first["error"], first["error"]
+    assert second["status"] == "ok" and second["slurm"]["state"] == "COMPLETED"
+    assert not cl.queue()
+
+
+def test_a_run_past_its_time_limit_is_ended_and_its_job_cancelled(slurm_cluster):
+    cl = slurm_cluster
+    proc = invoke("bench", "--cluster", cl.name, *QUICK, "--launcher", "slurm", "--nodes", "2",
+                  "--steps", "5000", "--timeout", "15", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rec = _records(_sweep_dir(proc.stdout))["train-n02-p1-b016-native-r0"]
+    assert rec["status"] == "timeout", rec["error"]
+    assert rec["error"].startswith("timed out after 15 s; Slurm job ") and \
+        rec["error"].endswith(" cancelled"), rec["error"]
+    assert rec["slurm"]["state"] == "CANCELLED"
+    assert not cl.queue()
+
+
+def test_ctrl_c_cancels_the_job_records_the_run_and_submits_nothing_more(slurm_cluster):
+    cl = slurm_cluster
+    before = set(cl.jobs())
+    proc = _bench_in_background(cl, "--nodes", "1", "--repeats", "2", "--steps", "5000")
+    try:
+        jid = _wait_for_running_job(cl, proc, "-r0")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert err.strip().splitlines()[-1] == "interrupted"
+    sweeps = sorted(p for p in reports_dir().iterdir() if p.is_dir() and not p.is_symlink())
+    records = _records(max(sweeps, key=lambda p: p.stat().st_mtime))
+    assert list(records) == ["train-n01-p1-b016-native-r0"]
+    rec = records["train-n01-p1-b016-native-r0"]
+    assert rec["status"] == "interrupted" and rec["slurm"]["job_id"] == jid
+    assert rec["slurm"]["state"] == "CANCELLED"
+    assert not cl.queue()
+    new = {n: v for n, v in cl.jobs().items() if n not in before and "-train-" in n}
+    assert [v[0] for v in new.values()] == [jid], new  # the second repeat never started
