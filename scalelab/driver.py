@@ -22,6 +22,7 @@ import secrets
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -185,11 +186,13 @@ class Launcher:
             res = launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop, inflight=inflight)
         except KeyboardInterrupt:
             res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
+        t0 = time.monotonic()
         state = slurm.job_state(self.login, self.rt.known_hosts, job)
+        record = {**state.to_record(), "sacct_wait_s": round(time.monotonic() - t0, 3)}
         res.status, res.error = slurm.outcome(state, res.status, res.error, timeout_s)
         if res.status == "interrupted":
-            raise _Interrupted(res, state.to_record())
-        return "slurm", res, state.to_record()
+            raise _Interrupted(res, record)
+        return "slurm", res, record
 
 
 class _Interrupted(KeyboardInterrupt):

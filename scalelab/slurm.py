@@ -24,7 +24,6 @@ import math
 import re
 import shlex
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -343,24 +342,34 @@ def parse_sacct(text: str, name: str) -> Job | None:
     return job
 
 
+def sacct_line(name: str, wait_s: float = SACCT_WAIT_S, every_s: float = 0.2) -> str:
+    """Shell line for the login host: ask sacct every every_s until it lists the job as over
+    (slurmctld tells slurmdbd a moment after srun returns), at most wait_s; print the last
+    answer. One SSH session for the whole wait.
+
+    >>> line = sacct_line("scalelab-ab12-x", wait_s=2, every_s=0.5)
+    >>> "while [ $i -lt 4 ]" in line and "--name scalelab-ab12-x" in line
+    True
+    """
+    if not _JOB_NAME.match(name):
+        raise SlurmError(f"job name {name!r} is not one scalelab makes")
+    sacct = ("sacct --noheader --parsable2 --allocations --starttime now-7days "
+             f"--name {name} --format JobID,JobName,State,ExitCode,NodeList,Partition,ElapsedRaw")
+    over = "|".join(f"*'|{s}'*" for s in FINAL)
+    tries = max(1, math.ceil(wait_s / every_s))
+    return (f"i=0; while [ $i -lt {tries} ]; do out=$({sacct}) || exit $?; "
+            f"case \"$out\" in {over}) break;; esac; sleep {every_s:g}; i=$((i+1)); done; "
+            "printf '%s\\n' \"$out\"")
+
+
 def job_state(login: Node, known_hosts: str, name: str, wait_s: float = SACCT_WAIT_S) -> Job:
-    """What sacct says of the run's job once it is over (it may take slurmdbd a moment to
-    know); state "" when sacct never listed it."""
-    deadline = time.monotonic() + wait_s
-    line = ("sacct --noheader --parsable2 --allocations --starttime now-7days "
-            f"--name {shlex.quote(name)} "
-            "--format JobID,JobName,State,ExitCode,NodeList,Partition,ElapsedRaw")
-    last: Job | None = None
-    while True:
-        proc = _login_run(login, known_hosts, line)
-        if proc.returncode == 0:
-            last = parse_sacct(proc.stdout, name) or last
-            if last is not None and last.state in FINAL:
-                return last
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    return last or Job(name)
+    """What sacct says of the run's job once it is over; state "" when sacct never listed it
+    (or could not be asked: the reason is logged)."""
+    proc = _login_run(login, known_hosts, sacct_line(name, wait_s), timeout=wait_s + 30)
+    if proc.returncode != 0:
+        log.warning("sacct on %s failed for job %s: %s", login.name, name,
+                    proc.stderr.strip()[-200:])
+    return parse_sacct(proc.stdout, name) or Job(name)
 
 
 def outcome(job: Job, status: str, error: str, timeout_s: float) -> tuple[str, str]:
