@@ -120,6 +120,10 @@ def check(c, cluster="demo", links=False, seconds="1"):
     from scalelab import linkprobe, provisioning
 
     secs = linkprobe.check_seconds(seconds)  # before anything connects
+    if links and not provisioning.configurable(cluster):
+        raise Exit(f"error: --links measures every pair over SSH; cluster {cluster} is reached "
+                   "through its login host only (its sweeps measure the link inside an "
+                   "allocation and record it with each run)", code=1)
     for line in provisioning.connectivity_check(cluster):
         print(line)
     if not links:

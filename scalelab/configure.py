@@ -29,6 +29,7 @@ import yaml
 from scalelab.errors import InputError, ScalelabError
 from scalelab.nodes import nodes_of
 from scalelab.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, private_dir
+from scalelab.targets import base as targets
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +366,10 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
         apt, reqs = bundles.default_contents()
         bundles.check(bundle_dir, apt, reqs)
         variables_extra["scalelab_bundle_dir"] = str(bundle_dir)
+    if not targets.of(rec).configurable:
+        raise InputError(f"cluster {cluster} is a {rec['target']} cluster reached through its "
+                         "login host: scalelab installs nothing there; its facts came from "
+                         "sinfo at provision, its training stack is the var-file's python")
     inventory = inventory_dir() / f"{cluster}.yml"
     if not inventory.exists():
         raise ConfigureError(f"configure {cluster}: inventory {inventory} is missing; "

@@ -31,7 +31,7 @@ from typing import Any
 
 from scalelab import facts, launch, netshape, ssh, store
 from scalelab.emulation import Emulation
-from scalelab.errors import ClusterError, ScalelabError
+from scalelab.errors import ClusterError, InputError, ScalelabError
 from scalelab.nodes import Node, nodes_of
 from scalelab.shaping import Shaper
 from scalelab.state import cluster_dir, load_cluster
@@ -152,10 +152,10 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
 class Launcher:
     """How a sweep starts its runs: over SSH on the nodes, or as Slurm jobs on a login host."""
 
-    def __init__(self, kind: str, nodes: list[Node], rt: launch.Runtime, emulated: bool,
+    def __init__(self, kind: str, login: Node, rt: launch.Runtime, emulated: bool,
                  partition: str | None = None) -> None:
         self.kind, self.rt, self.emulated, self.partition = kind, rt, emulated, partition
-        self.login = nodes[0]  # the head node: where sbatch/srun run on a Slurm cluster
+        self.login = login  # where srun and sacct run for Slurm jobs (the target says)
 
     def measure_link(self, nodes: list[Node], port: int,
                      stop: threading.Event | None) -> tuple[float | None, str]:
@@ -222,7 +222,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     sweep_id = sweep_dir.name
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
     links: dict[Any, tuple[float | None, str]] = {}
-    starter = Launcher(launcher, all_nodes, rt, target.emulated, partition)
+    starter = Launcher(launcher, target.login(rec), rt, target.emulated,
+                       partition or target.default_partition(rec))
 
     def calibrate() -> float | None:
         shaper.set(None)
@@ -365,13 +366,24 @@ def prepare(cluster: str, spec) -> Prepared:
     rec = load_cluster(cluster)
     facts.require_configured(rec)
     nodes = nodes_of(rec)
-    runs = sweep.plan(spec, nodes, targets.of(rec).can_shape(rec), cluster=cluster)
-    if getattr(spec, "launcher", "ssh") == "slurm" and runs:
+    target = targets.of(rec)
+    allowed = target.launchers(rec)
+    if spec.launcher is None:
+        spec.launcher = allowed[0]
+    elif spec.launcher not in allowed:
+        raise InputError(f"cluster {cluster} can only start runs with --launcher "
+                         f"{' or '.join(allowed)}; it has no SSH to its compute nodes")
+    if spec.partition and spec.launcher != "slurm":
+        raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
+                         "launcher: slurm in the sweep file)")
+    runs = sweep.plan(spec, nodes, target.can_shape(rec), cluster=cluster)
+    if spec.launcher == "slurm" and runs:
         from scalelab import slurm
 
         # before anything is written or submitted: Slurm answers, the partition holds the nodes
         most = max(r.params["nodes"] for r in runs)
-        slurm.check(cluster, nodes[0], rec["known_hosts"], spec.partition,
+        slurm.check(cluster, target.login(rec), rec["known_hosts"],
+                    spec.partition or target.default_partition(rec),
                     [n.name for n in nodes[:most]])
     return Prepared(cluster, spec, runs, estimate.estimate_duration_s(runs, device=_device(rec)))
 
@@ -399,7 +411,8 @@ def start(prep: Prepared, reports_root: Path,
 
     stop = stop if stop is not None else threading.Event()
     with interrupts_stop(stop):
-        preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
+        if prep.spec.launcher != "slurm":  # a Slurm sweep's nodes were asked of sinfo
+            preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
         if stop.is_set():
             raise KeyboardInterrupt  # before anything is written
         sweep_id = sweep.new_sweep_id(dt.datetime.now(dt.UTC))
@@ -435,7 +448,7 @@ def resume(sweep_dir: Path, prep: Prepared,
             reaped = launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
         if reaped:
             log.warning("ended %d process groups left by the interrupted driver", reaped)
-        if prep.runs:
+        if prep.runs and prep.spec.launcher != "slurm":
             preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
         if stop.is_set():
             raise KeyboardInterrupt
@@ -452,7 +465,7 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
         with store.hold_sweep(sweep_dir):
             counts = execute(cluster, sweep_dir, runs, spec.timeout_s, on_progress, stop,
                              netprobe=getattr(spec, "netprobe", True),
-                             launcher=getattr(spec, "launcher", "ssh"),
+                             launcher=getattr(spec, "launcher", None) or "ssh",
                              partition=getattr(spec, "partition", None))
             store.finish_sweep(sweep_dir, utcnow())
         ended = True

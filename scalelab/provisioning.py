@@ -79,6 +79,12 @@ def can_shape(cluster: str) -> bool:
     return base.of(rec).can_shape(rec)
 
 
+def configurable(cluster: str) -> bool:
+    """Whether scalelab reaches this cluster's nodes over SSH (and so may configure them)."""
+    rec = load_cluster(cluster)
+    return base.of(rec).configurable
+
+
 def set_bandwidth(cluster: str, bandwidth: str) -> None:
     rec = load_cluster(cluster)
     base.of(rec).set_rate(cluster, parse_rate_mbit(bandwidth))
@@ -90,6 +96,17 @@ def connectivity_check(cluster: str) -> list[str]:
     nodes = nodes_of(rec)
     kh = rec["known_hosts"]
     lines = []
+    target = base.of(rec)
+    if not target.configurable:
+        # only its login host is reachable: the nodes are as Slurm sees them
+        login = target.login(rec)
+        out = ssh.run(login, kh, "hostname", timeout=15).stdout.strip()
+        lines.append(f"controller -> login host {login.address}: ssh ok, hostname {out}")
+        for n, up in zip(nodes, target.alive(cluster, nodes), strict=True):
+            lines.append(f"{n.name}: {'up' if up else 'DOWN'} in sinfo")
+        if not all(alive for alive in target.alive(cluster, nodes)):
+            raise ClusterError(f"cluster {cluster}: some nodes are down in sinfo")
+        return lines
     for n in nodes:
         out = ssh.run(n, kh, "hostname", timeout=15).stdout.strip()
         lines.append(f"controller -> {n.name} ({n.address}): ssh ok, hostname {out}")

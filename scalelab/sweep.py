@@ -92,7 +92,8 @@ class SweepSpec:
     description: str = ""
     accelerator: str | None = None  # emulate this device (a name in bench/profiles or a file)
     dilation: float | None = None  # time dilation k with an accelerator; None = pick per rate
-    launcher: str = "ssh"  # ssh: ranks started over SSH; slurm: each run a Slurm job
+    launcher: str | None = None  # ssh: ranks over SSH; slurm: each run a Slurm job; None:
+    # the cluster's default (ssh where scalelab reaches the nodes, slurm behind a login host)
     partition: str | None = None  # slurm: the partition (None: the cluster's default one)
 
 

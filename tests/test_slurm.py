@@ -250,3 +250,62 @@ def test_ctrl_c_cancels_the_job_records_the_run_and_submits_nothing_more(slurm_c
     assert not cl.queue()
     new = {n: v for n, v in cl.jobs().items() if n not in before and "-train-" in n}
     assert [v[0] for v in new.values()] == [jid], new  # the second repeat never started
+
+
+def test_a_cluster_reached_only_through_its_login_host(slurm_cluster, tmp_path):
+    """The `slurm` target: SSH to the login host and a partition are all it needs. The shared
+    file system of a real Slurm cluster is played by a host directory, which every local node
+    sees through its copy-on-write root."""
+    import shutil
+
+    cl = slurm_cluster
+    shared = tmp_path / "shared"
+    shutil.copytree(ROOT / "bench" / "workloads", shared / "bench" / "workloads",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    values = {"login_host": cl.head.address, "ssh_user": "root", "ssh_key": cl.head.ssh_key,
+              "known_hosts": cl.rec["known_hosts"], "python": str(Path(sys.executable)),
+              "workdir": str(shared), "iface": "eth0"}
+    var_file = tmp_path / "hpc.json"
+    name = unique_name("hpc")
+
+    def provision(vals: dict) -> subprocess.CompletedProcess:
+        var_file.write_text(json.dumps(vals))
+        return invoke("provision", "--target", "slurm", "--cluster", name, "--nodes", "2",
+                      "--var-file", str(var_file), timeout=180)
+
+    try:
+        _login_host_cluster(name, provision, values, cl, shared)
+    finally:
+        gone = invoke("destroy", "--cluster", name)
+    assert gone.returncode == 0, gone.stderr
+    # the copy scalelab made on the login host is gone again (the host's own one is not its)
+    left = cl.on_head(f"ls {shared}/bench 2>/dev/null || echo gone").strip()
+    assert left == "gone" and (shared / "bench" / "workloads").is_dir()
+
+
+def _login_host_cluster(name, provision, values, cl, shared) -> None:
+    for bad, expected in (({k: v for k, v in values.items() if k != "python"}, "lacks python"),
+                          ({**values, "python": "/usr/bin/true"}, "cannot import torch"),
+                          ({**values, "partiton": "x"}, "did you mean 'partition'?")):
+        proc = provision(bad)
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(err) == 1 and expected in err[0], (bad, err)
+        assert not (Path(os.environ["SCALELAB_HOME"]) / "clusters" / name).exists()
+    proc = provision(values)
+    assert proc.returncode == 0, proc.stderr
+    status = invoke("status", "--cluster", name)
+    assert "target=slurm" in status.stdout and "partition=scalelab" in status.stdout
+    assert status.stdout.count(" up") == 2, status.stdout
+    for args, expected in ((["--bandwidth", "1gbit"], "cannot shape links"),
+                           (["--launcher", "ssh"], "can only start runs with --launcher slurm")):
+        bad = invoke("bench", "--cluster", name, "--nodes", "1-2", "--batch-size", "8", *args)
+        assert bad.returncode == 1 and expected in bad.stderr, bad.stderr
+    cfg = invoke("configure", "--cluster", name)
+    assert cfg.returncode == 1 and "installs nothing there" in cfg.stderr
+    proc = invoke("bench", "--cluster", name, *QUICK, "--nodes", "1-2", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with open(_sweep_dir(proc.stdout) / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert {r["launcher"] for r in rows} == {"slurm"} and all(r["slurm_job_id"] for r in rows)
+    assert float(rows[0]["link_mbit_measured"]) > 100  # measured, not shaped

@@ -15,7 +15,7 @@ from scalelab.errors import ClusterError, InputError
 from scalelab.targets import TARGETS, TERRAFORM_TARGETS, base
 
 METHODS = ("provision", "destroy", "alive", "summary", "adjust_facts", "runtime", "can_shape",
-           "links", "set_rate")
+           "links", "set_rate", "login", "launchers", "default_partition")
 LINK_METHODS = ("snapshot", "apply", "restore", "still_as_left")
 
 
@@ -40,7 +40,7 @@ def configured_record(name: str, target: str, n: int = 2, gpus: int = 0,
 def test_every_target_implements_the_interface(name):
     t = base.get(name)
     assert isinstance(t, base.Target)
-    assert t.name == name and isinstance(t.emulated, bool)
+    assert t.name == name and isinstance(t.emulated, bool) and isinstance(t.configurable, bool)
     for m in METHODS:
         assert callable(getattr(t, m)), f"{name} lacks {m}"
 
@@ -87,13 +87,13 @@ def test_the_local_target_knows_its_nodes_without_configure():
 
 def test_unknown_target_is_one_line():
     with pytest.raises(InputError, match="target: 'gcp' is unknown; choose one of local, "
-                                         "static, openstack, aws"):
+                                         "static, openstack, aws, slurm"):
         base.get("gcp")
 
 
 def test_nothing_outside_targets_asks_which_target_it_is_on():
     """No `target == "local"` branches outside scalelab/targets/ (the interface says it)."""
-    pattern = re.compile(r"""(target["'\]]*\s*[!=]=\s*["'](local|static|aws|openstack)["'])""")
+    pattern = re.compile(r"""(target["'\]]*\s*[!=]=\s*["'](local|static|aws|openstack|slurm)["'])""")
     offenders = []
     for path in sorted((ROOT / "scalelab").rglob("*.py")):
         if "targets" in path.parts:
@@ -141,3 +141,29 @@ def test_slices_dry_run_on_ten_gpu_hosts_plans_everything_with_a_gpu_estimate(tm
     assert gpu < cpu / 10
     assert len([r for r in runs if r.kind == "train"]) == 180
     assert not (tmp_path / "reports").exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize("name", [t for t in TARGETS if t != "slurm"])
+def test_targets_whose_nodes_scalelab_reaches_start_runs_over_ssh_or_slurm(name):
+    """The head node is the login host; SSH is the default launcher, Slurm one to ask for."""
+    rec = configured_record("lab", name)
+    t = base.get(name)
+    assert t.configurable and t.launchers(rec) == ("ssh", "slurm")
+    assert t.login(rec).name == "lab-n0" and t.default_partition(rec) is None
+
+
+def test_a_slurm_cluster_behind_a_login_host_runs_jobs_only_and_never_shapes():
+    t = base.get("slurm")
+    rec = configured_record("hpc", "slurm")
+    rec["login"] = {**rec["nodes"][0], "name": "hpc-login", "address": "203.0.113.5"}
+    rec["partition"] = "gpu"
+    assert not t.configurable and t.launchers(rec) == ("slurm",)
+    assert t.login(rec).address == "203.0.113.5" and t.default_partition(rec) == "gpu"
+    assert not t.can_shape(rec) and not t.emulated
+    links = t.links("hpc", rec, [])
+    links.apply(None)
+    with pytest.raises(ClusterError):
+        links.apply(1000.0)
+    with pytest.raises(InputError, match="cannot shape its links"):
+        t.set_rate("hpc", 1000.0)
+    assert t.runtime(rec).python == facts.DEFAULT_PYTHON

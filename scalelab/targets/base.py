@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from scalelab.errors import ClusterError, InputError
 from scalelab.nodes import Node
 
-TARGETS = ("local", "static", "openstack", "aws")
+TARGETS = ("local", "static", "openstack", "aws", "slurm")
 TERRAFORM_TARGETS = ("static", "openstack", "aws")
 
 
@@ -56,6 +56,7 @@ class Target(Protocol):
 
     name: str
     emulated: bool  # nodes share this machine's CPUs (the report says so when they contend)
+    configurable: bool  # invoke configure may run Ansible on its nodes
 
     def provision(self, cluster: str, nodes: int | str, **options: Any) -> list[Node] | None:
         """Create or resize a cluster; write cluster.json and the inventory."""
@@ -85,6 +86,33 @@ class Target(Protocol):
     def set_rate(self, cluster: str, mbit: float | None) -> None:
         """`invoke shape`: change the cluster's standing link rate."""
 
+    def login(self, rec: dict[str, Any]) -> Node:
+        """Where Slurm commands run for --launcher slurm (the head node, or a login host)."""
+
+    def launchers(self, rec: dict[str, Any]) -> tuple[str, ...]:
+        """How runs may start on this cluster, the default first: ssh and/or slurm."""
+
+    def default_partition(self, rec: dict[str, Any]) -> str | None:
+        """The Slurm partition runs go to when the sweep names none (None: Slurm's default)."""
+
+
+class SshReachable:
+    """What every target whose nodes scalelab reaches over SSH shares: the head node is where
+    Slurm commands run, and runs start over SSH unless --launcher slurm is asked for."""
+
+    configurable = True
+
+    def login(self, rec: dict[str, Any]) -> Node:
+        from scalelab.nodes import nodes_of
+
+        return nodes_of(rec)[0]
+
+    def launchers(self, rec: dict[str, Any]) -> tuple[str, ...]:
+        return ("ssh", "slurm")
+
+    def default_partition(self, rec: dict[str, Any]) -> str | None:
+        return None
+
 
 def get(name: str) -> Target:
     """The Target object of a target name; InputError for an unknown one.
@@ -94,7 +122,8 @@ def get(name: str) -> Target:
     """
     if name not in TARGETS:
         raise InputError(f"target: {name!r} is unknown; choose one of {', '.join(TARGETS)}")
-    module = importlib.import_module(f"scalelab.targets.{'local' if name == 'local' else 'tf'}")
+    module = importlib.import_module(
+        f"scalelab.targets.{name if name in ('local', 'slurm') else 'tf'}")
     return module.target(name)
 
 

@@ -42,6 +42,7 @@ from scalelab.state import (
     state_root,
     write_atomic,
 )
+from scalelab.targets.base import SshReachable
 from scalelab.units import format_rate, parse_cpus, parse_rate_mbit
 
 log = logging.getLogger(__name__)
@@ -808,7 +809,7 @@ class LocalLinks:
         return self._rate() == mbit
 
 
-class LocalTarget:
+class LocalTarget(SshReachable):
     """The Target interface (scalelab.targets.base) of emulated clusters."""
 
     name = TARGET

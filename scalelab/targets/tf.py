@@ -50,6 +50,7 @@ from scalelab.state import (
     write_atomic,
 )
 from scalelab.targets import TERRAFORM_TARGETS
+from scalelab.targets.base import SshReachable
 from scalelab.terraform import (
     BASE_ENV,
     Terraform,
@@ -728,7 +729,7 @@ def _ssh_probe(n: Node, bastion: str, known_hosts: str, timeout_s: float) -> boo
 # ---------------------------------------------------------------- the Target interface
 
 
-class TerraformTarget:
+class TerraformTarget(SshReachable):
     """The Target interface (scalelab.targets.base) of static, openstack and aws clusters.
 
     Their nodes are real hosts: the training stack is what configure installed there, the
