@@ -93,17 +93,21 @@ def default_contents(roles_dir: Path = ROLES_DIR) -> tuple[list[str], list[str]]
     """(apt package names, Python requirements) the roles install, from their defaults/main.yml.
 
     apt: common_packages, common_chrony_packages (real hosts run time sync), then
-    pytorch_packages. Python: torch==pytorch_torch_version, pytorch_extra_packages,
+    pytorch_packages, then slurm_controller_packages and slurm_compute_packages (for
+    invoke configure --tags slurm on hosts without internet). Python: torch==pytorch_torch_version, pytorch_extra_packages,
     horovod==horovod_version. Not horovod_packages: that is the compile toolchain, and with a
     bundle the nodes install the prebuilt wheel (Gloo, no MPI).
     """
     common = _role_defaults(roles_dir, "common")
     pytorch = _role_defaults(roles_dir, "pytorch")
     horovod = _role_defaults(roles_dir, "horovod")
+    slurm = _role_defaults(roles_dir, "slurm") if (roles_dir / "slurm").is_dir() else {}
     apt: list[str] = []
     for role, key, data in (("common", "common_packages", common),
                             ("common", "common_chrony_packages", common),
-                            ("pytorch", "pytorch_packages", pytorch)):
+                            ("pytorch", "pytorch_packages", pytorch),
+                            ("slurm", "slurm_controller_packages", slurm),
+                            ("slurm", "slurm_compute_packages", slurm)):
         for name in _literal(data.get(key) or [], f"{role} default {key}"):
             if str(name) not in apt:
                 apt.append(str(name))

@@ -138,8 +138,11 @@ def _defaults(role: str) -> dict:
 def test_default_contents_are_what_the_roles_install():
     apt, requirements = bundle.default_contents()
     common, pytorch, horovod = _defaults("common"), _defaults("pytorch"), _defaults("horovod")
+    slurm = _defaults("slurm")
     assert set(apt) == (set(common["common_packages"]) | set(common["common_chrony_packages"])
-                        | set(pytorch["pytorch_packages"]))
+                        | set(pytorch["pytorch_packages"])
+                        | set(slurm["slurm_controller_packages"])
+                        | set(slurm["slurm_compute_packages"]))
     assert len(apt) == len(set(apt))
     assert requirements == [f"torch=={pytorch['pytorch_torch_version']}",
                             *pytorch["pytorch_extra_packages"],

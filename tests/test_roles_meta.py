@@ -110,7 +110,9 @@ def test_shared_task_files_use_scalelab_names_and_every_one_is_included():
     for path in sorted((PLAYBOOKS / "tasks").glob("*.yml")):
         tasks = _yaml(path)
         text = path.read_text()
-        names = [t["register"] for t in tasks if "register" in t]
+        # what the file defines itself: registered results, and a block's own vars
+        names = [t["register"] for t in tasks if "register" in t] + \
+            [k for t in tasks for k in (t.get("vars") or {})]
         used = set(re.findall(r"\bscalelab_\w+", text))
         assert all(n.startswith("scalelab_") for n in names), (path.name, names)
         includes = [t for role in ROLES for t in _tasks(role)
