@@ -116,7 +116,8 @@ def test_shared_task_files_use_scalelab_names_and_every_one_is_included():
         used = set(re.findall(r"\bscalelab_\w+", text))
         assert all(n.startswith("scalelab_") for n in names), (path.name, names)
         includes = [t for role in ROLES for t in _tasks(role)
-                    if str(t.get("ansible.builtin.include_tasks", "")).endswith(path.name)]
+                    if str(t.get("ansible.builtin.include_tasks", "")).endswith(
+                        f"../tasks/{path.name}")]
         assert includes, f"{path.name} is included by no role"
         for t in includes:
             given = set(t.get("vars") or {})
