@@ -42,6 +42,7 @@ TOKEN_VAR = "SCALELAB_LAUNCH"
 # A dead node or a cut link is noticed by ssh's keep-alives: 3 unanswered at 3 s intervals.
 # (ssh keeps the first value given for an option, so these go before ssh_args' own.)
 KEEPALIVE = ["-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3"]
+PGID_WAIT_S = 3.0  # at reaping, how long a launch that has not reported its group gets to
 
 
 class LaunchError(ScalelabError):
@@ -462,8 +463,15 @@ class Launch:
         Returns the nodes whose group could not be ended (unreachable for retry_s); their
         groups are kept in self.pending.
         """
+        # a launch whose remote shell has not yet reached setsid carries no token to be found
+        # by: give it a moment to report its group (it does at once, unless the node is slow)
+        settle = time.monotonic() + PGID_WAIT_S
+        while time.monotonic() < settle and any(
+                c.node.name not in self.pgids and p.poll() is None
+                for c, p in zip(self.commands, self.procs, strict=False)):
+            time.sleep(0.05)
         codes = self._note_exits()
-        cancels = [(c.node, c.cancel) for c, code in zip(self.commands, codes, strict=True)
+        cancels = [(c.node, c.cancel) for c, code in zip(self.commands, codes, strict=False)
                    if c.cancel and code != 0]
         if cancels:
             run_cancels(cancels, self.rt.known_hosts)

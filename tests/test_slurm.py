@@ -138,6 +138,16 @@ def test_bad_slurm_input_is_refused_before_any_job(slurm_cluster):
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == 1, (extra, proc.stdout, proc.stderr)
         assert len(err) == 1 and expected in err[0], (extra, err)
+    # a login host without Slurm's commands (moved aside in the node's own layer only)
+    cl.on_head("mv /usr/bin/sinfo /usr/bin/sinfo.hidden")
+    try:
+        proc = invoke("bench", "--cluster", cl.name, "--batch-size", "8", "--nodes", "1",
+                      "--launcher", "slurm")
+    finally:
+        cl.on_head("mv /usr/bin/sinfo.hidden /usr/bin/sinfo")
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(err) == 1, err
+    assert "no Slurm on the login host" in err[0] and "(sinfo not found)" in err[0], err
     assert cl.jobs() == before  # nothing submitted
     assert (set(root.iterdir()) if root.exists() else set()) == sweeps  # nothing written
 
