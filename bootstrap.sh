@@ -29,12 +29,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   ours=""
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"; ours=1
+    trap 'rm -f "$policy"' EXIT  # also when the install fails
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  [ -z "$ours" ] || rm -f "$policy"
+  [ -z "$ours" ] || { rm -f "$policy"; trap - EXIT; }
 fi
-# The package's postinst may start services on the host; scalelab runs its own per node.
-systemctl disable --now ssh.socket ssh.service nfs-ganesha.service >/dev/null 2>&1 || true
+# The packages' scripts may start services on the host, or enable them for the next boot;
+# scalelab runs its own per node.
+systemctl disable --now ssh.socket ssh.service nfs-ganesha.service munge.service \
+  mariadb.service slurmctld.service slurmd.service slurmdbd.service >/dev/null 2>&1 || true
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3

@@ -89,6 +89,21 @@ def _literal(value: Any, where: str) -> Any:
     return value
 
 
+def role_packages(role: str, roles_dir: Path = ROLES_DIR) -> list[str]:
+    """The Debian packages a role installs that no other default role does (for a bundle
+    check that only asks for what the chosen roles need).
+
+    >>> "slurmctld" in role_packages("slurm") and "munge" in role_packages("slurm")
+    True
+    """
+    data = _role_defaults(roles_dir, role) if (roles_dir / role).is_dir() else {}
+    out: list[str] = []
+    for key, value in data.items():
+        if key.endswith("_packages") and isinstance(value, list):
+            out += [str(v) for v in value if str(v) not in out]
+    return out
+
+
 def default_contents(roles_dir: Path = ROLES_DIR) -> tuple[list[str], list[str]]:
     """(apt package names, Python requirements) the roles install, from their defaults/main.yml.
 

@@ -382,9 +382,12 @@ def prepare(cluster: str, spec) -> Prepared:
 
         # before anything is written or submitted: Slurm answers, the partition holds the nodes
         most = max(r.params["nodes"] for r in runs)
+        fix = "" if target.configurable else (
+            "scalelab needs srun, salloc, sinfo, sacct, scancel and scontrol answering on the "
+            "login host, with accounting; ask the cluster's admins")
         slurm.check(cluster, target.login(rec), rec["known_hosts"],
                     spec.partition or target.default_partition(rec),
-                    [n.name for n in nodes[:most]])
+                    [n.name for n in nodes[:most]], fix=fix)
     return Prepared(cluster, spec, runs, estimate.estimate_duration_s(runs, device=_device(rec)))
 
 

@@ -482,7 +482,11 @@ class Launch:
         groups = [(c.node, self.pgids.get(c.node.name)) for c in self.commands
                   if c.node.name in self.pgids or self.token]
         failed = end_groups(groups, self.rt.known_hosts, self.token, grace_s, retry_s)
-        self.pending += [{"node": n.to_dict(), "pgid": g, "token": self.token} for n, g in failed]
+        cancel_of = {c.node.name: c.cancel for c in self.commands if c.cancel}
+        # a node not reached keeps its cancel line too: the next run or --resume runs it
+        self.pending += [{"node": n.to_dict(), "pgid": g, "token": self.token,
+                          **({"cancel": cancel_of[n.name]} if n.name in cancel_of else {})}
+                         for n, g in failed]
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

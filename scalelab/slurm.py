@@ -106,13 +106,15 @@ def alloc_options(name: str, nodes: list[Node], procs_per_node: int, partition: 
 
     >>> ns = [Node("c-n0", "a", "a", "head", "local"), Node("c-n1", "b", "b", "worker", "local")]
     >>> " ".join(alloc_options("j", ns, 2, "gpu", 180, gpus_per_node=2))
-    '--job-name j --partition gpu --nodes 2 --nodelist c-n0,c-n1 --exclusive --time 4 --ntasks-per-node 2 --gpus-per-node 2'
+    '--job-name j --partition gpu --nodes 2 --nodelist c-n0,c-n1 --exclusive --overcommit --time 4 --ntasks-per-node 2 --gpus-per-node 2'
     """
     opts = ["--job-name", name]
     if partition:
         opts += ["--partition", partition]
+    # --overcommit: the ranks per node are the sweep's choice, not Slurm's CPU count (a node's
+    # CPUs in slurm.conf may be fewer than the processes a sweep puts on it)
     opts += ["--nodes", str(len(nodes)), "--nodelist", ",".join(n.name for n in nodes),
-             "--exclusive", "--time", str(time_limit_min(timeout_s))]
+             "--exclusive", "--overcommit", "--time", str(time_limit_min(timeout_s))]
     if tasks:
         opts += ["--ntasks-per-node", str(procs_per_node)]
     if gpus_per_node:
@@ -182,8 +184,10 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
         if nodes[0].iface and len(nodes) > 1:
             hvd += ["--network-interfaces", nodes[0].iface]
         hvd += ["--gloo-timeout-seconds", "60", rt.python, script_path, *args]
-        inner = f"{hosts}; exec {shlex.join(hvd).replace('__HOSTS__', '$H')}"
-        env["PATH"] = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        # horovodrun finds the venv's python and itself first; the site's own PATH (Slurm in
+        # /opt or from a module) stays behind them
+        inner = (f'PATH={shlex.quote(bindir)}:"$PATH"; export PATH; {hosts}; '
+                 f"exec {shlex.join(hvd).replace('__HOSTS__', '$H')}")
         argv = ["salloc", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
                                          gpus_per_node, tasks=False),
                 "srun", "--nodes", "1", "--ntasks", "1", "sh", "-c", inner]
@@ -211,7 +215,8 @@ def link_probe_command(server: Node, client: Node, login: Node, port: int, secon
     wait_s = linkprobe.READY_TIMEOUT_S + linkprobe.SERVER_SLACK_S
     srv = shlex.join(linkprobe.server_argv(server.private_address, port, wait_s))
     cli = linkprobe.client_line(server.private_address, port, seconds)
-    inner = (f'if [ "$(hostname)" = {shlex.quote(server.name)} ]; then exec {srv} >/dev/null; '
+    # Slurm's own name of the node the task runs on (hostname may be an FQDN or another name)
+    inner = (f'if [ "$SLURMD_NODENAME" = {shlex.quote(server.name)} ]; then exec {srv} >/dev/null; '
              f"else {cli}; fi")
     nodes = sorted([server, client], key=lambda n: n.name)
     timeout_s = linkprobe.READY_TIMEOUT_S + linkprobe.iperf_seconds(seconds) + \
@@ -274,9 +279,12 @@ def parse_sinfo(text: str) -> list[Partition]:
 
 
 def check(cluster: str, login: Node, known_hosts: str, partition: str | None,
-          node_names: list[str]) -> Partition:
+          node_names: list[str], fix: str = "") -> Partition:
     """Before any job: Slurm answers on the login host, with accounting; the partition exists
-    and holds every node the sweep needs. One line naming the fix otherwise."""
+    and holds every node the sweep needs. One line naming the fix otherwise (fix: what to do
+    when Slurm is missing or silent; by default, set it up with the slurm role)."""
+    fix = fix or (f"set it up with invoke configure --cluster {cluster} --tags slurm, or use "
+                  "--launcher ssh")
     tools = " ".join(TOOLS)
     proc = _login_run(login, known_hosts,
                       f"for t in {tools}; do command -v $t >/dev/null || echo missing $t; done; "
@@ -284,16 +292,14 @@ def check(cluster: str, login: Node, known_hosts: str, partition: str | None,
     missing = re.findall(r"^missing (\S+)$", proc.stdout, re.MULTILINE)
     if missing:
         raise ClusterError(f"no Slurm on the login host {login.name} of cluster {cluster} "
-                           f"({', '.join(missing)} not found); set it up with invoke configure "
-                           f"--cluster {cluster} --tags slurm, or use --launcher ssh")
+                           f"({', '.join(missing)} not found); {fix}")
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise ClusterError(f"Slurm on {login.name} does not answer: sinfo: {why[:200]}; is "
-                           f"slurmctld running? (invoke configure --cluster {cluster} --tags slurm)")
+                           f"slurmctld running? ({fix})")
     parts = parse_sinfo(proc.stdout)
     if not parts:
-        raise ClusterError(f"Slurm on {login.name} lists no partition; configure one "
-                           f"(invoke configure --cluster {cluster} --tags slurm)")
+        raise ClusterError(f"Slurm on {login.name} lists no partition ({fix})")
     if partition:
         found = [p for p in parts if p.name == partition]
         if not found:
@@ -316,8 +322,7 @@ def check(cluster: str, login: Node, known_hosts: str, partition: str | None,
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise ClusterError(f"sacct does not answer on {login.name} ({why[:200]}); scalelab "
-                           "reads each run's state from Slurm's accounting: set it up with "
-                           f"invoke configure --cluster {cluster} --tags slurm")
+                           f"reads each run's state from Slurm's accounting ({fix})")
     return part
 
 
@@ -365,7 +370,11 @@ def sacct_line(name: str, wait_s: float = SACCT_WAIT_S, every_s: float = 0.2) ->
 def job_state(login: Node, known_hosts: str, name: str, wait_s: float = SACCT_WAIT_S) -> Job:
     """What sacct says of the run's job once it is over; state "" when sacct never listed it
     (or could not be asked: the reason is logged)."""
-    proc = _login_run(login, known_hosts, sacct_line(name, wait_s), timeout=wait_s + 30)
+    try:
+        proc = _login_run(login, known_hosts, sacct_line(name, wait_s), timeout=wait_s + 30)
+    except ClusterError as exc:  # the run is recorded all the same, with what launch saw
+        log.warning("sacct could not be asked about job %s: %s", name, exc)
+        return Job(name)
     if proc.returncode != 0:
         log.warning("sacct on %s failed for job %s: %s", login.name, name,
                     proc.stderr.strip()[-200:])
@@ -391,12 +400,15 @@ def outcome(job: Job, status: str, error: str, timeout_s: float) -> tuple[str, s
     ('failed', 'Slurm job 5 FAILED (exit 1:0); n0: exit 1: RuntimeError: boom')
     >>> outcome(Job("j"), "failed", "ssh: connect refused", 60)
     ('failed', 'ssh: connect refused; sacct has no record of job j')
+    >>> outcome(Job("j", "5", "RUNNING", "0:0"), "ok", "", 60)  # slurmdbd behind: launch stands
+    ('ok', '')
     """
     ident = f"Slurm job {job.job_id}" if job.job_id else f"Slurm job {job.name}"
     if status in ("timeout", "interrupted"):
         return status, f"{error}; {ident} cancelled" if job.job_id else error
-    if not job.state:
-        note = f"sacct has no record of job {job.name}"
+    if job.state not in FINAL:  # never listed, or slurmdbd still behind after the wait
+        note = (f"sacct has no record of job {job.name}" if not job.state else
+                f"sacct still listed {ident} as {job.state} after {SACCT_WAIT_S:g} s")
         return ("failed", f"{error}; {note}" if error else note) if status != "ok" else \
             ("ok", "")
     if job.state == "COMPLETED":

@@ -272,6 +272,8 @@ def test_a_cluster_reached_only_through_its_login_host(slurm_cluster, tmp_path):
     shared = tmp_path / "shared"
     shutil.copytree(ROOT / "bench" / "workloads", shared / "bench" / "workloads",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # as an earlier provision would have left it (a copy without the marker is refused)
+    (shared / "bench" / "workloads" / ".scalelab-workloads").touch()
     values = {"login_host": cl.head.address, "ssh_user": "root", "ssh_key": cl.head.ssh_key,
               "known_hosts": cl.rec["known_hosts"], "python": str(Path(sys.executable)),
               "workdir": str(shared), "iface": "eth0"}
@@ -296,7 +298,9 @@ def test_a_cluster_reached_only_through_its_login_host(slurm_cluster, tmp_path):
 def _login_host_cluster(name, provision, values, cl, shared) -> None:
     for bad, expected in (({k: v for k, v in values.items() if k != "python"}, "lacks python"),
                           ({**values, "python": "/usr/bin/true"}, "cannot import torch"),
-                          ({**values, "partiton": "x"}, "did you mean 'partition'?")):
+                          ({**values, "partiton": "x"}, "did you mean 'partition'?"),
+                          ({**values, "ssh_user": "-oProxyCommand=x"}, "is not a user name"),
+                          ({**values, "workdir": str(ROOT)}, "is not a copy scalelab made")):
         proc = provision(bad)
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == 1 and len(err) == 1 and expected in err[0], (bad, err)

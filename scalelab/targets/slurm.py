@@ -48,6 +48,9 @@ TARGET = "slurm"
 REQUIRED = ("login_host", "ssh_user", "ssh_key", "known_hosts", "python", "workdir")
 OPTIONAL = ("ssh_port", "partition", "iface")
 MARKER = ".scalelab-workloads"  # in the copy scalelab made; destroy removes only a marked copy
+# what to do when Slurm on a login host scalelab does not configure is missing or silent
+SLURM_FIX = ("scalelab needs srun, salloc, sinfo, sacct, scancel and scontrol answering there, "
+             "with accounting (sacct); ask the cluster's admins")
 
 
 def _check_values(values: dict[str, Any], var_file: str) -> dict[str, Any]:
@@ -63,6 +66,13 @@ def _check_values(values: dict[str, Any], var_file: str) -> dict[str, Any]:
         raise InputError(f"var-file {var_file} lacks {', '.join(missing)}; a slurm cluster needs "
                          f"{', '.join(REQUIRED)} (see README, 'slurm: a cluster you reach through "
                          "its login host')")
+    # values that become ssh arguments: a leading dash would make them options
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", str(values["ssh_user"])):
+        raise InputError(f"var-file {var_file}: ssh_user {values['ssh_user']!r} is not a user "
+                         "name")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}", str(values["login_host"])):
+        raise InputError(f"var-file {var_file}: login_host {values['login_host']!r} is not a "
+                         "host name or address")
     for key in ("python", "workdir"):
         if not str(values[key]).startswith("/"):
             raise InputError(f"var-file {var_file}: {key} {values[key]!r} must be an absolute "
@@ -121,14 +131,30 @@ def _run(login: Node, known_hosts: str, line: str, timeout: float = 60):
 
 def _copy_workloads(login: Node, known_hosts: str, workdir: str) -> None:
     """bench/workloads under workdir on the login host (the shared file system), with the
-    marker that lets destroy remove exactly this copy."""
+    marker that lets destroy remove exactly this copy. A bench/workloads there that is not
+    scalelab's copy (a checkout of the user's own, say) is refused, never overwritten."""
     dest = str(PurePosixPath(workdir) / "bench")
-    tar = subprocess.run(["tar", "-C", str(PROJECT_ROOT), "--exclude=__pycache__", "-cf", "-",
-                          "bench/workloads"], capture_output=True, timeout=60, check=True).stdout
-    line = (f"mkdir -p {shlex.quote(dest)} && tar -C {shlex.quote(workdir)} -xf - && "
-            f"touch {shlex.quote(dest + '/workloads/' + MARKER)}")
+    copy = f"{dest}/workloads"
+    try:
+        tar = subprocess.run(["tar", "-C", str(PROJECT_ROOT), "--exclude=__pycache__", "-cf",
+                              "-", "bench/workloads"], capture_output=True, timeout=60,
+                             check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ClusterError(f"could not pack bench/workloads ({exc})") from None
+    line = (f"if [ -e {shlex.quote(copy)} ] && [ ! -f {shlex.quote(copy + '/' + MARKER)} ]; "
+            "then echo NOT_OURS; exit 3; fi; "
+            f"mkdir -p {shlex.quote(dest)} && tar -C {shlex.quote(workdir)} -xf - && "
+            f"touch {shlex.quote(copy + '/' + MARKER)}")
     argv = ssh.ssh_args(login, known_hosts) + ["--", line]
-    proc = subprocess.run(argv, input=tar, capture_output=True, timeout=120)
+    try:
+        proc = subprocess.run(argv, input=tar, capture_output=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"copying the workloads to {login.address}:{dest} took over 300 s; "
+                           "is the shared file system answering?") from None
+    if proc.returncode == 3 and b"NOT_OURS" in proc.stdout:
+        raise InputError(f"{login.address}:{copy} exists and is not a copy scalelab made; "
+                         "give workdir a directory of scalelab's own, e.g. "
+                         f"{PurePosixPath(workdir) / 'scalelab'}")
     if proc.returncode != 0:
         why = proc.stderr.decode(errors="replace").strip().splitlines()
         raise ClusterError(f"could not copy the workloads to {login.address}:{dest} "
@@ -158,7 +184,7 @@ def provision(cluster: str, nodes: int | str, var_file: str | None = None,
     if proc.returncode != 0 or missing:
         raise ClusterError(f"no Slurm on the login host {login.address} "
                            f"({', '.join(missing) or proc.stderr.strip()[-200:]} not found)")
-    part = slurm.check(cluster, login, known_hosts, partition, [])
+    part = slurm.check(cluster, login, known_hosts, partition, [], fix=SLURM_FIX)
     proc = _run(login, known_hosts, "sinfo --noheader --Node --partition "
                 f"{shlex.quote(part.name)} --format '%N|%c|%m|%G'")
     found = parse_nodes(proc.stdout)
