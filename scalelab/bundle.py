@@ -89,40 +89,27 @@ def _literal(value: Any, where: str) -> Any:
     return value
 
 
-def role_packages(role: str, roles_dir: Path = ROLES_DIR) -> list[str]:
-    """The Debian packages a role installs that no other default role does (for a bundle
-    check that only asks for what the chosen roles need).
-
-    >>> "slurmctld" in role_packages("slurm") and "munge" in role_packages("slurm")
-    True
-    """
-    data = _role_defaults(roles_dir, role) if (roles_dir / role).is_dir() else {}
-    out: list[str] = []
-    for key, value in data.items():
-        if key.endswith("_packages") and isinstance(value, list):
-            out += [str(v) for v in value if str(v) not in out]
-    return out
-
-
-def default_contents(roles_dir: Path = ROLES_DIR) -> tuple[list[str], list[str]]:
+def default_contents(roles_dir: Path = ROLES_DIR,
+                     slurm: bool = True) -> tuple[list[str], list[str]]:
     """(apt package names, Python requirements) the roles install, from their defaults/main.yml.
 
     apt: common_packages, common_chrony_packages (real hosts run time sync), then
-    pytorch_packages, then slurm_controller_packages and slurm_compute_packages (for
-    invoke configure --tags slurm on hosts without internet). Python: torch==pytorch_torch_version, pytorch_extra_packages,
+    pytorch_packages, then (slurm=True) slurm_controller_packages and slurm_compute_packages
+    (for invoke configure --tags slurm on hosts without internet). Python: torch==pytorch_torch_version, pytorch_extra_packages,
     horovod==horovod_version. Not horovod_packages: that is the compile toolchain, and with a
     bundle the nodes install the prebuilt wheel (Gloo, no MPI).
     """
     common = _role_defaults(roles_dir, "common")
     pytorch = _role_defaults(roles_dir, "pytorch")
     horovod = _role_defaults(roles_dir, "horovod")
-    slurm = _role_defaults(roles_dir, "slurm") if (roles_dir / "slurm").is_dir() else {}
+    slurm_defaults = _role_defaults(roles_dir, "slurm") \
+        if slurm and (roles_dir / "slurm").is_dir() else {}
     apt: list[str] = []
     for role, key, data in (("common", "common_packages", common),
                             ("common", "common_chrony_packages", common),
                             ("pytorch", "pytorch_packages", pytorch),
-                            ("slurm", "slurm_controller_packages", slurm),
-                            ("slurm", "slurm_compute_packages", slurm)):
+                            ("slurm", "slurm_controller_packages", slurm_defaults),
+                            ("slurm", "slurm_compute_packages", slurm_defaults)):
         for name in _literal(data.get(key) or [], f"{role} default {key}"):
             if str(name) not in apt:
                 apt.append(str(name))

@@ -363,12 +363,8 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
         from scalelab import bundle as bundles
 
         bundle_dir = Path(bundle).expanduser().resolve()
-        apt, reqs = bundles.default_contents()
-        if "slurm" not in parse_tags(tags, known_tags()):
-            # a bundle made before the slurm role, or for clusters without it, still serves
-            slurm_only = set(bundles.role_packages("slurm")) - set(
-                p for r in ("common", "pytorch") for p in bundles.role_packages(r))
-            apt = [p for p in apt if p not in slurm_only]
+        # without --tags slurm, a bundle made before the slurm role (or without its debs) serves
+        apt, reqs = bundles.default_contents(slurm="slurm" in parse_tags(tags, known_tags()))
         bundles.check(bundle_dir, apt, reqs)
         variables_extra["scalelab_bundle_dir"] = str(bundle_dir)
     if not targets.of(rec).configurable:

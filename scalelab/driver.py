@@ -189,18 +189,9 @@ class Launcher:
         t0 = time.monotonic()
         state = slurm.job_state(self.login, self.rt.known_hosts, job)
         record = {**state.to_record(), "sacct_wait_s": round(time.monotonic() - t0, 3)}
+        # an interrupted run comes back as such: execute records it, then stops the sweep
         res.status, res.error = slurm.outcome(state, res.status, res.error, timeout_s)
-        if res.status == "interrupted":
-            raise _Interrupted(res, record)
         return "slurm", res, record
-
-
-class _Interrupted(KeyboardInterrupt):
-    """A Ctrl-C during a Slurm run, after its job was cancelled and looked up."""
-
-    def __init__(self, res: launch.LaunchResult, job: dict[str, Any]) -> None:
-        super().__init__()
-        self.res, self.job = res, job
 
 
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
@@ -270,8 +261,6 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             try:
                 launcher_name, res, job = starter.run(run, engine, nodes, script, args, port,
                                                       timeout_s, stop, sweep_dir / INFLIGHT)
-            except _Interrupted as exc:
-                interrupted, res, job = True, exc.res, exc.job
             except KeyboardInterrupt:
                 interrupted = True
                 res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
@@ -382,9 +371,7 @@ def prepare(cluster: str, spec) -> Prepared:
 
         # before anything is written or submitted: Slurm answers, the partition holds the nodes
         most = max(r.params["nodes"] for r in runs)
-        fix = "" if target.configurable else (
-            "scalelab needs srun, salloc, sinfo, sacct, scancel and scontrol answering on the "
-            "login host, with accounting; ask the cluster's admins")
+        fix = "" if target.configurable else slurm.ADMIN_FIX
         slurm.check(cluster, target.login(rec), rec["known_hosts"],
                     spec.partition or target.default_partition(rec),
                     [n.name for n in nodes[:most]], fix=fix)

@@ -686,9 +686,9 @@ def _end_entries(entries: list[dict[str, Any]], known_hosts: str,
     by_token: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         by_token.setdefault(str(e.get("token") or ""), []).append(e)
-    for token, group in by_token.items():
-        from scalelab.slurm import is_cancel_line  # the one launcher with work elsewhere
+    from scalelab.slurm import is_cancel_line  # the one launcher with work elsewhere
 
+    for token, group in by_token.items():
         # a line read back from a file is run only if it is one a launcher writes
         run_cancels([(Node.from_dict(e["node"]), str(e["cancel"])) for e in group
                      if is_cancel_line(str(e.get("cancel") or ""))], known_hosts)

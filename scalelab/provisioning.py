@@ -102,9 +102,10 @@ def connectivity_check(cluster: str) -> list[str]:
         login = target.login(rec)
         out = ssh.run(login, kh, "hostname", timeout=15).stdout.strip()
         lines.append(f"controller -> login host {login.address}: ssh ok, hostname {out}")
-        for n, up in zip(nodes, target.alive(cluster, nodes), strict=True):
+        alive = target.alive(cluster, nodes)
+        for n, up in zip(nodes, alive, strict=True):
             lines.append(f"{n.name}: {'up' if up else 'DOWN'} in sinfo")
-        if not all(alive for alive in target.alive(cluster, nodes)):
+        if not all(alive):
             raise ClusterError(f"cluster {cluster}: some nodes are down in sinfo")
         return lines
     for n in nodes:

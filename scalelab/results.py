@@ -147,7 +147,7 @@ def to_frame(records: Sequence[dict[str, Any]],
                          for rk in ranks if isinstance(rk, dict))
         acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
-        job = rec.get("slurm") if isinstance(rec.get("slurm"), dict) else {}
+        job = rec.get("slurm") if isinstance(rec.get("slurm"), dict) else {}  # a Slurm job's
         runs.append({
             "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
             "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
@@ -167,7 +167,7 @@ def to_frame(records: Sequence[dict[str, Any]],
             "profile_step_s": _num(acc.get("profile_step_s")),
             "accelerator_source": str(acc.get("source") or ""),
             # how the ranks started: direct, torchrun, horovodrun (over SSH) or slurm
-            "launcher": "slurm" if job else str(env.get("launcher") or ""),
+            "launcher": str(env.get("launcher") or ""),
             "slurm_job_id": str(job.get("job_id") or ""),
             **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
         })

@@ -34,11 +34,13 @@ from scalelab.targets.base import Runtime
 
 log = logging.getLogger(__name__)
 
-LAUNCHERS = ("ssh", "slurm")
 TOOLS = ("srun", "salloc", "sinfo", "sacct", "scancel", "scontrol")
 # sacct states in which a job is over (sacct(1) JOB STATE CODES)
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED")
+# what to do when Slurm on a login host scalelab does not configure is missing or silent
+ADMIN_FIX = ("scalelab needs srun, salloc, sinfo, sacct, scancel and scontrol answering on the "
+             "login host, with accounting (sacct); ask the cluster's admins")
 SACCT_WAIT_S = 20.0  # slurmctld hands a finished job to slurmdbd within a few seconds
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -251,11 +253,14 @@ def measure_link(nodes: list[Node], login: Node, known_hosts: str, port: int, to
 
 # ------------------------------------------------------------------ asking the login host
 
-def _login_run(login: Node, known_hosts: str, line: str, timeout: float = 30):
+def login_run(login: Node, known_hosts: str, line: str, timeout: float = 30):
+    """A shell line on the login host, its exit code left to the caller; ClusterError (one
+    line) when SSH itself cannot get there."""
     try:
         return ssh.run(login, known_hosts, line, timeout=timeout, check=False)
     except ScalelabError as exc:
-        raise ClusterError(f"login host {login.name} does not answer SSH ({exc})") from None
+        raise ClusterError(f"login host {login.address} does not answer SSH ({exc}); check "
+                           "its address, user, key and pinned host key") from None
 
 
 def parse_sinfo(text: str) -> list[Partition]:
@@ -286,7 +291,7 @@ def check(cluster: str, login: Node, known_hosts: str, partition: str | None,
     fix = fix or (f"set it up with invoke configure --cluster {cluster} --tags slurm, or use "
                   "--launcher ssh")
     tools = " ".join(TOOLS)
-    proc = _login_run(login, known_hosts,
+    proc = login_run(login, known_hosts,
                       f"for t in {tools}; do command -v $t >/dev/null || echo missing $t; done; "
                       "sinfo --noheader --Node --format '%P|%N|%a'")
     missing = re.findall(r"^missing (\S+)$", proc.stdout, re.MULTILINE)
@@ -317,7 +322,7 @@ def check(cluster: str, login: Node, known_hosts: str, partition: str | None,
                          f"but partition {part.name} has {len(part.nodes)} "
                          f"({', '.join(part.nodes) or 'none'}); lower --nodes or pick another "
                          f"--partition")
-    proc = _login_run(login, known_hosts, "sacct --noheader --allocations --starttime now "
+    proc = login_run(login, known_hosts, "sacct --noheader --allocations --starttime now "
                                           "--format JobID")
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
@@ -371,7 +376,7 @@ def job_state(login: Node, known_hosts: str, name: str, wait_s: float = SACCT_WA
     """What sacct says of the run's job once it is over; state "" when sacct never listed it
     (or could not be asked: the reason is logged)."""
     try:
-        proc = _login_run(login, known_hosts, sacct_line(name, wait_s), timeout=wait_s + 30)
+        proc = login_run(login, known_hosts, sacct_line(name, wait_s), timeout=wait_s + 30)
     except ClusterError as exc:  # the run is recorded all the same, with what launch saw
         log.warning("sacct could not be asked about job %s: %s", name, exc)
         return Job(name)

@@ -61,7 +61,7 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
                  "env", "timeline", "accelerator", "slurm")
 # a run started as a Slurm job also has "slurm" (optional): job_id, job_name, state and
-# exit_code as sacct gave them, nodelist, partition, elapsed_s
+# exit_code as sacct gave them, nodelist, partition, elapsed_s, sacct_wait_s
 # an emulated accelerator's run also has "accelerator" (optional): the profile's device,
 # source (measured|derived), provenance and profile_{fwd,bwd,optimizer,step}_s
 # a training run's "timeline" (optional): where its wall time went, in this order, adding up to

@@ -225,9 +225,6 @@ def _build(fields: dict[str, Any], source: str | None) -> SweepSpec:
         where = f"{source} gives no {' or '.join(missing)}; add it there or " if source else ""
         raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64")
     spec = SweepSpec(**fields)
-    if spec.partition and spec.launcher == "ssh":
-        raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
-                         "launcher: slurm in the sweep file)")
     if spec.accelerator:
         # a profile that cannot serve every planned batch size is refused before any cluster
         # is looked at

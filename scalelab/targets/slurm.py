@@ -36,8 +36,8 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from scalelab import ssh
-from scalelab.errors import ClusterError, InputError, ScalelabError
+from scalelab import slurm, ssh
+from scalelab.errors import ClusterError, InputError
 from scalelab.nodes import Node, check_cluster_name
 from scalelab.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, save_cluster
 from scalelab.targets.base import Runtime
@@ -48,10 +48,6 @@ TARGET = "slurm"
 REQUIRED = ("login_host", "ssh_user", "ssh_key", "known_hosts", "python", "workdir")
 OPTIONAL = ("ssh_port", "partition", "iface")
 MARKER = ".scalelab-workloads"  # in the copy scalelab made; destroy removes only a marked copy
-# what to do when Slurm on a login host scalelab does not configure is missing or silent
-SLURM_FIX = ("scalelab needs srun, salloc, sinfo, sacct, scancel and scontrol answering there, "
-             "with accounting (sacct); ask the cluster's admins")
-
 
 def _check_values(values: dict[str, Any], var_file: str) -> dict[str, Any]:
     from scalelab.sweepfile import suggest
@@ -121,14 +117,6 @@ def parse_nodes(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def _run(login: Node, known_hosts: str, line: str, timeout: float = 60):
-    try:
-        return ssh.run(login, known_hosts, line, timeout=timeout, check=False)
-    except ScalelabError as exc:
-        raise ClusterError(f"login host {login.address} does not answer SSH ({exc}); check "
-                           "login_host, ssh_user, ssh_key and known_hosts") from None
-
-
 def _copy_workloads(login: Node, known_hosts: str, workdir: str) -> None:
     """bench/workloads under workdir on the login host (the shared file system), with the
     marker that lets destroy remove exactly this copy. A bench/workloads there that is not
@@ -164,7 +152,7 @@ def _copy_workloads(login: Node, known_hosts: str, workdir: str) -> None:
 
 def provision(cluster: str, nodes: int | str, var_file: str | None = None,
               **_: Any) -> list[Node]:
-    from scalelab import inventory, slurm
+    from scalelab import inventory
     from scalelab.targets.tf import load_var_file
     from scalelab.targets.tf import parse_nodes as parse_count
 
@@ -177,22 +165,15 @@ def provision(cluster: str, nodes: int | str, var_file: str | None = None,
     login = login_node(cluster, values)
     known_hosts = str(Path(str(values["known_hosts"])).expanduser().resolve())
     partition = str(values.get("partition") or "") or None
-    tools = " ".join(slurm.TOOLS)
-    proc = _run(login, known_hosts,
-                f"for t in {tools}; do command -v $t >/dev/null || echo missing $t; done")
-    missing = [ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("missing ")]
-    if proc.returncode != 0 or missing:
-        raise ClusterError(f"no Slurm on the login host {login.address} "
-                           f"({', '.join(missing) or proc.stderr.strip()[-200:]} not found)")
-    part = slurm.check(cluster, login, known_hosts, partition, [], fix=SLURM_FIX)
-    proc = _run(login, known_hosts, "sinfo --noheader --Node --partition "
+    part = slurm.check(cluster, login, known_hosts, partition, [], fix=slurm.ADMIN_FIX)
+    proc = slurm.login_run(login, known_hosts, "sinfo --noheader --Node --partition "
                 f"{shlex.quote(part.name)} --format '%N|%c|%m|%G'")
     found = parse_nodes(proc.stdout)
     if want > len(found):
         raise InputError(f"--nodes {want}: partition {part.name} has {len(found)} nodes "
                          f"({', '.join(n['name'] for n in found)}); give at most {len(found)}")
     python = str(values["python"])
-    proc = _run(login, known_hosts, f"{shlex.quote(python)} -c 'import torch; "
+    proc = slurm.login_run(login, known_hosts, f"{shlex.quote(python)} -c 'import torch; "
                 "print(torch.__version__)'", timeout=120)
     torch_version = proc.stdout.strip()
     if proc.returncode != 0 or not re.fullmatch(r"\d+\.\d+\S*", torch_version):
@@ -233,7 +214,7 @@ def destroy(cluster: str) -> None:
                 f"rmdir {shlex.quote(str(PurePosixPath(workdir) / 'bench'))} 2>/dev/null; fi; "
                 "exit 0")
         try:
-            _run(login, rec["known_hosts"], line)
+            slurm.login_run(login, rec["known_hosts"], line)
         except ClusterError as exc:
             log.warning("%s; the workloads under %s stay there", exc, copy)
     (inventory_dir() / f"{cluster}.yml").unlink(missing_ok=True)
@@ -276,7 +257,7 @@ class SlurmTarget:
     def alive(self, cluster: str, nodes: list[Node]) -> list[bool]:
         rec = load_cluster(cluster)
         try:
-            out = _run(self.login(rec), rec["known_hosts"],
+            out = slurm.login_run(self.login(rec), rec["known_hosts"],
                        "sinfo --noheader --Node --format '%N|%t'", timeout=20).stdout
         except ClusterError:
             return [False] * len(nodes)
