@@ -36,6 +36,7 @@ from scalelab.nodes import Node, nodes_of
 from scalelab.shaping import Shaper
 from scalelab.state import cluster_dir, load_cluster
 from scalelab.targets import base as targets
+from scalelab.warmstart import WARM, WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ class Launcher:
                  partition: str | None = None) -> None:
         self.kind, self.rt, self.emulated, self.partition = kind, rt, emulated, partition
         self.login = login  # where srun and sacct run for Slurm jobs (the target says)
+        self.warm: str | None = None  # the warm-start servers' name, while they serve
 
     def measure_link(self, nodes: list[Node], port: int,
                      stop: threading.Event | None) -> tuple[float | None, str]:
@@ -173,7 +175,7 @@ class Launcher:
         ppn = run.params["procs_per_node"]
         if self.kind != "slurm":
             name, cmds = launch.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
-                                              shared_host=self.emulated)
+                                              shared_host=self.emulated, warm=self.warm)
             return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
                                     inflight=inflight), None
         from scalelab import slurm
@@ -226,7 +228,15 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     def stopped() -> bool:
         return stop is not None and stop.is_set()
 
+    # ranks started directly on shared cores are forked from a warm-start server per node
+    direct = [r for r in runs if launcher != "slurm" and launch.starts_directly(
+        "ddp" if r.kind == "allreduce" else r.params["engine"], r.params["procs_per_node"],
+        target.emulated)]
+    warm = (WarmPool(all_nodes[: max(r.params["nodes"] for r in direct)], rt, sweep_dir / WARM)
+            if direct else None)
     try:
+        if warm is not None and warm.start(stop=stop):
+            starter.warm = warm.name
         for k, run in enumerate(runs):
             if stopped():
                 raise KeyboardInterrupt
@@ -276,6 +286,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             if interrupted or res.status == "interrupted":
                 raise KeyboardInterrupt
     finally:
+        if warm is not None:
+            warm.stop()
         shaper.restore()
     return counts
 
@@ -435,7 +447,8 @@ def resume(sweep_dir: Path, prep: Prepared,
         with store.hold_sweep(sweep_dir):  # a second resume of the same sweep fails here
             store.compact(sweep_dir)
             rec = load_cluster(prep.cluster)
-            reaped = launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
+            reaped = (launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
+                      + launch.reap_inflight(sweep_dir / WARM, rec["known_hosts"]))
         if reaped:
             log.warning("ended %d process groups left by the interrupted driver", reaped)
         if prep.runs and prep.spec.launcher != "slurm":

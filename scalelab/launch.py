@@ -141,13 +141,15 @@ def torchrun_commands(nodes: list[Node], procs_per_node: int, script: str, args:
 
 
 def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime,
-                    port: int) -> list[RankCommand]:
+                    port: int, warm: str | None = None) -> list[RankCommand]:
     """One rank per node started directly, with torchrun's static rendezvous in its environment.
 
     For nodes that share one host's cores (the local target): torchrun's agent imports torch
     as the rank does, which on a 2-core host running 8 nodes doubles the start-up of every run,
     and an agent buys nothing for a static group of one process per node. The rank's
     rendezvous is the same c10d store at the head (rank 0 serves it instead of the agent).
+    warm: the name of the node's warm-start server (scalelab.warmstart): the rank is then
+    forked from it, with torch already imported.
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
@@ -157,6 +159,8 @@ def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime
     '/v/bin/python /w/bench/workloads/resnet.py --steps 5'
     >>> {k: cmd.env[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     {'RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '10.0.0.10', 'MASTER_PORT': '29500'}
+    >>> " ".join(direct_commands(ns, "resnet.py", [], rt, 29500, warm="w1")[0].argv)
+    '/v/bin/python /w/bench/workloads/warm.py run w1 -- /w/bench/workloads/resnet.py'
     """
     head = nodes[0].private_address
     out = []
@@ -165,20 +169,30 @@ def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime
         env.update({"RANK": str(i), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0",
                     "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(i), "MASTER_ADDR": head,
                     "MASTER_PORT": str(port)})
-        out.append(RankCommand(n, [rt.python, f"{rt.workdir}/{WORKLOADS}/{script}", *args], env))
+        argv = [f"{rt.workdir}/{WORKLOADS}/{script}", *args]
+        if warm:
+            argv = [f"{rt.workdir}/{WORKLOADS}/warm.py", "run", warm, "--", *argv]
+        out.append(RankCommand(n, [rt.python, *argv], env))
     return out
 
 
+def starts_directly(engine: str, procs_per_node: int, shared_host: bool) -> bool:
+    """Whether rank_commands starts a run's ranks without a launcher (direct_commands)."""
+    return shared_host and procs_per_node == 1 and engine != "horovod"
+
+
 def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: str,
-                  args: list[str], rt: Runtime, port: int,
-                  shared_host: bool = False) -> tuple[str, list[RankCommand]]:
+                  args: list[str], rt: Runtime, port: int, shared_host: bool = False,
+                  warm: str | None = None) -> tuple[str, list[RankCommand]]:
     """The launcher for a run and its commands: horovodrun for Horovod; for DDP and the
     allreduce probe torchrun, or, where the nodes share one host's cores and run one process
-    each, the ranks directly (direct_commands says why)."""
+    each, the ranks directly (direct_commands says why), forked from the warm-start server
+    when there is one."""
     if engine == "horovod":
         return "horovodrun", horovodrun_commands(nodes, procs_per_node, script, args, rt, port)
-    if shared_host and procs_per_node == 1:
-        return "direct", direct_commands(nodes, script, args, rt, port)
+    if starts_directly(engine, procs_per_node, shared_host):
+        return ("warm" if warm else "direct"), direct_commands(nodes, script, args, rt, port,
+                                                               warm)
     return "torchrun", torchrun_commands(nodes, procs_per_node, script, args, rt, port)
 
 
@@ -500,6 +514,14 @@ class Launch:
         for t in self._threads:
             t.join(timeout=2)
         return [n.name for n, _ in failed]
+
+    def printed(self, index: int) -> str:
+        """What command index has printed on stdout so far."""
+        return "".join(self._buffers[index][0])
+
+    def exited(self) -> list[int | None]:
+        """Each command's exit code, None while it runs."""
+        return self._note_exits()
 
     def outcomes(self) -> list[RankOutcome]:
         out = []

@@ -68,8 +68,10 @@ def test_two_node_sweep_writes_the_csv_and_the_report(cluster, reports):
     # throughput of 2 ranks is the sum of both ranks' own figures, never rank 0 x 2
     records = {x["run_id"]: x for x in runs_of(sweep_dir)}
     # the local target's nodes share the host's cores: ranks start without torchrun's agent,
-    # the allreduce probe as well
-    assert {x["env"].get("launcher") for x in records.values()} == {"direct"}
+    # forked from a warm-start server per node (the allreduce probe as well); the servers
+    # are gone with the sweep
+    assert {x["env"].get("launcher") for x in records.values()} == {"warm"}
+    assert not (sweep_dir / ".warm.json").exists()
     for r in two:
         ranks = records[r["run_id"]]["ranks"]
         assert len(ranks) == 2

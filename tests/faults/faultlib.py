@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from scalelab.targets.local import CpuCgroup, LocalCluster, leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD_MARKS = ("resnet.py", "allreduce.py", "iperf3", "torch.distributed.run",
-                  "horovodrun")
+                  "horovodrun", "warm.py")
 LEDGER_VAR = "SCALELAB_FAULT_LEDGER"
 
 # fake cloud credentials and tokens, in the environment of every command the fault tests run
@@ -87,11 +88,15 @@ def all_workload_pids(cluster: str, nodes: int) -> dict[int, str]:
 
 
 def rank_pid(cluster: str, index: int) -> int | None:
-    """The training rank (resnet.py, run by torchrun or directly; not torchrun itself)."""
+    """A run's rank program on a node: the interpreter running resnet.py (torchrun's worker
+    or a direct start; not torchrun itself, setsid or the shell), or the warm-start client
+    that stands for a rank forked from the node's server (training() finds that rank itself,
+    by its sockets)."""
     for pid, cl in workload_pids(cluster, index).items():
         argv = cl.split()
-        # the interpreter itself, not setsid or the shell that started it
-        if len(argv) > 1 and "python" in argv[0] and argv[1].endswith("resnet.py"):
+        if len(argv) > 1 and "python" in argv[0] and (
+                argv[1].endswith("resnet.py")
+                or (argv[1].endswith("warm.py") and "run" in argv and "resnet.py" in cl)):
             return pid
     return None
 
@@ -114,25 +119,40 @@ def _master_port(cluster: str, index: int) -> int | None:
 
 
 def training(lc: LocalCluster, index: int) -> int | None:
-    """The rank's pid once it trains: it holds a gloo connection (not the rendezvous store)
-    to another node, which exists only after the process group is up."""
-    pid = rank_pid(lc.name, index)
+    """The rank's pid once it trains: the process holding a gloo connection (not the
+    rendezvous store, not ssh) to another node, which exists only after the process group is
+    up."""
     port = _master_port(lc.name, index)
-    if pid is None or port is None:
+    if port is None:
         return None
     ns = local.netns_name(lc.name, index)
     out = sh.run(["ip", "netns", "exec", ns, "ss", "-Htnp", "state", "established"],
                  check=False).stdout
     others = {n.address for j, n in enumerate(lc.nodes()) if j != index}
+    mine = set(workload_pids(lc.name, index))
     for line in out.splitlines():
-        if f"pid={pid}," not in line:
+        m = re.search(r"pid=(\d+),", line)
+        if not m or int(m.group(1)) not in mine:
             continue
         peer = line.split()[-2] if "users:" in line else line.split()[-1]
         host, _, pport = peer.rpartition(":")
         host = host.strip("[]").removeprefix("::ffff:")
         if host in others and pport.isdigit() and int(pport) not in (22, port):
-            return pid
+            return int(m.group(1))
     return None
+
+
+def run_processes(lc: LocalCluster, index: int) -> dict[int, str]:
+    """The processes of the run in flight on a node: its workload processes, less the node's
+    warm-start server, which outlives runs (a rank forked from it shows the server's command
+    line too; it is told apart by its sockets, so call this once the rank trains)."""
+    rank = training(lc, index)
+    return {p: c for p, c in workload_pids(lc.name, index).items()
+            if p == rank or "warm.py serve" not in c}
+
+
+def gone(pids) -> bool:
+    return all(local._state(p) in ("X", "Z") for p in pids)
 
 
 def kill_pid(pid: int, sig: int = signal.SIGKILL) -> None:

@@ -28,7 +28,8 @@ def test_rank_killed_mid_run_fails_that_run_only(fcluster, reports, tmp_path, fa
     proc = fl.start_bench(lc.name, reports, "--sweep", str(sweep), "--no-report")
     try:
         pid = fl.wait_for(lambda: fl.training(lc, 1), 120, "rank 1 to start training")
-        survivors = fl.all_workload_pids(lc.name, 2)
+        # the run's other processes (the warm-start servers serve the next run)
+        survivors = {**fl.run_processes(lc, 0), **fl.run_processes(lc, 1)}
         del survivors[pid]
         t_kill = time.monotonic()
         fl.kill_pid(pid)  # the resnet.py rank on node 1, a process this sweep started
@@ -70,14 +71,15 @@ def test_link_cut_mid_run_fails_that_run_only(fcluster, reports, tmp_path, fault
     cut = False
     try:
         fl.wait_for(lambda: fl.training(lc, 1), 120, "rank 1 to start training")
-        run_pids = fl.all_workload_pids(lc.name, 2)
+        on_n0 = fl.run_processes(lc, 0)
+        run_pids = {**on_n0, **fl.run_processes(lc, 1)}
         fl.set_link(lc, 1, up=False)
         cut = True
         t_cut = time.monotonic()
         fault()
         # the driver notices (ssh keep-alives), ends what it can reach (node 0) and keeps
         # trying node 1; the link comes back while it does
-        fl.wait_for(lambda: not fl.workload_pids(lc.name, 0), 90,
+        fl.wait_for(lambda: fl.gone(on_n0), 90,
                     "the driver to end the ranks on the reachable node")
         detected_s = time.monotonic() - t_cut
         assert fl.workload_pids(lc.name, 1), "node 1's rank vanished while its link was down"
