@@ -174,7 +174,7 @@ def _print_nodes(result) -> None:
     "bandwidth": "link rates to sweep, e.g. 1gbit,10gbit (native = unshaped)",
     "procs_per_node": "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8",
     "model": "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
-    "engine": "ddp (torchrun; on the local target ranks start directly) or horovod (horovodrun)",
+    "engine": "ddp (torchrun; on the local target ranks are forked from a per-node server that has torch imported) or horovod (horovodrun)",
     "precision": "fp32 or amp (GPU clusters)",
     "repeats": "repeats of every configuration (3 gives a 95% confidence interval)",
     "steps": "timed training steps per run (after warm-up)",

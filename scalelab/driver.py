@@ -92,7 +92,7 @@ MARKS = ("process", "imported", "rendezvous", "ready", "timed_start", "timed_end
 def timeline(res: launch.LaunchResult) -> dict[str, float]:
     """Where a run's wall time went, from the launcher's clock and rank 0's marks.
 
-    launch: ssh and the launcher (torchrun, horovodrun, or none: env.launcher "direct") until
+    launch: ssh and the launcher (torchrun, horovodrun, or none: env.launcher "direct" or "warm") until
     rank 0's interpreter runs;
     import: importing torch and the workload; rendezvous: joining the process group; setup:
     data, model, optimiser, engine; warmup and timed: the steps; finish: gathering the
