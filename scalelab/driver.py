@@ -196,6 +196,11 @@ class Launcher:
         return "slurm", res, record
 
 
+def _warm(target, spec) -> bool:
+    """Whether runs that start without a launcher are forked from warm-start servers."""
+    return target.emulated and spec.launcher != "slurm"
+
+
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             on_progress: Callable[[Progress], None] | None = None,
             stop: threading.Event | None = None, netprobe: bool = True,
@@ -387,7 +392,8 @@ def prepare(cluster: str, spec) -> Prepared:
         slurm.check(cluster, target.login(rec), rec["known_hosts"],
                     spec.partition or target.default_partition(rec),
                     [n.name for n in nodes[:most]], fix=fix)
-    return Prepared(cluster, spec, runs, estimate.estimate_duration_s(runs, device=_device(rec)))
+    return Prepared(cluster, spec, runs, estimate.estimate_duration_s(
+        runs, device=_device(rec), warm=_warm(target, spec)))
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
@@ -435,8 +441,9 @@ def prepare_resume(reports_root: Path, sweep_id: str,
     spec = sweepfile.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
     prep = prepare(meta["cluster"], spec)
     todo = store.missing_runs(sweep_dir, prep.runs, retry_failed=retry_failed)
+    rec = load_cluster(meta["cluster"])
     return sweep_dir, Prepared(meta["cluster"], spec, todo, estimate.estimate_duration_s(
-        todo, device=_device(load_cluster(meta["cluster"]))))
+        todo, device=_device(rec), warm=_warm(targets.of(rec), spec)))
 
 
 def resume(sweep_dir: Path, prep: Prepared,

@@ -17,8 +17,16 @@ log = logging.getLogger(__name__)
 CPU_GFLOPS = 30.0  # one core running PyTorch convs, measured: resnet20 b32 ~0.13 s/step
 GPU_GFLOPS = 12_000.0  # a V100/A100-class GPU on ResNet-50 training, fp32 order of magnitude
 STARTUP_S = 10.0  # launch over SSH, import torch, rendezvous, build the model
+# on the local target a DDP rank (one per node) is forked from a warm-start server with torch
+# imported: SSH, rendezvous, model and reap only (bench/perf/sweep_overhead.py: 1.5-1.8 s
+# beyond the steps, a bit more with the driver's share), and the servers start once a sweep
+WARM_STARTUP_S = 3.0
+WARM_SERVERS_S = 12.0
 RESHAPE_S = 5.0  # set a rate on every link, plus the netprobe
 NATIVE_MBIT = 10_000.0  # what an unshaped link is assumed to carry
+# what a small host moves over its nodes' veth links at once, before a sweep calibrates it
+# (a 2-core host: 20-25 Gbit/s), for dilation auto
+HOST_MBIT_GUESS = 20_000.0
 
 
 def default_step_s(model: str, device: str = "cpu") -> float:
@@ -52,13 +60,13 @@ def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
                                for size in run.allreduce_sizes)
     model = p["model"]
     if p.get("accelerator"):
-        # the device's step from its profile; dilation k stretches all of it (k unknown before
-        # the host is calibrated: 1)
+        # the device's step from its profile; dilation k stretches all of it (with auto, k is
+        # known once the sweep has calibrated the host: guessed from HOST_MBIT_GUESS here)
         from scalelab import accel
 
         doc = accel.resolve(p["accelerator"], model, p["precision"], p["batch_size"],
                             p["image_size"])
-        k = float(p.get("dilation") or 1)
+        k = float(p.get("dilation") or accel.auto_dilation(p["nodes"], mbit, HOST_MBIT_GUESS))
         return startup_s + iters * k * (accel.step_s(doc) + _ring_s(gradient_bytes(model), world, mbit))
     base = (per_step_s or {}).get(model) or default_step_s(model, device)
     scale = (p["image_size"] / MODELS[model].image_size) ** 2
@@ -67,16 +75,33 @@ def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
 
 
 def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float] | None = None,
-                        startup_s: float = STARTUP_S, device: str = "cpu") -> float:
+                        startup_s: float = STARTUP_S, device: str = "cpu",
+                        warm: bool = False) -> float:
     """Rough wall time of a plan (for --dry-run), link reconfigurations included.
 
-    device is "gpu" on a cluster with GPUs (it picks the default per-step times).
+    device is "gpu" on a cluster with GPUs (it picks the default per-step times). warm: the
+    ranks of runs started without a launcher are forked from warm-start servers (the local
+    target, launch.starts_directly).
+
+    >>> from scalelab.sweep import RunPlan
+    >>> r = RunPlan("train", "train-x", {"world_size": 2, "bandwidth_mbit": None, "steps": 0,
+    ...     "warmup": 0, "model": "resnet20", "batch_size": 32, "image_size": 32,
+    ...     "engine": "ddp", "procs_per_node": 1}, ("n0", "n1"), 60.0)
+    >>> estimate_duration_s([r, r]) - RESHAPE_S, estimate_duration_s([r, r], warm=True) - RESHAPE_S
+    (20.0, 18.0)
     """
+    from scalelab.launch import starts_directly
+
     total = 0.0
     rate: object = object()
+    servers = False
     for run in runs:
         if run.params["bandwidth_mbit"] != rate:
             rate = run.params["bandwidth_mbit"]
             total += RESHAPE_S
-        total += estimate_run_s(run, per_step_s, startup_s, device)
+        engine = "ddp" if run.kind == "allreduce" else run.params["engine"]
+        forked = warm and starts_directly(engine, run.params["procs_per_node"], True)
+        if forked and not servers:
+            total, servers = total + WARM_SERVERS_S, True
+        total += estimate_run_s(run, per_step_s, WARM_STARTUP_S if forked else startup_s, device)
     return total

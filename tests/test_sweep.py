@@ -437,3 +437,13 @@ def test_emulated_nodes_share_their_hosts_memory():
     # the same nodes on hosts of their own each have 7.2 GiB: batch 32 fits
     own = [Node(**{**n.__dict__, "facts": {"memory_mb": 8192}}) for n in shared]
     assert plan(s, own, can_shape=True)
+
+
+def test_demo_estimate_on_the_local_target_matches_the_measured_sweep():
+    # measured (README, bench/perf/sweep_overhead.py): 152-159 s with warm-started ranks;
+    # 233 s when every rank imported torch itself, which the cold estimate stands for
+    runs = plan(load_sweep_file(SWEEPS_DIR / "demo.yml"), make_cluster(8), can_shape=True,
+                cluster="demo")
+    warm, cold = estimate_duration_s(runs, warm=True), estimate_duration_s(runs)
+    assert 130 <= warm <= 190, warm
+    assert cold - warm >= 16 * 5

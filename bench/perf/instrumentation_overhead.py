@@ -7,16 +7,20 @@ For each engine, one worker runs, in alternation, round after round:
     (the same model from bench/workloads/models.py, the same SGD, synthetic batch, DDP or
     hvd.DistributedOptimizer, no per-step instrumentation), timed from outside over
     --iters iterations of --batches-per-iter batches, images/s = batch x batches / time.
-Same model, batch, threads and steps for both; it prints every round, the medians and the
-ratio (aim: 99 % or more, i.e. instrumentation costs at most 1 %).
+Same model, batch, threads and steps for both; it prints every round, the medians, the ratio
+of the medians and the spread of the per-round ratios (aim: 99 % or more, i.e. instrumentation
+costs at most 1 %). With --cpu (default: the last CPU, on a host with two or more) every program
+is pinned to that one CPU and runs one thread, so the rest of the host's work lands on the
+other CPUs instead of in the figures: on a 2-core host that is what makes 1 % resolvable.
 
 Usage: .venv/bin/python bench/perf/instrumentation_overhead.py [--model resnet50] [--batch 8]
-       [--threads 2] [--rounds 3] [--engines ddp,horovod]
+       [--threads 2] [--rounds 3] [--engines ddp,horovod] [--cpu N|none]
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -53,7 +57,12 @@ def bare_loop(a: argparse.Namespace) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        model = DistributedDataParallel(model)
+        # gradients only, as Horovod communicates: no broadcast of BatchNorm buffers in every
+        # forward (DDP's default), which the workload turns off too
+        kw = ("forward_sync_buffers" if "forward_sync_buffers"
+              in inspect.signature(DistributedDataParallel.__init__).parameters
+              else "broadcast_buffers")
+        model = DistributedDataParallel(model, **{kw: False})
     x = torch.randn(a.batch, 3, spec.default_image_size, spec.default_image_size)
     y = torch.randint(0, spec.default_num_classes, (a.batch,))
 
@@ -79,8 +88,10 @@ def images_per_sec(a: argparse.Namespace, engine: str, bare: bool) -> float:
                                                             "--batch-size"]
     argv = [sys.executable, *program, str(a.batch), "--engine", engine, "--model", a.model,
             "--threads", str(a.threads), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    pin = (lambda: os.sched_setaffinity(0, {a.cpu})) if a.cpu is not None else None
     out = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": str(a.threads)}).stdout
+                         env={**os.environ, "OMP_NUM_THREADS": str(a.threads)},
+                         preexec_fn=pin).stdout
     return float(parse_result(out)["images_per_sec"])
 
 
@@ -93,14 +104,30 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--engines", default="ddp,horovod")
+    ap.add_argument("--cpu", default="auto",
+                    help="pin every program to this CPU, with one thread (auto: the last CPU "
+                         "when there are two or more; none: no pinning)")
     ap.add_argument("--engine", default="ddp", help=argparse.SUPPRESS)
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.bare:
         bare_loop(a)
         return
-    print(f"{a.model}, batch {a.batch}, {a.threads} threads, {a.steps} timed steps after "
-          f"{a.warmup}, one worker, {a.rounds} rounds in alternation")
+    cpus = sorted(os.sched_getaffinity(0))
+    if a.cpu == "auto":
+        a.cpu = cpus[-1] if len(cpus) > 1 else None
+    elif a.cpu == "none":
+        a.cpu = None
+    elif not a.cpu.isdigit() or int(a.cpu) not in cpus:
+        sys.exit(f"error: --cpu {a.cpu!r} is not one of this process's CPUs {cpus}; "
+                 "give one of them, auto or none")
+    else:
+        a.cpu = int(a.cpu)
+    if a.cpu is not None:
+        a.threads = 1
+    where = f"pinned to CPU {a.cpu}" if a.cpu is not None else "not pinned"
+    print(f"{a.model}, batch {a.batch}, {a.threads} threads, {where}, {a.steps} timed steps "
+          f"after {a.warmup}, one worker, {a.rounds} rounds in alternation")
     for engine in a.engines.split(","):
         ours, bare = [], []
         for r in range(a.rounds):
@@ -109,8 +136,10 @@ def main() -> None:
             print(f"  {engine} round {r + 1}: scalelab {ours[-1]:.2f} img/s, bare loop "
                   f"{bare[-1]:.2f} img/s", flush=True)
         o, b = statistics.median(ours), statistics.median(bare)
+        paired = sorted(100 * x / y for x, y in zip(ours, bare, strict=True))
         print(f"{engine}: scalelab median {o:.2f} img/s, bare loop median {b:.2f} img/s, "
-              f"ratio {100 * o / b:.1f} % (aim 99 %)", flush=True)
+              f"ratio {100 * o / b:.1f} % (aim 99 %); per-round ratios "
+              f"{', '.join(f'{r:.1f}' for r in paired)} %", flush=True)
 
 
 if __name__ == "__main__":
