@@ -393,7 +393,7 @@ def prepare(cluster: str, spec) -> Prepared:
                     spec.partition or target.default_partition(rec),
                     [n.name for n in nodes[:most]], fix=fix)
     return Prepared(cluster, spec, runs, estimate.estimate_duration_s(
-        runs, device=_device(rec), warm=_warm(target, spec)))
+        runs, device=_device(rec), shared_host=target.emulated, warm=_warm(target, spec)))
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
@@ -442,8 +442,9 @@ def prepare_resume(reports_root: Path, sweep_id: str,
     prep = prepare(meta["cluster"], spec)
     todo = store.missing_runs(sweep_dir, prep.runs, retry_failed=retry_failed)
     rec = load_cluster(meta["cluster"])
+    target = targets.of(rec)
     return sweep_dir, Prepared(meta["cluster"], spec, todo, estimate.estimate_duration_s(
-        todo, device=_device(rec), warm=_warm(targets.of(rec), spec)))
+        todo, device=_device(rec), shared_host=target.emulated, warm=_warm(target, spec)))
 
 
 def resume(sweep_dir: Path, prep: Prepared,

@@ -45,12 +45,14 @@ def _ring_s(nbytes: float, world: int, mbit: float | None) -> float:
 
 
 def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
-                   startup_s: float = STARTUP_S, device: str = "cpu") -> float:
+                   startup_s: float = STARTUP_S, device: str = "cpu",
+                   shared_host: bool = False) -> float:
     """Rough wall time of one run: startup + (warmup + steps) * (compute + allreduce).
 
     Compute and communication are added, not overlapped, so the estimate errs long.
     per_step_s maps model -> seconds per step of one process at batch 32 and the model's
     image size (e.g. measured in an earlier sweep); models it lacks get default_step_s(device).
+    shared_host: the nodes share one host (the local target), where dilation auto picks k > 1.
     """
     p = run.params
     world, mbit = p["world_size"], p["bandwidth_mbit"]
@@ -66,7 +68,8 @@ def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
 
         doc = accel.resolve(p["accelerator"], model, p["precision"], p["batch_size"],
                             p["image_size"])
-        k = float(p.get("dilation") or accel.auto_dilation(p["nodes"], mbit, HOST_MBIT_GUESS))
+        k = float(p.get("dilation") or (accel.auto_dilation(p["nodes"], mbit, HOST_MBIT_GUESS)
+                                         if shared_host else 1))
         return startup_s + iters * k * (accel.step_s(doc) + _ring_s(gradient_bytes(model), world, mbit))
     base = (per_step_s or {}).get(model) or default_step_s(model, device)
     scale = (p["image_size"] / MODELS[model].image_size) ** 2
@@ -76,18 +79,18 @@ def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
 
 def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float] | None = None,
                         startup_s: float = STARTUP_S, device: str = "cpu",
-                        warm: bool = False) -> float:
+                        shared_host: bool = False, warm: bool = False) -> float:
     """Rough wall time of a plan (for --dry-run), link reconfigurations included.
 
-    device is "gpu" on a cluster with GPUs (it picks the default per-step times). warm: the
-    ranks of runs started without a launcher are forked from warm-start servers (the local
-    target, launch.starts_directly).
+    device is "gpu" on a cluster with GPUs (it picks the default per-step times).
+    shared_host: the nodes share one host's cores (the local target); warm: there, the ranks of
+    runs started without a launcher are forked from warm-start servers (launch.starts_directly).
 
     >>> from scalelab.sweep import RunPlan
     >>> r = RunPlan("train", "train-x", {"world_size": 2, "bandwidth_mbit": None, "steps": 0,
     ...     "warmup": 0, "model": "resnet20", "batch_size": 32, "image_size": 32,
     ...     "engine": "ddp", "procs_per_node": 1}, ("n0", "n1"), 60.0)
-    >>> estimate_duration_s([r, r]) - RESHAPE_S, estimate_duration_s([r, r], warm=True) - RESHAPE_S
+    >>> estimate_duration_s([r, r]) - RESHAPE_S, estimate_duration_s([r, r], shared_host=True, warm=True) - RESHAPE_S
     (20.0, 18.0)
     """
     from scalelab.launch import starts_directly
@@ -100,8 +103,9 @@ def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float]
             rate = run.params["bandwidth_mbit"]
             total += RESHAPE_S
         engine = "ddp" if run.kind == "allreduce" else run.params["engine"]
-        forked = warm and starts_directly(engine, run.params["procs_per_node"], True)
+        forked = warm and starts_directly(engine, run.params["procs_per_node"], shared_host)
         if forked and not servers:
             total, servers = total + WARM_SERVERS_S, True
-        total += estimate_run_s(run, per_step_s, WARM_STARTUP_S if forked else startup_s, device)
+        total += estimate_run_s(run, per_step_s, WARM_STARTUP_S if forked else startup_s, device,
+                                shared_host)
     return total

@@ -720,6 +720,13 @@ def _end_entries(entries: list[dict[str, Any]], known_hosts: str,
     return left
 
 
+def end_leftovers(path: Path, known_hosts: str, retry_s: float = 5.0) -> list[dict[str, Any]]:
+    """End what an earlier launch listed in path and could not end; the entries still
+    unreachable (to be listed again by the next launch that writes path)."""
+    leftover = _load_inflight(path)
+    return _end_entries(leftover, known_hosts, retry_s=retry_s) if leftover else []
+
+
 def reap_inflight(path: Path, known_hosts: str, retry_s: float = 20.0) -> int:
     """End the process groups a killed driver (or an unreachable node) left running.
 
@@ -748,9 +755,7 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
     waited_s = 0.0
     launch = Launch(commands, rt)
     if inflight is not None:
-        leftover = _load_inflight(inflight)
-        if leftover:
-            launch.pending = _end_entries(leftover, rt.known_hosts, retry_s=5.0)
+        launch.pending = end_leftovers(inflight, rt.known_hosts)
     status = "failed"
     unreaped: list[str] = []
     try:

@@ -33,6 +33,7 @@ class WarmPool:
         # is never used by the next one
         self.name = f"scalelab-warm-{secrets.token_hex(6)}"
         self.marker = marker
+        self.known_hosts = rt.known_hosts
         self.launch = launch.Launch(
             [launch.RankCommand(n, [rt.python, f"{rt.workdir}/{launch.WORKLOADS}/warm.py",
                                     "serve", self.name], launch.rank_env(n, 1))
@@ -46,6 +47,8 @@ class WarmPool:
         which is slower and measures the same.
         """
         t0 = time.monotonic()
+        # servers an earlier driver listed and could not end stay listed until ended
+        self.launch.pending = launch.end_leftovers(self.marker, self.known_hosts)
         self.launch.start(self.marker)
         n = len(self.launch.commands)
         while time.monotonic() - t0 < timeout_s and not (stop is not None and stop.is_set()):

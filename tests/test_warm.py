@@ -32,6 +32,10 @@ if sys.argv[1] == "sleep":
     signal.signal(signal.SIGTERM, on_term)
     open(sys.argv[2], "w").write(str(os.getpid()))
     time.sleep(60)
+if sys.argv[1] == "spin":
+    import re
+    open(sys.argv[2], "w").write(str(os.getpid()))
+    re.match(r"(a+)+$", "a" * 64 + "b")  # holds the GIL for ages: no Python thread runs
 sys.exit(int(sys.argv[1]))
 """
 
@@ -110,6 +114,40 @@ def test_client_killed_outright_takes_its_rank_with_it(server, rank_script, tmp_
     c.kill()  # what the launcher's reaper does to the run's process group
     c.wait(timeout=10)
     assert _gone(rank, 10), "the forked rank outlived its client"
+
+
+def test_a_rank_that_holds_the_gil_still_ends_with_its_killed_client(server, rank_script,
+                                                                     tmp_path):
+    # the rank's own watchdog thread cannot run; the server ends it
+    name, _ = server
+    pidfile = tmp_path / "pid"
+    c = client(name, rank_script, "spin", str(pidfile))
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rank = int(pidfile.read_text())
+    time.sleep(0.3)  # into the regex
+    c.kill()
+    c.wait(timeout=10)
+    assert _gone(rank, 10), "a rank stuck holding the GIL outlived its client"
+
+
+def test_an_idle_server_exits_by_itself():
+    # the servers of a driver killed outright and never resumed do not stay forever
+    name = f"scalelab-warm-test-{secrets.token_hex(4)}"
+    proc = subprocess.Popen([sys.executable, str(WARM), "serve", name, "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().startswith("SCALELAB_WARM ready")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    bad = subprocess.run([sys.executable, str(WARM), "serve", name, "soon"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "IDLE_S must be a number of seconds" in bad.stderr
 
 
 def test_without_a_server_the_client_starts_the_rank_cold(rank_script, tmp_path):

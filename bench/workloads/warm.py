@@ -5,8 +5,11 @@ and DistributedDataParallel importing torch._dynamo. Eight emulated nodes on a 2
 that eight times per run, and on the demo it was half of every run's wall time. Here one
 server per node pays it once per sweep; each run's rank is a fresh process forked from it.
 
-    warm.py serve NAME         import what the ranks import, then listen on the abstract unix
-                               socket NAME (one per network namespace, so one per node)
+    warm.py serve NAME [IDLE_S]
+                               import what the ranks import, then listen on the abstract unix
+                               socket NAME (one per network namespace, so one per node); exit
+                               after IDLE_S seconds (default 900) with no rank and no request,
+                               so that servers of a driver killed outright do not stay forever
     warm.py run NAME -- SCRIPT ARGS...
                                run SCRIPT as a rank: the server forks a child that takes this
                                process's stdin/stdout/stderr, environment, working directory
@@ -17,7 +20,8 @@ server per node pays it once per sweep; each run's rank is a fresh process forke
 Every run stays an independent measurement: a new process, a new model, optimiser and process
 group; only imported modules are shared (copy-on-write). The server never computes, so the
 fork copies no thread pool. If this process is killed (SIGKILL from the launcher's reaper), the
-child notices its end of the connection closing and ends at once.
+server notices the connection closing and kills the child (and the child itself does too, should
+the server be gone).
 
 This file imports no torch at module level: the client must start in milliseconds.
 """
@@ -31,10 +35,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_MSG = 1 << 20
+IDLE_EXIT_S = 900.0
+REQUEST_TIMEOUT_S = 10.0  # a client that connected but sends nothing must not stall the server
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
 
@@ -45,7 +52,7 @@ def _address(name: str) -> str:
 
 # ------------------------------------------------------------------ server
 
-def serve(name: str) -> int:
+def serve(name: str, idle_exit_s: float = IDLE_EXIT_S) -> int:
     sys.path.insert(0, HERE)
     import allreduce  # noqa: F401
     import common  # noqa: F401
@@ -66,27 +73,28 @@ def serve(name: str) -> int:
     lst.listen(64)
     print(f"SCALELAB_WARM ready {os.getpid()}", flush=True)
     children: dict[int, socket.socket] = {}
+    killed: set[int] = set()
+    last_busy = time.monotonic()
     while True:
-        ready, _, _ = select.select([lst], [], [], 0.05)
-        if ready:
-            conn, _ = lst.accept()
-            try:
-                msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
-                req = json.loads(msg)
-            except (OSError, ValueError) as exc:
-                print(f"warm.py: bad request: {exc}", file=sys.stderr, flush=True)
-                conn.close()
+        if children:
+            last_busy = time.monotonic()
+        elif time.monotonic() - last_busy > idle_exit_s:
+            return 0
+        ready, _, _ = select.select([lst, *children.values()], [], [], 0.05)
+        for sock in ready:
+            if sock is lst:
+                _accept(lst, children)
+                last_busy = time.monotonic()
                 continue
-            pid = os.fork()
-            if pid == 0:
-                _child(lst, conn, req, fds)  # never returns
-            for fd in fds:
-                os.close(fd)
-            try:
-                conn.send(json.dumps({"pid": pid}).encode())
-            except OSError:
-                pass  # the client is gone: the child notices the same and ends
-            children[pid] = conn
+            # a client sends nothing after its request: readable means it is gone (killed with
+            # its run's process group): end its rank, whatever the rank is doing
+            pid = next(p for p, c in children.items() if c is sock)
+            if pid not in killed:
+                killed.add(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -94,6 +102,7 @@ def serve(name: str) -> int:
                 break
             if pid == 0:
                 break
+            killed.discard(pid)
             conn = children.pop(pid, None)
             if conn is not None:
                 try:
@@ -101,6 +110,30 @@ def serve(name: str) -> int:
                 except OSError:
                     pass
                 conn.close()
+
+
+def _accept(lst: socket.socket, children: dict[int, socket.socket]) -> None:
+    """Take one request and fork its rank."""
+    conn, _ = lst.accept()
+    try:
+        conn.settimeout(REQUEST_TIMEOUT_S)
+        msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
+        conn.settimeout(None)
+        req = json.loads(msg)
+    except (OSError, ValueError) as exc:
+        print(f"warm.py: bad request: {exc}", file=sys.stderr, flush=True)
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        _child(lst, conn, req, fds, [c for c in children.values()])  # never returns
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.send(json.dumps({"pid": pid}).encode())
+    except OSError:
+        pass  # the client is gone: the next select sees it and ends the child
+    children[pid] = conn
 
 
 def _watch(conn: socket.socket) -> None:
@@ -113,10 +146,22 @@ def _watch(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _child(lst: socket.socket, conn: socket.socket, req: dict, fds: list[int]) -> None:
-    code = 1
+def _leave(code: int) -> None:
+    """Flush and leave at once: no destructor runs (a rank's DDP reducer freed on the way out
+    can deadlock with a gloo worker over the GIL; see resnet.py)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _child(lst: socket.socket, conn: socket.socket, req: dict, fds: list[int],
+           others: list[socket.socket]) -> None:
     try:
         lst.close()
+        for other in others:  # earlier clients' connections: not this rank's to hold
+            other.close()
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -138,39 +183,34 @@ def _child(lst: socket.socket, conn: socket.socket, req: dict, fds: list[int]) -
 
         sys.argv = list(req["argv"])
         runpy.run_path(sys.argv[0], run_name="__main__")
-        code = 0
-    except SystemExit as exc:
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+    except SystemExit as exc:  # left from inside the handler: the rank's frames stay alive
+        if exc.code is None or isinstance(exc.code, int):
+            _leave(exc.code or 0)
+        print(exc.code, file=sys.stderr)
+        _leave(1)
     except BaseException:  # noqa: BLE001 - a rank's crash is reported like a fresh process's
         traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        _leave(1)
+    _leave(0)
 
 
 # ------------------------------------------------------------------ client
 
 def run(name: str, argv: list[str]) -> int:
+    # a signal that comes before the rank's pid is known waits, and is then passed on
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         s.connect(_address(name))
     except OSError:
         s.close()
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)  # exec keeps the mask
         os.execv(sys.executable, [sys.executable, *argv])  # no server: a cold start
     req = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
     socket.send_fds(s, [json.dumps(req).encode()], [0, 1, 2])
     first = s.recv(MAX_MSG)
     if not first:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         print("warm.py: the warm-start server closed the connection", file=sys.stderr)
         return 1
     pid = json.loads(first)["pid"]
@@ -183,6 +223,7 @@ def run(name: str, argv: list[str]) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)  # held signals are passed on now
     msg = s.recv(MAX_MSG)
     if not msg:
         print("warm.py: the warm-start server ended before the rank", file=sys.stderr)
@@ -198,11 +239,22 @@ def run(name: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "serve":
+    if len(argv) in (2, 3) and argv[0] == "serve":
+        if len(argv) == 3:
+            try:
+                idle = float(argv[2])
+            except ValueError:
+                idle = -1.0
+            if not idle > 0:
+                print(f"warm.py: IDLE_S must be a number of seconds > 0, got {argv[2]!r}",
+                      file=sys.stderr)
+                return 2
+            return serve(argv[1], idle)
         return serve(argv[1])
     if len(argv) >= 4 and argv[0] == "run" and argv[2] == "--":
         return run(argv[1], argv[3:])
-    print("usage: warm.py serve NAME | warm.py run NAME -- SCRIPT ARGS...", file=sys.stderr)
+    print("usage: warm.py serve NAME [IDLE_S] | warm.py run NAME -- SCRIPT ARGS...",
+          file=sys.stderr)
     return 2
 
 
