@@ -90,10 +90,7 @@ def test_signal_to_the_client_ends_the_rank_and_the_client_reports_it(server, ra
     name, _ = server
     pidfile = tmp_path / "pid"
     c = client(name, rank_script, "sleep", str(pidfile))
-    deadline = time.monotonic() + 60
-    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    rank = int(pidfile.read_text())
+    rank = _started(pidfile)
     c.send_signal(signal.SIGTERM)
     c.wait(timeout=30)
     # the rank got the signal itself (its handler ran: a rank may clean up on TERM) and the
@@ -103,33 +100,17 @@ def test_signal_to_the_client_ends_the_rank_and_the_client_reports_it(server, ra
     assert _gone(rank, 10)
 
 
-def test_client_killed_outright_takes_its_rank_with_it(server, rank_script, tmp_path):
+@pytest.mark.parametrize("mode", ["sleep", "spin"])
+def test_client_killed_outright_takes_its_rank_with_it(server, rank_script, tmp_path, mode):
+    # spin: the rank holds the GIL (its own watchdog thread cannot run); the server ends it
     name, _ = server
     pidfile = tmp_path / "pid"
-    c = client(name, rank_script, "sleep", str(pidfile))
-    deadline = time.monotonic() + 60
-    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    rank = int(pidfile.read_text())
+    c = client(name, rank_script, mode, str(pidfile))
+    rank = _started(pidfile)
+    time.sleep(0.3)  # into the sleep or the regex
     c.kill()  # what the launcher's reaper does to the run's process group
     c.wait(timeout=10)
-    assert _gone(rank, 10), "the forked rank outlived its client"
-
-
-def test_a_rank_that_holds_the_gil_still_ends_with_its_killed_client(server, rank_script,
-                                                                     tmp_path):
-    # the rank's own watchdog thread cannot run; the server ends it
-    name, _ = server
-    pidfile = tmp_path / "pid"
-    c = client(name, rank_script, "spin", str(pidfile))
-    deadline = time.monotonic() + 60
-    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    rank = int(pidfile.read_text())
-    time.sleep(0.3)  # into the regex
-    c.kill()
-    c.wait(timeout=10)
-    assert _gone(rank, 10), "a rank stuck holding the GIL outlived its client"
+    assert _gone(rank, 10), f"the forked rank ({mode}) outlived its client"
 
 
 def test_an_idle_server_exits_by_itself():
@@ -156,6 +137,14 @@ def test_without_a_server_the_client_starts_the_rank_cold(rank_script, tmp_path)
     assert c.returncode == 5
     assert out.split()[1] == str(c.pid)  # exec: the client became the rank
     assert out.split()[-1] == "False"
+
+
+def _started(pidfile: Path) -> int:
+    """The pid the rank wrote once it runs."""
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int(pidfile.read_text())
 
 
 def _gone(pid: int, within_s: float) -> bool:
