@@ -234,9 +234,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
         return stop is not None and stop.is_set()
 
     # ranks started directly on shared cores are forked from a warm-start server per node
-    direct = [r for r in runs if launcher != "slurm" and launch.starts_directly(
-        "ddp" if r.kind == "allreduce" else r.params["engine"], r.params["procs_per_node"],
-        target.emulated)]
+    direct = [r for r in runs if launcher != "slurm"
+              and launch.run_starts_directly(r, target.emulated)]
     warm = (WarmPool(all_nodes[: max(r.params["nodes"] for r in direct)], rt, sweep_dir / WARM)
             if direct else None)
     try:

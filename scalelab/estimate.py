@@ -93,7 +93,7 @@ def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float]
     >>> estimate_duration_s([r, r]) - RESHAPE_S, estimate_duration_s([r, r], shared_host=True, warm=True) - RESHAPE_S
     (20.0, 18.0)
     """
-    from scalelab.launch import starts_directly
+    from scalelab.launch import run_starts_directly
 
     total = 0.0
     rate: object = object()
@@ -102,8 +102,7 @@ def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float]
         if run.params["bandwidth_mbit"] != rate:
             rate = run.params["bandwidth_mbit"]
             total += RESHAPE_S
-        engine = "ddp" if run.kind == "allreduce" else run.params["engine"]
-        forked = warm and starts_directly(engine, run.params["procs_per_node"], shared_host)
+        forked = warm and run_starts_directly(run, shared_host)
         if forked and not servers:
             total, servers = total + WARM_SERVERS_S, True
         total += estimate_run_s(run, per_step_s, WARM_STARTUP_S if forked else startup_s, device,

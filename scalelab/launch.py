@@ -181,6 +181,12 @@ def starts_directly(engine: str, procs_per_node: int, shared_host: bool) -> bool
     return shared_host and procs_per_node == 1 and engine != "horovod"
 
 
+def run_starts_directly(run, shared_host: bool) -> bool:
+    """starts_directly for a planned run (an allreduce probe is a DDP program)."""
+    engine = "ddp" if run.kind == "allreduce" else run.params["engine"]
+    return starts_directly(engine, run.params["procs_per_node"], shared_host)
+
+
 def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: str,
                   args: list[str], rt: Runtime, port: int, shared_host: bool = False,
                   warm: str | None = None) -> tuple[str, list[RankCommand]]:

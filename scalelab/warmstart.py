@@ -38,7 +38,6 @@ class WarmPool:
             [launch.RankCommand(n, [rt.python, f"{rt.workdir}/{launch.WORKLOADS}/warm.py",
                                     "serve", self.name], launch.rank_env(n, 1))
              for n in nodes], rt)
-        self.ready = False
 
     def start(self, timeout_s: float = 120.0, stop: threading.Event | None = None) -> bool:
         """Start a server on every node and wait until each listens.
@@ -55,7 +54,6 @@ class WarmPool:
             up = [READY in self.launch.printed(i) for i in range(n)]
             if all(up):
                 launch.save_inflight(self.marker, self.launch.entries())  # with the group ids
-                self.ready = True
                 log.info("warm-start servers up on %d nodes in %.1f s", n, time.monotonic() - t0)
                 return True
             if any(c is not None for c in self.launch.exited()):
@@ -70,7 +68,6 @@ class WarmPool:
 
     def stop(self) -> None:
         """End every server (TERM, then KILL, by process group) and forget them."""
-        self.ready = False
         self.launch.reap()
         try:
             launch.save_inflight(self.marker, self.launch.pending)
