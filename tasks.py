@@ -16,6 +16,7 @@ from invoke import Collection, Exit, task
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from scalelab.errors import ScalelabError  # noqa: E402
+from scalelab.targets.base import DEFAULT_TARGET  # noqa: E402
 
 
 def _setup_logging() -> None:
@@ -54,20 +55,15 @@ def friendly(fn):
     "dry_run": "terraform targets: print the terraform commands and variables, change nothing",
 })
 @friendly
-def provision(c, target="local", nodes="2", cluster="demo", cpus_per_node="1", bandwidth="native",
+def provision(c, target=DEFAULT_TARGET, nodes="2", cluster="demo", cpus_per_node="1", bandwidth="native",
               subnet="", var_file="", keep_on_failure=False, dry_run=False):
     """Create or resize a cluster and write inventories/<cluster>.yml."""
     from scalelab import provisioning
 
-    if dry_run and target != "local":
-        from scalelab.targets import tf
-
-        for line in tf.dry_run(cluster, target, nodes, var_file or None).lines():
+    if dry_run:
+        for line in provisioning.dry_run(target, nodes, cluster, var_file or None):
             print(line)
         return
-    if dry_run:
-        raise Exit("error: --dry-run is for the terraform targets; the local target is quick "
-                   "and fully undone by invoke destroy", code=1)
     result = provisioning.provision(
         target=target, nodes=nodes, cluster=cluster, cpus_per_node=cpus_per_node,
         bandwidth=bandwidth, subnet=subnet or None, var_file=var_file or None,
@@ -175,7 +171,12 @@ def _print_nodes(result) -> None:
     "procs_per_node": "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8",
     "model": "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
     "engine": "ddp (torchrun; on the local target ranks are forked from a per-node server that has torch imported) or horovod (horovodrun)",
-    "precision": "fp32 or amp (GPU clusters)",
+    "precision": "fp32 (TF32 off), tf32, amp (fp16 with loss scaling) or bf16; tf32 and amp "
+                 "need GPUs",
+    "device": "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
+    "fabric": "tcp, rdma or auto (default: rdma where every node has an active RDMA port and "
+              "no rate is shaped; a shaped rate is always tcp)",
+    "channels_last": "NHWC memory format (faster convolutions on tensor cores)",
     "repeats": "repeats of every configuration (3 gives a 95% confidence interval)",
     "steps": "timed training steps per run (after warm-up)",
     "accelerator": "emulate this GPU on every rank (v100, a100, or a profile .json from invoke "
@@ -197,7 +198,7 @@ def _print_nodes(result) -> None:
 def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
-          launcher="", partition="", timeout=""):
+          launcher="", partition="", timeout="", device="", fabric="", channels_last=False):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -219,6 +220,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             precision=precision or None, repeats=repeats or None, steps=steps or None,
             accelerator=accelerator or None, dilation=dilation or None,
             launcher=launcher or None, partition=partition or None, timeout_s=timeout or None,
+            device=device or None, fabric=fabric or None, channels_last=channels_last or None,
             sweep_file=sweep or None)
         prep = driver.prepare(cluster, spec)
     if dry_run:
@@ -410,7 +412,7 @@ def demo(c, nodes="8", sweep="demo", keep=False):
     from scalelab.state import reports_dir
 
     spec = sweepfile.spec_from_options(sweep_file=sweep)  # a bad sweep file fails before provisioning
-    result = provisioning.provision(target="local", nodes=nodes, cluster="demo",
+    result = provisioning.provision(target=DEFAULT_TARGET, nodes=nodes, cluster="demo",
                                     cpus_per_node="1", bandwidth="native")
     try:
         _print_nodes(result)
@@ -436,9 +438,20 @@ def demo(c, nodes="8", sweep="demo", keep=False):
 
 @task(help={"k": "only tests matching this pytest -k expression (lint is skipped)",
             "fast": "skip tests that need root or take long",
-            "no_lint": "skip invoke lint, which runs first otherwise"})
-def test(c, k="", fast=False, no_lint=False):
+            "no_lint": "skip invoke lint, which runs first otherwise",
+            "gpu": "only the GPU tests (tests/test_gpu.py), on a machine with an NVIDIA GPU and "
+                   "a CUDA build of torch; refused where torch sees no GPU"})
+@friendly
+def test(c, k="", fast=False, no_lint=False, gpu=False):
     """Run invoke lint, then the whole test suite (needs root for the cluster tests)."""
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise Exit(f"error: --gpu but this machine's torch {torch.__version__} sees no GPU; "
+                       "run it where nvidia-smi lists one, with a CUDA build of torch", code=1)
+        c.run(f"{sys.executable} -m pytest -q -rs tests/test_gpu.py", pty=False)
+        return
     if not k and not no_lint:
         lint(c)
     args = ["-q"]

@@ -367,9 +367,9 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
         apt, reqs = bundles.default_contents(slurm="slurm" in parse_tags(tags, known_tags()))
         bundles.check(bundle_dir, apt, reqs)
         variables_extra["scalelab_bundle_dir"] = str(bundle_dir)
-    if not targets.of(rec).configurable:
-        raise InputError(f"cluster {cluster} is a {rec['target']} cluster reached through its "
-                         "login host: scalelab installs nothing there; its facts came from "
+    if not targets.capabilities(rec).configurable:
+        raise InputError(f"cluster {cluster} is reached through its "
+                         "login host only: scalelab installs nothing there; its facts came from "
                          "sinfo at provision, its training stack is the var-file's python")
     inventory = inventory_dir() / f"{cluster}.yml"
     if not inventory.exists():

@@ -117,6 +117,32 @@ def timeline(res: launch.LaunchResult) -> dict[str, float]:
                                                              strict=True)}
 
 
+def placement(result: dict[str, Any], res: launch.LaunchResult) -> dict[str, Any]:
+    """What a run's ranks really ran on, from their own result and NCCL's log on stderr.
+
+    >>> r = {"backend": "nccl", "device": "cuda", "ranks": [
+    ...     {"device": "cuda:0", "device_name": "NVIDIA H100", "gpu_mem_peak_mb": 9000.5},
+    ...     {"device": "cuda:1", "device_name": "NVIDIA H100", "gpu_mem_peak_mb": 9100.0}]}
+    >>> out = launch.RankOutcome("n0", 0, "", "n0:1:1 [0] NCCL INFO Using network Socket")
+    >>> placement(r, launch.LaunchResult("ok", r, "", [out], 1.0))
+    {'device': 'cuda', 'backend': 'nccl', 'transport': 'nccl-socket', 'device_names': ['NVIDIA H100'], 'gpu_mem_peak_mb': 9100.0}
+    """
+    from scalelab import gpu
+
+    ranks = [r for r in result.get("ranks") or [] if isinstance(r, dict)]
+    backend = str(result.get("backend") or "")
+    device = result.get("device")
+    if not device and ranks and ranks[0].get("device"):
+        device = str(ranks[0]["device"]).split(":")[0]
+    peaks = [r["gpu_mem_peak_mb"] for r in ranks if isinstance(r.get("gpu_mem_peak_mb"),
+                                                                int | float)]
+    return {"device": device, "backend": backend,
+            "transport": gpu.transport("\n".join(o.stderr for o in res.outcomes), backend),
+            "device_names": sorted({str(r["device_name"]) for r in ranks
+                                    if r.get("device_name")}),
+            "gpu_mem_peak_mb": max(peaks) if peaks else None}
+
+
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
                link_mbit: float | None, rate: float | None,
                link_error: str = "", launcher: str = "",
@@ -138,6 +164,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                                 "link_error": link_error, "timeline": timeline(res)}
     if result.get("accelerator"):
         measured["accelerator"] = result["accelerator"]
+    if result:
+        measured["placement"] = placement(result, res)
     if job is not None:
         measured["slurm"] = job
     if run.kind == "allreduce":
@@ -146,6 +174,10 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     error = res.error
     if status == "ok" and run.kind == "train" and not measured["ranks"]:
         status, error = "failed", "the workload printed no per-rank figures"
+    asked = run.params.get("device")
+    ran = (measured.get("placement") or {}).get("device")
+    if status == "ok" and asked and ran and not run.params.get("accelerator") and ran != asked:
+        status, error = "failed", f"the run asked for {asked} but its ranks ran on {ran}"
     return store.new_record(sweep_id, run, target=target, status=status, started_at=started_at,
                             duration_s=round(res.duration_s, 3), error=error, **measured)
 
@@ -175,7 +207,9 @@ class Launcher:
         ppn = run.params["procs_per_node"]
         if self.kind != "slurm":
             name, cmds = launch.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
-                                              shared_host=self.emulated, warm=self.warm)
+                                              shared_host=self.emulated, warm=self.warm,
+                                              fabric=run.params.get("fabric") or "tcp",
+                                              device=run.params.get("device") or "cpu")
             return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
                                     inflight=inflight), None
         from scalelab import slurm
@@ -196,9 +230,9 @@ class Launcher:
         return "slurm", res, record
 
 
-def _warm(target, spec) -> bool:
+def _warm(caps: targets.Capabilities, spec) -> bool:
     """Whether runs that start without a launcher are forked from warm-start servers."""
-    return target.emulated and spec.launcher != "slurm"
+    return caps.shares_host_cpus and spec.launcher != "slurm"
 
 
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
@@ -215,19 +249,20 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     rec = load_cluster(cluster)
     all_nodes = nodes_of(rec)
     target = targets.of(rec)
+    caps = targets.capabilities(rec)
     rt = target.runtime(rec)
     shaper = Shaper(target.links(cluster, rec, all_nodes), marker=cluster_dir(cluster) / SHAPED)
     sweep_id = sweep_dir.name
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
     links: dict[Any, tuple[float | None, str]] = {}
-    starter = Launcher(launcher, target.login(rec), rt, target.emulated,
+    starter = Launcher(launcher, target.login(rec), rt, caps.shares_host_cpus,
                        partition or target.default_partition(rec))
 
     def calibrate() -> float | None:
         shaper.set(None)
         return starter.measure_link(all_nodes, BASE_PORT + 450, stop)[0]
 
-    emu = Emulation(runs, all_nodes, rt.known_hosts, rt.workdir, target.emulated, calibrate)
+    emu = Emulation(runs, all_nodes, rt.known_hosts, rt.workdir, caps.shares_host_cpus, calibrate)
     emu.keep(store.read_runs(sweep_dir).values())  # a resumed sweep keeps its k
 
     def stopped() -> bool:
@@ -235,7 +270,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
 
     # ranks started directly on shared cores are forked from a warm-start server per node
     direct = [r for r in runs if launcher != "slurm"
-              and launch.run_starts_directly(r, target.emulated)]
+              and launch.run_starts_directly(r, caps.shares_host_cpus)]
     warm = (WarmPool(all_nodes[: max(r.params["nodes"] for r in direct)], rt, sweep_dir / WARM)
             if direct else None)
     try:
@@ -372,6 +407,7 @@ def prepare(cluster: str, spec) -> Prepared:
     facts.require_configured(rec)
     nodes = nodes_of(rec)
     target = targets.of(rec)
+    caps = targets.capabilities(rec)
     allowed = target.launchers(rec)
     if spec.launcher is None:
         spec.launcher = allowed[0]
@@ -381,18 +417,18 @@ def prepare(cluster: str, spec) -> Prepared:
     if spec.partition and spec.launcher != "slurm":
         raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
                          "launcher: slurm in the sweep file)")
-    runs = sweep.plan(spec, nodes, target.can_shape(rec), cluster=cluster)
+    runs = sweep.plan(spec, nodes, caps.shape_links, cluster=cluster)
     if spec.launcher == "slurm" and runs:
         from scalelab import slurm
 
         # before anything is written or submitted: Slurm answers, the partition holds the nodes
         most = max(r.params["nodes"] for r in runs)
-        fix = "" if target.configurable else slurm.ADMIN_FIX
+        fix = "" if caps.configurable else slurm.ADMIN_FIX
         slurm.check(cluster, target.login(rec), rec["known_hosts"],
                     spec.partition or target.default_partition(rec),
                     [n.name for n in nodes[:most]], fix=fix)
     return Prepared(cluster, spec, runs, estimate.estimate_duration_s(
-        runs, device=_device(rec), shared_host=target.emulated, warm=_warm(target, spec)))
+        runs, device=_device(rec), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
@@ -403,8 +439,9 @@ def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
         "sweep_id": sweep_id, "cluster": prep.cluster, "target": rec["target"],
         "created_at": utcnow(), "finished_at": None, "plan": sweepfile.spec_to_dict(prep.spec),
         "nodes": rec["nodes"], "bandwidth_mbit_cluster": rec.get("bandwidth_mbit"),
-        "emulated": targets.of(rec).emulated,
-        "host_cpus": host_cpus() if targets.of(rec).emulated else None,
+        "emulated": targets.capabilities(rec).shares_host_cpus,
+        "host_cpus": host_cpus() if targets.capabilities(rec).shares_host_cpus else None,
+        "capabilities": targets.capabilities(rec).to_dict(),
         "software": {"scalelab": scalelab_commit(), "python": platform.python_version()},
         "planned_runs": [r.run_id for r in prep.runs],
     }
@@ -441,9 +478,9 @@ def prepare_resume(reports_root: Path, sweep_id: str,
     prep = prepare(meta["cluster"], spec)
     todo = store.missing_runs(sweep_dir, prep.runs, retry_failed=retry_failed)
     rec = load_cluster(meta["cluster"])
-    target = targets.of(rec)
+    caps = targets.capabilities(rec)
     return sweep_dir, Prepared(meta["cluster"], spec, todo, estimate.estimate_duration_s(
-        todo, device=_device(rec), shared_host=target.emulated, warm=_warm(target, spec)))
+        todo, device=_device(rec), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
 
 
 def resume(sweep_dir: Path, prep: Prepared,

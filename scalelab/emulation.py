@@ -76,7 +76,7 @@ class Emulation:
                                 p["image_size"])
             bwd = max(sum(layer["bwd_s"] for layer in doc["layers"]), 1e-6)
             grad = sum(int(layer.get("numel") or 0) for layer in doc["layers"]) * (
-                2 if p["precision"] == "amp" else 4)
+                2 if p["precision"] in ("amp", "bf16") else 4)
             key = (p.get("bandwidth_mbit"), p["nodes"])
             ranks = p["nodes"] * p["procs_per_node"]
             old = self._load.get(key)
@@ -113,7 +113,7 @@ class Emulation:
             ranks, grad, bwd = self._load.get(key, (p["nodes"], 0, 1.0))
             k_link = accel.auto_dilation(p["nodes"], key[0], self.host_mbit)
             # amp: the engine's hook also casts each bucket to 16 bits and back
-            passes = PASSES + (3 if p.get("precision") == "amp" else 0)
+            passes = PASSES + (3 if p.get("precision") in ("amp", "bf16") else 0)
             k_cpu = math.ceil(ranks * passes * grad * (self.pass_s_per_byte or 0)
                               / (CPU_SHARE * self.host_cpus * bwd))
             self._k[key] = float(max(1, k_link, k_cpu))

@@ -26,6 +26,24 @@ DEFAULT_PYTHON = "/opt/scalelab/venv/bin/python"
 DEFAULT_WORKDIR = "/opt/scalelab"
 
 
+# What the node's torch and Horovod can do, as JSON on one line, from one interpreter (nothing
+# runs on a GPU beyond CUDA's own initialisation). Horovod's flags are the ones horovodrun
+# --check-build prints, read from the same functions.
+_STACK_CAN = (
+    "import json, torch\n"
+    "c = torch.cuda.is_available()\n"
+    "n = '.'.join(map(str, torch.cuda.nccl.version())) if c else None\n"
+    "out = {'version': torch.__version__, 'cuda': torch.version.cuda, 'cuda_available': c, "
+    "'devices': torch.cuda.device_count() if c else 0, 'nccl': n, 'horovod': None}\n"
+    "try:\n"
+    "    import horovod, horovod.torch as h\n"
+    "    out['horovod'] = {'version': horovod.__version__, 'nccl': bool(h.nccl_built()), "
+    "'gloo': bool(h.gloo_built()), 'mpi': bool(h.mpi_built())}\n"
+    "except Exception:\n"
+    "    pass\n"
+    "print(json.dumps(out))")
+
+
 def probe_script(address: str, python: str, workdir: str) -> str:
     """POSIX sh that prints one key=value per line; it only reads, never changes anything.
 
@@ -37,14 +55,75 @@ def probe_script(address: str, python: str, workdir: str) -> str:
         "echo cores=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)",
         "echo memory_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)",
         f"echo addr_json=$(ip -j -4 addr show to {address}/32 2>/dev/null)",
-        "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi --query-gpu=name,"
-        "memory.total --format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpu=/'; fi",
-        f"if [ -x {py} ]; then echo torch=$({py} -c 'import torch; print(torch.__version__)' "
-        "2>/dev/null); fi",
+        f"IF=$(ip -o -4 addr show to {address}/32 2>/dev/null | awk '{{print $2; exit}}')",
+        'if [ -n "$IF" ]; then echo nic_speed=$(cat /sys/class/net/$IF/speed 2>/dev/null); fi',
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        "nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap,"
+        "mig.mode.current --format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpux=/'; "
+        "echo cuda_driver=$(nvidia-smi 2>/dev/null | sed -n "
+        "'s/.*CUDA Version: *\\([0-9.]*\\).*/\\1/p' | head -n 1); "
+        "nvidia-smi topo -m 2>/dev/null | sed 's/^/topo=/'; fi",
+        "for p in /sys/class/infiniband/*/ports/*; do [ -d \"$p\" ] || continue; "
+        "d=${p%/ports/*}; echo \"rdma=${d##*/}|${p##*/}|$(cat $p/rate 2>/dev/null)|"
+        "$(cat $p/link_layer 2>/dev/null)|$(cat $p/state 2>/dev/null)\"; done",
+        f"if [ -x {py} ]; then echo stack=$({py} -c {shlex.quote(_STACK_CAN)} 2>/dev/null "
+        "| tail -n 1); fi",
         f"if [ -f {wd}/bench/workloads/resnet.py ]; then echo workloads=1; fi",
         "echo kernel=$(uname -r)",
         "true",
     ])
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def parse_gpus(lines: list[str]) -> list[dict[str, Any]]:
+    """nvidia-smi's --query-gpu=index,name,memory.total,driver_version,compute_cap,mig.mode.current
+    lines, one dict per GPU ([N/A] fields as None).
+
+    >>> parse_gpus(["0, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 9.0, Disabled"])
+    [{'index': 0, 'name': 'NVIDIA H100 80GB HBM3', 'memory_mb': 81559, 'driver': '550.54.15', 'compute_cap': '9.0', 'mig': 'Disabled'}]
+    """
+    out = []
+    for line in lines:
+        f = [x.strip() for x in line.split(",")]
+        if len(f) < 3 or not f[0].isdigit():
+            continue
+        f += [""] * (6 - len(f))
+
+        def val(x: str) -> str | None:
+            return None if not x or x.startswith("[") else x
+        mem = val(f[2])
+        out.append({"index": int(f[0]), "name": f[1],
+                    "memory_mb": int(float(mem)) if mem else 0, "driver": val(f[3]),
+                    "compute_cap": val(f[4]), "mig": val(f[5])})
+    return out
+
+
+def parse_rdma(lines: list[str]) -> list[dict[str, Any]]:
+    """/sys/class/infiniband ports as the probe prints them: device|port|rate|link layer|state.
+
+    >>> parse_rdma(["mlx5_0|1|200 Gb/sec (4X HDR)|InfiniBand|4: ACTIVE"])
+    [{'device': 'mlx5_0', 'port': 1, 'rate_gbit': 200.0, 'link_layer': 'InfiniBand', 'active': True}]
+    """
+    out = []
+    for line in lines:
+        f = line.split("|")
+        if len(f) < 5 or not f[0]:
+            continue
+        rate = f[2].split()[0] if f[2].split() else ""
+        try:
+            gbit = float(rate)
+        except ValueError:
+            gbit = None
+        out.append({"device": f[0], "port": int(f[1]) if f[1].isdigit() else f[1],
+                    "rate_gbit": gbit, "link_layer": f[3].strip(),
+                    "active": "ACTIVE" in f[4].upper()})
+    return out
 
 
 def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
@@ -79,7 +158,12 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
     except ValueError:
         pass
     gpus = [g.rsplit(",", 1) for g in kv.get("gpu", []) if g]
-    torch_version = first("torch")
+    gpu_list = parse_gpus(kv.get("gpux", []))
+    if gpu_list:
+        gpus = [[g["name"], str(g["memory_mb"])] for g in gpu_list]
+    stack = _json(first("stack")) or {}
+    torch_version = first("torch") or str(stack.get("version") or "")
+    speed = first("nic_speed")
     return {
         "cores": int(first("cores") or 0),
         "memory_mb": int(first("memory_kb") or 0) // 1024,
@@ -91,6 +175,16 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
         "python": python if torch_version else "",
         "workdir": workdir if first("workloads") == "1" else "",
         "kernel": first("kernel"),
+        "gpu_list": gpu_list,
+        "cuda_driver": first("cuda_driver"),
+        "gpu_topology": "\n".join(kv.get("topo", [])),
+        "rdma": parse_rdma(kv.get("rdma", [])),
+        # /sys/class/net/*/speed is -1 or absent for virtual links
+        "nic_speed_mbit": int(speed) if speed.lstrip("-").isdigit() and int(speed) > 0 else None,
+        # what the training stack can do: {version, cuda, cuda_available, devices, nccl,
+        # horovod: {version, nccl, gloo, mpi} | None}; {} where no interpreter answered
+        "torch_can": {k: v for k, v in stack.items() if k != "horovod"},
+        "horovod_can": stack.get("horovod"),
     }
 
 
@@ -134,10 +228,12 @@ def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
         node["cpus"] = float(f["cores"])
         node["gpus"] = int(f["gpus"])
     rec["configured_at"] = now
+    caps = base.capabilities(rec)  # shape_links may follow the interfaces just found
+    rec["capabilities"] = caps.to_dict()
     save_cluster(cluster, rec)
     # the inventory's scalelab_iface / scalelab_cpus / scalelab_gpus follow the facts
-    inventory.write(cluster, nodes_of(rec),
-                    known_hosts=rec.get("known_hosts"), bastion=rec.get("bastion"))
+    inventory.write(cluster, nodes_of(rec), known_hosts=rec.get("known_hosts"),
+                    bastion=rec.get("bastion"), capabilities=caps.as_vars())
     return rec
 
 

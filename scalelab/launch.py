@@ -73,6 +73,10 @@ def workload_args(params: dict[str, Any], profile: str | None = None) -> list[st
     if params.get("image_size"):
         args += ["--image-size", str(params["image_size"])]
     args += ["--data", str(params.get("data") or "synthetic")]
+    if params.get("device") and not params.get("accelerator"):
+        args += ["--device", str(params["device"])]  # never auto: resolved from the facts
+    if params.get("channels_last"):
+        args += ["--channels-last"]
     if profile:
         args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
     return args
@@ -91,6 +95,8 @@ def allreduce_args(params: dict[str, Any], sizes: tuple[int, ...]) -> list[str]:
             str(params.get("warmup") or 2)]
     if params.get("accelerator") and params.get("dilation"):
         args += ["--dilation", f"{float(params['dilation']):g}"]  # in the emulated device's time
+    elif params.get("device"):
+        args += ["--device", str(params["device"])]  # the train runs' device: NCCL on GPUs
     return args
 
 
@@ -108,18 +114,31 @@ def threads_per_rank(node: Node, procs_per_node: int) -> int:
     return max(1, int(cpus // procs_per_node))
 
 
-def rank_env(node: Node, procs_per_node: int) -> dict[str, str]:
+def rank_env(node: Node, procs_per_node: int, fabric: str = "tcp", device: str = "cpu",
+             ifaces: list[str] | None = None) -> dict[str, str]:
+    """The environment of the ranks a command starts on node: threads, and the transport
+    settings of scalelab.gpu.fabric_env. ifaces: the cluster interfaces of every node the
+    environment reaches (horovodrun and Slurm hand one environment to all ranks); default the
+    node's own.
+
+    >>> n = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "static", cpus=8.0, iface="ens5")
+    >>> e = rank_env(n, 2, "tcp", "cuda")
+    >>> e["OMP_NUM_THREADS"], e["NCCL_SOCKET_IFNAME"], e["NCCL_IB_DISABLE"], e["NCCL_DEBUG"]
+    ('4', 'ens5', '1', 'INFO')
+    """
+    from scalelab import gpu
+
     env = {"OMP_NUM_THREADS": str(threads_per_rank(node, procs_per_node)),
            "PYTHONUNBUFFERED": "1"}
-    if node.iface:
-        # gloo and NCCL pick the first interface otherwise; inside a netns that may be wrong
-        env["GLOO_SOCKET_IFNAME"] = node.iface
-        env["NCCL_SOCKET_IFNAME"] = node.iface
+    # gloo and NCCL pick the first interface otherwise; inside a netns that may be wrong, and
+    # on a host with RDMA, NCCL would leave the shaped interface for it
+    env.update(gpu.fabric_env(fabric, device, ifaces if ifaces is not None else [node.iface]))
     return env
 
 
 def torchrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
-                      rt: Runtime, port: int) -> list[RankCommand]:
+                      rt: Runtime, port: int, fabric: str = "tcp",
+                      device: str = "cpu") -> list[RankCommand]:
     """One torchrun per node with a static rendezvous at the head's cluster address.
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
@@ -136,12 +155,13 @@ def torchrun_commands(nodes: list[Node], procs_per_node: int, script: str, args:
                 "--nproc-per-node", str(procs_per_node), "--node-rank", str(i),
                 "--master-addr", head, "--master-port", str(port),
                 f"{rt.workdir}/{WORKLOADS}/{script}", *args]
-        out.append(RankCommand(n, argv, rank_env(n, procs_per_node)))
+        out.append(RankCommand(n, argv, rank_env(n, procs_per_node, fabric, device)))
     return out
 
 
 def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime,
-                    port: int, warm: str | None = None) -> list[RankCommand]:
+                    port: int, warm: str | None = None, fabric: str = "tcp",
+                    device: str = "cpu") -> list[RankCommand]:
     """One rank per node started directly, with torchrun's static rendezvous in its environment.
 
     For nodes that share one host's cores (the local target): torchrun's agent imports torch
@@ -165,7 +185,7 @@ def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime
     head = nodes[0].private_address
     out = []
     for i, n in enumerate(nodes):
-        env = rank_env(n, 1)
+        env = rank_env(n, 1, fabric, device)
         env.update({"RANK": str(i), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0",
                     "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(i), "MASTER_ADDR": head,
                     "MASTER_PORT": str(port)})
@@ -189,21 +209,25 @@ def run_starts_directly(run, shared_host: bool) -> bool:
 
 def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: str,
                   args: list[str], rt: Runtime, port: int, shared_host: bool = False,
-                  warm: str | None = None) -> tuple[str, list[RankCommand]]:
+                  warm: str | None = None, fabric: str = "tcp",
+                  device: str = "cpu") -> tuple[str, list[RankCommand]]:
     """The launcher for a run and its commands: horovodrun for Horovod; for DDP and the
     allreduce probe torchrun, or, where the nodes share one host's cores and run one process
     each, the ranks directly (direct_commands says why), forked from the warm-start server
     when there is one."""
     if engine == "horovod":
-        return "horovodrun", horovodrun_commands(nodes, procs_per_node, script, args, rt, port)
+        return "horovodrun", horovodrun_commands(nodes, procs_per_node, script, args, rt, port,
+                                                 fabric, device)
     if starts_directly(engine, procs_per_node, shared_host):
         return ("warm" if warm else "direct"), direct_commands(nodes, script, args, rt, port,
-                                                               warm)
-    return "torchrun", torchrun_commands(nodes, procs_per_node, script, args, rt, port)
+                                                               warm, fabric, device)
+    return "torchrun", torchrun_commands(nodes, procs_per_node, script, args, rt, port, fabric,
+                                         device)
 
 
 def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
-                        rt: Runtime, port: int) -> list[RankCommand]:
+                        rt: Runtime, port: int, fabric: str = "tcp",
+                        device: str = "cpu") -> list[RankCommand]:
     """horovodrun on the head node; it starts the other ranks itself over SSH (gloo).
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
@@ -216,12 +240,14 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     bindir = rt.python.rsplit("/", 1)[0]
     argv = [f"{bindir}/horovodrun", "--gloo", "-np", str(len(nodes) * procs_per_node),
             "-H", hosts]
-    if nodes[0].iface and len(nodes) > 1:
-        # one node: horovodrun runs everything over loopback and refuses a named interface
-        argv += ["--network-interfaces", nodes[0].iface]
+    ifaces = list(dict.fromkeys(n.iface for n in nodes if n.iface))
+    if ifaces and len(nodes) > 1:
+        # one node: horovodrun runs everything over loopback and refuses a named interface;
+        # several: every node's own name, since its ranks all get this one environment
+        argv += ["--network-interfaces", ",".join(ifaces)]
     argv += ["--gloo-timeout-seconds", "60", rt.python, f"{rt.workdir}/{WORKLOADS}/{script}",
              *args]
-    env = rank_env(nodes[0], procs_per_node)
+    env = rank_env(nodes[0], procs_per_node, fabric, device, [n.iface for n in nodes])
     env["PATH"] = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     return [RankCommand(nodes[0], argv, env)]
 

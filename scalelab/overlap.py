@@ -103,7 +103,7 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     bwd = sum(layer["bwd_s"] for layer in doc["layers"])
     if world <= 1 or not link_mbit or math.isnan(link_mbit):
         return fwd + bwd + doc["optimizer_s"]
-    ready = ready_times(doc, 2 if precision == "amp" else 4)
+    ready = ready_times(doc, 2 if precision in ("amp", "bf16") else 4)
     return fwd + max(bwd, timeline_end(ready, engine, world, link_mbit, alpha_s)) + doc["optimizer_s"]
 
 

@@ -40,6 +40,12 @@ def provision(target: str, nodes: int | str, cluster: str, cpus_per_node: str | 
     return _info(cluster, load_cluster(cluster), recs)
 
 
+def dry_run(target: str, nodes: int | str, cluster: str, var_file: str | None = None) -> list[str]:
+    """What provision would do, changing nothing (the target says whether it has anything)."""
+    check_cluster_name(cluster)
+    return base.get(target).dry_run(cluster, nodes, var_file=var_file)
+
+
 def _info(name: str, rec: dict, nodes: list[Node]) -> ClusterInfo:
     summary = base.of(rec).summary(rec)
     return ClusterInfo(name, rec["target"], nodes, inventory_dir() / f"{name}.yml",
@@ -51,11 +57,8 @@ def destroy(cluster: str) -> None:
     try:
         rec = load_cluster(cluster)
     except ClusterError:
-        # nothing recorded; a crashed local provision may still have left pieces behind
-        from scalelab.targets.local import LocalCluster, leftovers
-
-        if any(leftovers(cluster).values()):
-            LocalCluster(cluster).destroy()
+        # nothing recorded; a provision that crashed may still have left pieces behind
+        if base.destroy_unrecorded(cluster):
             return
         raise
     base.of(rec).destroy(cluster)
@@ -76,13 +79,13 @@ def status(cluster: str | None = None) -> list[ClusterInfo]:
 def can_shape(cluster: str) -> bool:
     """Whether scalelab can set link rates on this cluster's nodes."""
     rec = load_cluster(cluster)
-    return base.of(rec).can_shape(rec)
+    return base.capabilities(rec).shape_links
 
 
 def configurable(cluster: str) -> bool:
     """Whether scalelab reaches this cluster's nodes over SSH (and so may configure them)."""
     rec = load_cluster(cluster)
-    return base.of(rec).configurable
+    return base.capabilities(rec).ssh_nodes
 
 
 def set_bandwidth(cluster: str, bandwidth: str) -> None:
@@ -97,7 +100,7 @@ def connectivity_check(cluster: str) -> list[str]:
     kh = rec["known_hosts"]
     lines = []
     target = base.of(rec)
-    if not target.configurable:
+    if not base.capabilities(rec).ssh_nodes:
         # only its login host is reachable: the nodes are as Slurm sees them
         login = target.login(rec)
         out = ssh.run(login, kh, "hostname", timeout=15).stdout.strip()

@@ -174,7 +174,7 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
     ('salloc', False, True)
     """
     script_path = f"{rt.workdir}/{launch.WORKLOADS}/{script}"
-    env = launch.rank_env(nodes[0], procs_per_node)
+    env = launch.rank_env(nodes[0], procs_per_node, ifaces=[n.iface for n in nodes])
     cancel = cancel_line(name)
     if engine == "horovod":
         bindir = rt.python.rsplit("/", 1)[0]

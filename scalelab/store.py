@@ -43,7 +43,7 @@ from typing import Any
 
 from scalelab.errors import ScalelabError
 from scalelab.state import write_atomic
-from scalelab.sweep import EMULATION_KEYS, KINDS, PARAM_KEYS, RunPlan
+from scalelab.sweep import EMULATION_KEYS, KINDS, PARAM_KEYS, PLACEMENT_KEYS, RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,11 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
                "ranks", "gradient_bytes", "link_mbit_measured", "link_error", "env",
                "started_at", "duration_s", "error")
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
-                 "env", "timeline", "accelerator", "slurm")
+                 "env", "timeline", "accelerator", "slurm", "placement")
+# a run's "placement" (optional): what its ranks really ran on, from the ranks themselves:
+# device (cuda|cpu), backend (nccl, gloo, horovod-nccl, ...), transport (nccl-socket, nccl-ib,
+# nccl-roce, gloo-tcp, with +p2p/+shm where ranks of one node met locally), device_names
+# (one per distinct GPU model or cpu), gpu_mem_peak_mb (the largest of any rank; None on CPUs)
 # a run started as a Slurm job also has "slurm" (optional): job_id, job_name, state and
 # exit_code as sacct gave them, nodelist, partition, elapsed_s, sacct_wait_s
 # an emulated accelerator's run also has "accelerator" (optional): the profile's device,
@@ -488,6 +492,8 @@ def same_params(stored: Any, planned: dict[str, Any]) -> bool:
     if not isinstance(stored, dict):
         return False
     stored = {**dict.fromkeys(EMULATION_KEYS), **stored}
+    # a run recorded before placement was: it ran as planned now (cpu, tcp, NCHW)
+    stored = {**{k: planned[k] for k in PLACEMENT_KEYS if k in planned}, **stored}
     if planned.get("dilation") is None:
         stored = {**stored, "dilation": None}
     return stored == planned

@@ -34,6 +34,7 @@ Order of runs (plan()):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -55,7 +56,11 @@ log = logging.getLogger(__name__)
 
 ENGINES = ("ddp", "horovod")
 LAUNCHERS = ("ssh", "slurm")
-PRECISIONS = ("fp32", "amp")
+# fp32: true FP32 (TF32 off, which Ampere and Hopper convolutions use by default); tf32: TF32
+# on; amp: fp16 autocast with loss scaling on GPUs (bfloat16 on CPUs); bf16: bfloat16 autocast
+PRECISIONS = ("fp32", "tf32", "amp", "bf16")
+DEVICES = ("auto", "cuda", "cpu")  # auto: cuda on nodes with GPUs, never CPU there
+FABRICS = ("auto", "tcp", "rdma")  # auto: rdma where every node has an active port, unshaped
 KINDS = ("train", "allreduce")
 SYNTHETIC = "synthetic"
 
@@ -65,6 +70,9 @@ PARAM_KEYS = ("nodes", "procs_per_node", "world_size", "model", "engine", "preci
 # appended to every run's params since emulated accelerators (null when computing for real);
 # a store written before them lacks these keys and is still read
 EMULATION_KEYS = ("accelerator", "dilation")
+# appended since GPU placement was recorded: the device and fabric the runs used (resolved
+# from the nodes' facts, never auto) and the memory format; a store without them is still read
+PLACEMENT_KEYS = ("device", "fabric", "channels_last")
 
 
 @dataclass
@@ -74,7 +82,8 @@ class SweepSpec:
     nodes: list[int]
     batch_sizes: list[int]
     bandwidths: list[float | None] = field(default_factory=lambda: [None])  # Mbit/s, None=native
-    procs_per_node: list[int] = field(default_factory=lambda: [1])
+    # None: the GPUs torch sees per node on GPU nodes, 1 elsewhere (scalelab.gpu.resolve)
+    procs_per_node: list[int] | None = None
     model: str = "resnet50"
     engine: str = "ddp"
     precision: str = "fp32"
@@ -95,6 +104,9 @@ class SweepSpec:
     launcher: str | None = None  # ssh: ranks over SSH; slurm: each run a Slurm job; None:
     # the cluster's default (ssh where scalelab reaches the nodes, slurm behind a login host)
     partition: str | None = None  # slurm: the partition (None: the cluster's default one)
+    device: str = "auto"  # cuda | cpu | auto (cuda on nodes with GPUs)
+    fabric: str = "auto"  # tcp | rdma | auto (tcp whenever a rate is shaped)
+    channels_last: bool = False  # NHWC memory format (faster convolutions on tensor cores)
 
 
 @dataclass(frozen=True)
@@ -191,27 +203,23 @@ def _check_cluster(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
     if shaped and not can_shape:
         raise InputError(f"--bandwidth {format_rate(shaped[0])}: target {target} cannot shape "
                          "links; use --bandwidth native (or a target that can, e.g. local)")
-    used = nodes[:want]
-    if any(n.gpus > 0 for n in nodes):
-        fewest = min(used, key=lambda n: n.gpus)
-        ppn = max(spec.procs_per_node)
-        if ppn > fewest.gpus:
-            fix = (f"use --procs-per-node {format_int_list(range(1, fewest.gpus + 1))}"
-                   if fewest.gpus else f"leave node {fewest.name} out of the cluster")
-            raise InputError(f"--procs-per-node {ppn} but node {fewest.name} has {fewest.gpus} "
-                             f"GPU{'s' if fewest.gpus != 1 else ''}; {fix}")
-    else:
-        if spec.precision == "amp" and not spec.accelerator:
-            raise InputError(f"--precision amp needs GPUs and {name} has none; "
-                             "use --precision fp32")
-        ppn = max(spec.procs_per_node)
-        for node in used:
-            if node.cpus and ppn > math.ceil(node.cpus) and not spec.accelerator:
-                # oversubscribed ranks time-share the cores: it runs, but measures contention
-                log.warning("--procs-per-node %d exceeds the %g CPUs of node %s", ppn,
-                            node.cpus, node.name)
-                break
-    return used
+    return nodes[:want]
+
+
+def _check_precision(spec: SweepSpec, used: list[Node], device: str, cluster: str) -> None:
+    name = f"cluster {cluster}" if cluster else "the cluster"
+    if device == "cuda" or spec.accelerator:
+        return
+    if spec.precision in ("amp", "tf32"):
+        raise InputError(f"--precision {spec.precision} needs GPUs and {name} runs on CPUs; "
+                         "use --precision fp32 or bf16")
+    ppn = max(spec.procs_per_node or [1])
+    for node in used:
+        if node.cpus and ppn > math.ceil(node.cpus):
+            # oversubscribed ranks time-share the cores: it runs, but measures contention
+            log.warning("--procs-per-node %d exceeds the %g CPUs of node %s", ppn,
+                        node.cpus, node.name)
+            break
 
 
 def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
@@ -221,14 +229,20 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
     cluster names the cluster in error messages; can_shape says whether the target can put
     a rate on links (tc). Raises InputError with one line that says the fix.
     """
+    from scalelab import gpu
+
     used = _check_cluster(spec, cluster_nodes, can_shape, cluster)
+    placed = gpu.resolve(spec, used, shaped=any(b is not None for b in spec.bandwidths))
+    spec = dataclasses.replace(spec, procs_per_node=placed.procs_per_node)
+    _check_precision(spec, used, placed.device, cluster)
     info = MODELS[spec.model]
     image = spec.image_size or info.image_size
     if not spec.accelerator:  # an emulated rank holds no activations; its profile was
         # checked when the spec was built (sweepfile, check_emulation)
         memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, model=spec.model,
                      params=info.params, activation_bytes=info.activation_bytes,
-                     image_scale=(image / info.image_size) ** 2, amp=spec.precision == "amp")
+                     image_scale=(image / info.image_size) ** 2,
+                     amp=spec.precision in ("amp", "bf16"))
     runs: list[RunPlan] = []
     for mbit in spec.bandwidths:
         for repeat in range(spec.repeats):
@@ -238,7 +252,8 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                     common = {"nodes": n, "procs_per_node": ppn, "world_size": n * ppn,
                               "model": spec.model, "engine": spec.engine,
                               "precision": spec.precision, "accelerator": spec.accelerator,
-                              "dilation": spec.dilation}
+                              "dilation": spec.dilation, "device": placed.device,
+                              "fabric": placed.fabric, "channels_last": spec.channels_last}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
                         params = {**common, "batch_size": None, "bandwidth_mbit": mbit,
                                   "repeat": 0, "steps": spec.allreduce_iters, "warmup": 1,
@@ -256,7 +271,7 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
 
 
 def _ordered(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params[k] for k in PARAM_KEYS + EMULATION_KEYS}
+    return {k: params[k] for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS}
 
 
 def check_emulation(spec: SweepSpec, image_size: int) -> None:

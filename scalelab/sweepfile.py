@@ -16,7 +16,7 @@ import yaml
 
 from scalelab.errors import InputError
 from scalelab.models import MODELS
-from scalelab.sweep import ENGINES, LAUNCHERS, PRECISIONS, SYNTHETIC, SweepSpec
+from scalelab.sweep import DEVICES, ENGINES, FABRICS, LAUNCHERS, PRECISIONS, SYNTHETIC, SweepSpec
 from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
 
 log = logging.getLogger(__name__)
@@ -202,6 +202,9 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "dilation": ("dilation", lambda v, w: _dilation(v, w)),
     "launcher": ("launcher", lambda v, w: _choice(v, w, LAUNCHERS)),
     "partition": ("partition", lambda v, w: _partition(v, w)),
+    "device": ("device", lambda v, w: _choice(v, w, DEVICES)),
+    "fabric": ("fabric", lambda v, w: _choice(v, w, FABRICS)),
+    "channels_last": ("channels_last", _flag),
 }
 SWEEP_KEYS = tuple(_KEYS)
 
@@ -343,6 +346,9 @@ def spec_from_options(
     dilation: str | float | None = None,
     launcher: str | None = None,
     partition: str | None = None,
+    device: str | None = None,
+    fabric: str | None = None,
+    channels_last: bool | str | None = None,
     sweep_file: str | Path | None = None,
 ) -> SweepSpec:
     """Build a spec from CLI strings; None or "" means not given.

@@ -17,6 +17,7 @@ import numpy as np
 from scalelab import analysis
 from scalelab.store import RUNS_FILE, SWEEP_FILE
 from scalelab.sweep import allreduce_run_id, train_run_id
+from scalelab.targets.base import DEFAULT_TARGET
 from scalelab.units import format_rate
 
 
@@ -25,7 +26,7 @@ def synthetic_sweep(root: Path | str, sweep_id: str = "synthetic", *,
                     batch_sizes: Sequence[int] = (16, 32, 64),
                     bandwidths: Sequence[float | None] = (1000.0, 10000.0), repeats: int = 3,
                     model: str = "resnet18", gradient_bytes: int = 46_758_000,
-                    target: str = "local", host_cpus: int = 16, cpus_per_node: float = 4.0,
+                    target: str = DEFAULT_TARGET, host_cpus: int = 16, cpus_per_node: float = 4.0,
                     compute_s_per_image: float = 0.004, compute_overhead_s: float = 0.02,
                     failed: Sequence[str] = (), missing: int = 0, allreduce: bool = True,
                     seed: int = 0, cluster: str = "demo") -> Path:

@@ -71,6 +71,15 @@ def test_two_node_sweep_writes_the_csv_and_the_report(cluster, reports):
     # forked from a warm-start server per node (the allreduce probe as well); the servers
     # are gone with the sweep
     assert {x["env"].get("launcher") for x in records.values()} == {"warm"}
+    # what the ranks really ran on is recorded from the ranks: CPUs, Gloo over TCP, and the
+    # plan asked for exactly that (resolved from the nodes, never "auto")
+    for x in records.values():
+        assert x["params"]["device"] == "cpu" and x["params"]["fabric"] == "tcp"
+        assert x["placement"]["transport"] == "gloo-tcp", x["placement"]
+        assert x["placement"]["backend"] == "gloo"
+        if x["kind"] == "train":
+            assert x["placement"]["device"] == "cpu"
+            assert {r["device"] for r in x["ranks"]} == {"cpu"}
     assert not (sweep_dir / ".warm.json").exists()
     for r in two:
         ranks = records[r["run_id"]]["ranks"]
@@ -179,7 +188,6 @@ def test_dry_run_lists_runs_and_writes_nothing(cluster, reports):
 
 
 def test_horovod_engine_runs_across_two_nodes(cluster, reports):
-    pytest.importorskip("horovod.torch", reason="horovod not built (scripts/build_horovod.sh)")
     proc = bench(cluster, reports, "--nodes", "1,2", "--batch-size", "16", "--model", "resnet20",
                  "--engine", "horovod", "--steps", "3", "--repeats", "1", "--no-report")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -189,6 +197,8 @@ def test_horovod_engine_runs_across_two_nodes(cluster, reports):
     two = next(r for r in train if r["params"]["world_size"] == 2)
     assert sorted(x["host"] for x in two["ranks"]) == [f"{cluster}-n0", f"{cluster}-n1"]
     assert two["env"]["horovod"]
+    assert two["placement"]["backend"] == "horovod-gloo"
+    assert two["placement"]["transport"] == "gloo-tcp"
 
 
 def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(cluster, reports):

@@ -4,7 +4,6 @@ bundle on a node that has no route off the cluster."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from conftest import needs_root, needs_sshd
 
 from scalelab import bundle
 from scalelab.bundle import BundleError
+from scalelab.targets.base import Capabilities
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ROOT / "playbooks" / "roles"
@@ -346,7 +346,7 @@ def _ansible(playbook: Path, inventory: Path, extravars: dict,
 @needs_sshd
 @pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt (Debian or Ubuntu)")
 def test_roles_install_from_the_bundle_on_a_node_with_no_route_out(tmp_path, local_cluster):
-    """A real host's path (scalelab_target static) on a local node, which has no route off
+    """A real host's path (a real host's capabilities) on a local node, which has no route off
     the cluster: common installs a package the host lacks from the bundle's debs; check mode
     changes nothing, the second run changes nothing, the node's apt configuration is as it
     was, the host untouched. (The venv from the bundle's wheels, torch and Horovod, is
@@ -370,8 +370,8 @@ def test_roles_install_from_the_bundle_on_a_node_with_no_route_out(tmp_path, loc
     node = lc.nodes()[0]
     inv = tmp_path / "inventory.yml"
     inv.write_text(yaml.safe_dump(inventory.render(
-        lc.name, [dataclasses.replace(n, target="static") for n in lc.nodes()],
-        known_hosts=str(lc.known_hosts))))
+        lc.name, lc.nodes(), known_hosts=str(lc.known_hosts),
+        capabilities=Capabilities().as_vars())))
     playbook = _playbook(tmp_path / "play.yml", roles)
     common_packages = [*_defaults("common")["common_packages"], extra_pkg]
     extravars = {"scalelab_bundle_dir": str(b), "common_packages": common_packages,

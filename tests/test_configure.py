@@ -18,6 +18,7 @@ import pytest
 from scalelab import configure as cfg
 from scalelab import sh, ssh
 from scalelab.configure import ConfigureError, Failure, Progress
+from scalelab.targets.base import Capabilities
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -261,7 +262,7 @@ class TestSiteOnALocalCluster:
         keyring = "file:///usr/share/keyrings/debian-archive-keyring.gpg"
         started = time.monotonic()
         r = cfg.run(lc.name, check=True, extravars={
-            "scalelab_target": "static", "scalelab_gpus": 1,
+            **Capabilities().as_vars(), "scalelab_gpus": 1,
             "docker_nvidia_toolkit_key_url": keyring})
         TIMINGS["site.yml as on real hosts, check mode"] = time.monotonic() - started
         assert r.status == "successful" and r.changed > 0

@@ -1,4 +1,4 @@
-"""The GPU path (CUDA, NCCL, AMP, channels_last): opt-in, runs only where torch sees a GPU."""
+"""The GPU path (CUDA, NCCL, AMP, bf16, TF32, channels_last): opt-in, runs only where torch sees a GPU."""
 
 from __future__ import annotations
 
@@ -9,26 +9,61 @@ import sys
 import pytest
 from conftest import ROOT
 
-torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device here; run on a GPU machine "
-                                       "(bench/perf/gpu_resnet50.sh measures throughput)")
+SKIP_REASON = ("no CUDA device here; run with: invoke test --gpu on a machine with an NVIDIA GPU and a "
+               "CUDA build of torch (bench/perf/gpu_resnet50.sh measures throughput)")
+
+torch = pytest.importorskip("torch", reason=SKIP_REASON)
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason=SKIP_REASON)
+
+
+def parse_result(stdout: str) -> dict:
+    """The one SCALELAB_RESULT line (compact JSON: search the parsed result, not the text)."""
+    lines = [x for x in stdout.splitlines() if "SCALELAB_RESULT " in x]
+    assert len(lines) == 1, f"expected exactly one result line, got {len(lines)}:\n{stdout[-2000:]}"
+    return json.loads(lines[0].split("SCALELAB_RESULT ", 1)[1])
 
 
 def run_resnet(*args: str) -> dict:
     proc = subprocess.run([sys.executable, "bench/workloads/resnet.py", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(x for x in proc.stdout.splitlines() if "SCALELAB_RESULT " in x)
-    return json.loads(line.split("SCALELAB_RESULT ", 1)[1])
+    return parse_result(proc.stdout)
+
+
+def small_cuda_run(precision: str) -> dict:
+    return run_resnet("--model", "resnet20", "--precision", precision, "--batch-size", "32",
+                      "--warmup", "1", "--steps", "2", "--device", "cuda")
 
 
 def test_resnet50_amp_channels_last_runs_on_the_gpu():
     r = run_resnet("--model", "resnet50", "--precision", "amp", "--channels-last",
                    "--batch-size", "64", "--warmup", "3", "--steps", "5", "--device", "cuda")
     assert r["env"]["gpu_model"]
+    assert r["device"] == "cuda" and r["backend"] == "nccl" and r["channels_last"] is True
+    rank = r["ranks"][0]
+    assert rank["device"] == "cuda:0"
+    assert rank["device_name"] == torch.cuda.get_device_name()
+    assert rank["gpu_mem_peak_mb"] > 0
     assert r["gradient_bytes"] == 25_557_032 * 2  # fp16 gradients under amp
-    assert r["images_per_sec"] > 50
+    assert r["comm_dtype"] == "float16"
+    assert r["images_per_sec"] > 50  # far above any CPU: the run was on the GPU
+
+
+def test_fp32_is_true_fp32_and_tf32_says_so():
+    """cuDNN convolutions default to TF32 on Ampere and later: fp32 must switch it off."""
+    fp32 = small_cuda_run("fp32")
+    assert fp32["precision"] == "fp32" and fp32["tf32"] is False
+    tf32 = small_cuda_run("tf32")
+    assert tf32["precision"] == "tf32" and tf32["tf32"] is True
+    for r in (fp32, tf32):
+        assert r["comm_dtype"] == "float32" and r["gradient_bytes"] == 4 * 269_722
+
+
+def test_bf16_autocasts_and_communicates_bfloat16():
+    r = small_cuda_run("bf16")
+    assert r["precision"] == "bf16" and r["device"] == "cuda"
+    assert r["comm_dtype"] == "bfloat16" and r["gradient_bytes"] == 2 * 269_722
+    assert r["ranks"][0]["device"].startswith("cuda") and r["ranks"][0]["gpu_mem_peak_mb"] > 0
 
 
 def test_two_rank_ddp_over_nccl():
@@ -40,7 +75,11 @@ def test_two_rank_ddp_over_nccl():
                            "--backend", "nccl"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert '"world_size": 2' in proc.stdout
+    r = parse_result(proc.stdout)
+    assert r["world_size"] == 2 and r["backend"] == "nccl" and r["device"] == "cuda"
+    devices = [rank["device"] for rank in r["ranks"]]
+    assert all(d.startswith("cuda") for d in devices), devices
+    assert devices == ["cuda:0", "cuda:1"]  # one GPU per local rank, never shared
 
 
 def test_a_gpu_profile_is_measured_with_cuda_events_and_emulates_that_gpu(tmp_path):

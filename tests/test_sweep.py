@@ -15,7 +15,15 @@ from scalelab.errors import InputError
 from scalelab.estimate import estimate_duration_s
 from scalelab.models import MODELS
 from scalelab.nodes import Node
-from scalelab.sweep import EMULATION_KEYS, PARAM_KEYS, SweepSpec, describe, new_sweep_id, plan
+from scalelab.sweep import (
+    EMULATION_KEYS,
+    PARAM_KEYS,
+    PLACEMENT_KEYS,
+    SweepSpec,
+    describe,
+    new_sweep_id,
+    plan,
+)
 from scalelab.sweepfile import (
     SWEEPS_DIR,
     find_sweep_file,
@@ -114,13 +122,13 @@ def test_run_ids_golden_and_stable():
 def test_params_hold_exactly_the_contract_keys():
     runs = plan(spec(bandwidth="1gbit"), make_cluster(3), can_shape=True)
     for r in runs:
-        assert tuple(r.params) == PARAM_KEYS + EMULATION_KEYS
+        assert tuple(r.params) == PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS
     train = next(r for r in runs if r.run_id == "train-n03-p1-b064-bw1000-r0")
     assert train.params == {
         "nodes": 3, "procs_per_node": 1, "world_size": 3, "model": "resnet20", "engine": "ddp",
         "precision": "fp32", "batch_size": 64, "bandwidth_mbit": 1000.0, "repeat": 0,
         "steps": 30, "warmup": 5, "image_size": 32, "data": "synthetic", "accelerator": None,
-        "dilation": None}
+        "dilation": None, "device": "cpu", "fabric": "tcp", "channels_last": False}
     assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
     probe = next(r for r in runs if r.kind == "allreduce")
     assert probe.params["batch_size"] is None and probe.params["image_size"] is None
@@ -219,8 +227,8 @@ def test_procs_per_node_beyond_gpus():
 
 
 def test_amp_needs_gpus():
-    with pytest.raises(InputError, match="--precision amp needs GPUs and cluster demo has none; "
-                                         "use --precision fp32"):
+    with pytest.raises(InputError, match="--precision amp needs GPUs and cluster demo runs on "
+                                         "CPUs; use --precision fp32 or bf16"):
         plan(spec(precision="amp"), make_cluster(3), True, cluster="demo")
 
 

@@ -14,7 +14,8 @@ from scalelab import facts
 from scalelab.errors import ClusterError, InputError
 from scalelab.targets import TARGETS, TERRAFORM_TARGETS, base
 
-METHODS = ("provision", "destroy", "alive", "summary", "adjust_facts", "runtime", "can_shape",
+METHODS = ("provision", "destroy", "alive", "summary", "adjust_facts", "runtime", "capabilities",
+           "dry_run",
            "links", "set_rate", "login", "launchers", "default_partition")
 LINK_METHODS = ("snapshot", "apply", "restore", "still_as_left")
 
@@ -40,7 +41,9 @@ def configured_record(name: str, target: str, n: int = 2, gpus: int = 0,
 def test_every_target_implements_the_interface(name):
     t = base.get(name)
     assert isinstance(t, base.Target)
-    assert t.name == name and isinstance(t.emulated, bool) and isinstance(t.configurable, bool)
+    caps = t.capabilities(configured_record("lab", name))
+    assert t.name == name and isinstance(caps, base.Capabilities)
+    assert all(isinstance(v, bool) for v in caps.to_dict().values())
     for m in METHODS:
         assert callable(getattr(t, m)), f"{name} lacks {m}"
 
@@ -52,7 +55,8 @@ def test_real_host_targets_run_what_configure_installed(name):
     rt = t.runtime(rec)
     assert (rt.python, rt.workdir, rt.known_hosts) == (facts.DEFAULT_PYTHON,
                                                         facts.DEFAULT_WORKDIR, "/kh")
-    assert t.can_shape(rec) and not t.emulated
+    caps = t.capabilities(rec)
+    assert caps.shape_links and not caps.shares_host_cpus and not caps.stack_from_host
     links = t.links("lab", rec, [])
     assert all(callable(getattr(links, m)) for m in LINK_METHODS)
     with pytest.raises(InputError, match="shaped per run by invoke bench"):
@@ -68,7 +72,7 @@ def test_an_unconfigured_real_cluster_is_refused_with_the_command_that_fixes_it(
         n.pop("facts")
     with pytest.raises(ClusterError, match="run invoke configure --cluster lab"):
         t.runtime(rec)
-    assert not t.can_shape(rec)
+    assert not t.capabilities(rec).shape_links
     with pytest.raises(ClusterError, match="run invoke configure --cluster lab"):
         facts.require_configured(rec)
 
@@ -79,7 +83,8 @@ def test_the_local_target_knows_its_nodes_without_configure():
            "cpus_per_node": 0.5, "nodes": [{"name": "demo-n0", "cpus": 0.5}]}
     rt = t.runtime(rec)
     assert Path(rt.python).name == "python" and Path(rt.workdir) == ROOT
-    assert t.emulated and t.can_shape(rec)
+    caps = t.capabilities(rec)
+    assert caps.shares_host_cpus and caps.shape_links and caps.stack_from_host
     # nproc inside a node shows the host's cores; the node's share is its quota
     adjusted = t.adjust_facts(rec, rec["nodes"][0], {"cores": 2, "iface": "eth0", "gpus": 0})
     assert adjusted["cores"] == 0.5
@@ -148,7 +153,7 @@ def test_targets_whose_nodes_scalelab_reaches_start_runs_over_ssh_or_slurm(name)
     """The head node is the login host; SSH is the default launcher, Slurm one to ask for."""
     rec = configured_record("lab", name)
     t = base.get(name)
-    assert t.configurable and t.launchers(rec) == ("ssh", "slurm")
+    assert t.capabilities(rec).configurable and t.launchers(rec) == ("ssh", "slurm")
     assert t.login(rec).name == "lab-n0" and t.default_partition(rec) is None
 
 
@@ -157,9 +162,10 @@ def test_a_slurm_cluster_behind_a_login_host_runs_jobs_only_and_never_shapes():
     rec = configured_record("hpc", "slurm")
     rec["login"] = {**rec["nodes"][0], "name": "hpc-login", "address": "203.0.113.5"}
     rec["partition"] = "gpu"
-    assert not t.configurable and t.launchers(rec) == ("slurm",)
+    assert not t.capabilities(rec).configurable and t.launchers(rec) == ("slurm",)
     assert t.login(rec).address == "203.0.113.5" and t.default_partition(rec) == "gpu"
-    assert not t.can_shape(rec) and not t.emulated
+    caps = t.capabilities(rec)
+    assert not caps.shape_links and not caps.shares_host_cpus and not caps.ssh_nodes
     links = t.links("hpc", rec, [])
     links.apply(None)
     with pytest.raises(ClusterError):

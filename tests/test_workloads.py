@@ -511,3 +511,62 @@ def test_horovod_two_ranks_on_loopback():
     assert res["engine"] == "horovod" and res["timing_method"] == "horovod-synchronize"
     assert res["env"]["horovod"]
     assert res["ranks"][0]["pid"] != res["ranks"][1]["pid"]
+
+
+# -- precision and device placement ----------------------------------------------------------
+
+
+def test_gradient_bytes_of_tf32_and_bf16(models):
+    m = models.build_model("resnet20")
+    assert models.gradient_bytes(m, "tf32") == models.gradient_bytes(m, "fp32") == 4 * 269_722
+    assert models.gradient_bytes(m, "bf16") == models.gradient_bytes(m, "amp") == 2 * 269_722
+
+
+@pytest.mark.slow  # a 2-step training run, like test_resnet_single_process_prints_one_valid_result
+def test_resnet_bf16_on_cpu_records_what_it_ran_on():
+    proc = run_cmd(
+        [PY, str(WORKLOADS / "resnet.py"), "--model", "resnet20", "--batch-size", "8", "--steps", "2",
+         "--warmup", "1", "--threads", "1", "--precision", "bf16", "--device", "cpu"],
+        timeout=120,
+    )
+    res = parse_result(proc.stdout)
+    check_train_result(res, 1)
+    assert res["precision"] == "bf16" and res["device"] == "cpu" and res["tf32"] is None
+    assert res["backend"] == "gloo" and res["channels_last"] is False
+    assert res["comm_dtype"] == "bfloat16" and res["gradient_bytes"] == 2 * 269_722
+    assert res["loader_workers"] is None and res["pin_memory"] is None  # synthetic data
+    (r0,) = res["ranks"]
+    assert r0["device"] == "cpu" and r0["device_name"] == "cpu" and r0["gpu_mem_peak_mb"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA: --device cuda is valid here")
+def test_resnet_device_cuda_without_cuda_is_one_clear_line():
+    proc = subprocess.run(
+        [PY, str(WORKLOADS / "resnet.py"), "--model", "resnet20", "--device", "cuda", "--steps", "1",
+         "--warmup", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=run_env(),
+    )
+    assert proc.returncode != 0 and "SCALELAB_RESULT" not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("resnet.py: --device cuda") and "--device cpu" in lines[0]
+
+
+def test_resolve_device_gives_each_local_rank_its_own_gpu(monkeypatch):
+    """No GPU needed: torch.cuda is faked to report two devices."""
+    common = load_workload("common")
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert common.resolve_device("cuda", 1) == torch.device("cuda", 1)
+    assert common.resolve_device("auto", 0) == torch.device("cuda", 0)
+    assert chosen == [1, 0]
+    with pytest.raises(SystemExit) as e:
+        common.resolve_device("cuda", 3)  # a modulo would have put it on GPU 1, beside rank 1
+    msg = str(e.value.code)
+    assert "\n" not in msg
+    assert "local rank 3 but torch sees 2 GPUs (CUDA_VISIBLE_DEVICES=0,1)" in msg
+    assert msg.endswith("run at most 2 processes per node")
+    assert chosen == [1, 0]

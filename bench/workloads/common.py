@@ -138,16 +138,39 @@ def hostname() -> str:
 
 
 def resolve_device(requested: str, local_rank: int):
-    """'auto' -> cuda:<local_rank> when CUDA is present, else cpu."""
+    """'auto' -> cuda when torch has a usable GPU, else cpu. A CUDA rank gets cuda:<local_rank>.
+
+    Ranks sharing a GPU would measure each other rather than the GPU, so a local rank with no GPU
+    of its own ends the process (SystemExit: one line on stderr, exit status 1) instead of
+    wrapping around; so does --device cuda where torch cannot use CUDA.
+    """
     import torch
 
+    script = os.path.basename(sys.argv[0]) or "python"
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = "CUDA_VISIBLE_DEVICES unset" if visible is None else f"CUDA_VISIBLE_DEVICES={visible}"
         if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda requested but torch.cuda.is_available() is False")
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        return torch.device("cuda", torch.cuda.current_device())
+            if torch.version.cuda is None:
+                raise SystemExit(
+                    f"{script}: --device cuda but this node's torch has no CUDA "
+                    "(torch.cuda.is_available() is False); install a CUDA build of torch or use --device cpu"
+                )
+            raise SystemExit(
+                f"{script}: --device cuda but torch (CUDA {torch.version.cuda}) sees no GPU "
+                f"(torch.cuda.is_available() is False, {shown}); check the NVIDIA driver or use --device cpu"
+            )
+        count = torch.cuda.device_count()
+        if not 0 <= local_rank < count:
+            gpus = f"{count} GPU" + ("" if count == 1 else "s")
+            raise SystemExit(
+                f"{script}: local rank {local_rank} but torch sees {gpus} ({shown}); "
+                f"run at most {count} process{'' if count == 1 else 'es'} per node"
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
     if requested != "cpu":
         raise ValueError(f"unknown device {requested!r} (auto|cpu|cuda)")
     return torch.device("cpu")

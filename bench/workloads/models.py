@@ -218,7 +218,9 @@ MODELS: dict[str, ModelSpec] = {
     for name, r in REGISTRY.items()
 }
 
-PRECISION_BYTES = {"fp32": 4, "amp": 2}
+# Bytes per gradient element on the wire. tf32 changes only how matmuls and convolutions
+# compute: parameters, gradients and their allreduce stay 4-byte fp32.
+PRECISION_BYTES = {"fp32": 4, "tf32": 4, "amp": 2, "bf16": 2}
 
 
 def model_names() -> list[str]:
@@ -246,11 +248,14 @@ def build_model(name: str, num_classes: int | None = None) -> nn.Module:
 def gradient_bytes(model: nn.Module, precision: str) -> int:
     """Bytes of gradient one rank allreduces per step.
 
-    fp32 communicates 4-byte gradients; amp communicates 16-bit ones (the benchmark compresses
-    gradients to fp16/bf16 for the allreduce in amp mode, for both DDP and Horovod), so 2 bytes.
+    fp32 and tf32 communicate 4-byte gradients; amp and bf16 communicate 16-bit ones (the
+    benchmark compresses gradients to fp16/bf16 for the allreduce in those modes, for both DDP
+    and Horovod), so 2 bytes.
 
         >>> gradient_bytes(build_model("resnet20", 10), "fp32")
         1078888
+        >>> gradient_bytes(build_model("resnet20", 10), "bf16")
+        539444
     """
     try:
         width = PRECISION_BYTES[precision]

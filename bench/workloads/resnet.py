@@ -2,8 +2,9 @@
 """Distributed ResNet training benchmark (synthetic ImageNet or real JPEGs), DDP or Horovod.
 
     torchrun --nproc-per-node N [--nnodes ...] bench/workloads/resnet.py --model resnet50 \
-        --batch-size 64 [--image-size 224] [--precision fp32|amp] [--channels-last] \
-        [--warmup 5] [--steps 20] [--engine ddp] [--data synthetic|PATH] [--workers 4]
+        --batch-size 64 [--image-size 224] [--precision fp32|tf32|amp|bf16] [--channels-last] \
+        [--warmup 5] [--steps 20] [--engine ddp] [--data synthetic|PATH] [--workers 4] \
+        [--pin-memory auto|on|off] [--device auto|cpu|cuda]
     horovodrun --gloo -np N -H host1:n,host2:n python bench/workloads/resnet.py --engine horovod ...
     python bench/workloads/resnet.py ...      (one rank, no launcher)
 
@@ -36,9 +37,24 @@ bound: Horovod's background thread batches tensors on its own cycle).
 Timestamps are host perf_counter on CPU and CUDA events on GPU (resolved after the
 end-of-step synchronize), so on GPU they measure execution, not kernel launch.
 
-Precision: fp32, or amp = autocast (bf16 on CPU; fp16 + GradScaler on CUDA). In amp mode the
-gradients are also communicated in 16 bits (DDP hook casts to the autocast dtype; Horovod uses
-Compression.fp16, its only 16-bit type), which is what gradient_bytes reports.
+Precision:
+
+* fp32: true FP32. On CUDA, TF32 is switched off for matmuls and cuDNN convolutions (cuDNN
+  would otherwise use it for convolutions on Ampere and later, unasked).
+* tf32: fp32 parameters and gradients, TF32 switched on for matmuls and convolutions on CUDA
+  (the same as fp32 on CPU).
+* amp: autocast (bf16 on CPU; fp16 + GradScaler on CUDA); TF32 left at torch's defaults.
+* bf16: bfloat16 autocast on CUDA and CPU, no GradScaler (bf16 has fp32's range).
+
+In amp and bf16 mode the gradients are also communicated in 16 bits (DDP hook casts to the
+autocast dtype; Horovod uses Compression.fp16, its only 16-bit type), which is what
+gradient_bytes reports. The result's "tf32" says whether TF32 was enabled for matmuls or
+convolutions (null on CPU, where there is none).
+
+Each rank's record says what it ran on: device ("cpu", "cuda:0"), device_name and
+gpu_mem_peak_mb (torch.cuda.max_memory_allocated over the whole process; null on CPU). The
+top-level "backend" is what reduced the gradients: nccl or gloo (DDP), horovod-nccl,
+horovod-gloo or horovod-mpi (Horovod).
 
 DDP does not sync buffers in forward (broadcast_buffers=False) so both engines communicate gradients only (Horovod does not
 sync BatchNorm buffers per step either).
@@ -66,6 +82,11 @@ import common  # noqa: E402
 import emulate  # noqa: E402
 import models  # noqa: E402
 
+PRECISIONS = ("fp32", "tf32", "amp", "bf16")
+# Device profiles are measured as fp32 or amp only (emulate.check): a tf32 run emulates with an
+# fp32 profile and a bf16 run with an amp one; the gradient they communicate is the same size.
+PROFILE_PRECISION = {"fp32": "fp32", "tf32": "fp32", "amp": "amp", "bf16": "amp"}
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Distributed ResNet training benchmark.")
@@ -80,7 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="classifier outputs (default 1000/10, or the dataset's class count)",
     )
-    p.add_argument("--precision", choices=["fp32", "amp"], default="fp32")
+    p.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        default="fp32",
+        help="fp32 (no TF32 on CUDA), tf32, amp (fp16 + GradScaler on CUDA, bf16 on CPU) or bf16",
+    )
     p.add_argument(
         "--channels-last", action="store_true", help="NHWC memory format (a GPU optimisation; allowed on CPU)"
     )
@@ -91,6 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--data", default="synthetic", help="'synthetic' or a dataset path (class folders or webdataset .tar shards)"
     )
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (real data)")
+    p.add_argument(
+        "--pin-memory",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="page-locked loader batches for faster host-to-GPU copies (real data; auto: on for cuda)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument(
         "--backend",
@@ -139,10 +171,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             a.emulated = emulate.load(a.profile)
         except emulate.ProfileError as e:
             p.error(str(e))
-        for key, want in (("model", a.model), ("precision", a.precision), ("batch_size", a.batch_size),
-                          ("image_size", a.image_size)):
+        for key, want in (("model", a.model), ("precision", PROFILE_PRECISION[a.precision]),
+                          ("batch_size", a.batch_size), ("image_size", a.image_size)):
             if a.emulated[key] != want:
-                p.error(f"the profile {a.profile} is for {key} {a.emulated[key]}, this run's is {want}")
+                run_is = want if want == getattr(a, key) else f"{a.precision} (emulated with {want} profiles)"
+                p.error(f"the profile {a.profile} is for {key} {a.emulated[key]}, this run's is {run_is}")
         if a.data != "synthetic":
             p.error("--profile emulates compute, so it takes no data: leave --data synthetic")
     elif a.dilation != 1:
@@ -195,13 +228,51 @@ def _timed_allreduce_hook(state: _CommTimer, bucket):
     return fut.then(done)
 
 
+def _half_dtype(device, precision: str):
+    """The 16-bit type autocast computes in and gradients travel in; None for fp32 and tf32."""
+    import torch
+
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "amp":
+        return torch.float16 if device.type == "cuda" else torch.bfloat16
+    return None
+
+
 def _autocast(device, precision: str):
     import torch
 
-    if precision != "amp":
+    dtype = _half_dtype(device, precision)
+    if dtype is None:
         return contextlib.nullcontext()
-    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _set_tf32(device, precision: str) -> bool | None:
+    """Apply the precision's TF32 choice on CUDA; return whether TF32 is now enabled for matmuls
+    or convolutions (None on CPU). amp and bf16 leave torch's defaults: under autocast the
+    matmuls and convolutions run in 16 bits, but the record still says what the flags were."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    if precision in ("fp32", "tf32"):
+        on = precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+    return bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)
+
+
+def _horovod_backend(hvd, device) -> str:
+    """What reduces Horovod's gradients: NCCL for CUDA tensors where Horovod was built with it,
+    else its controller's CPU path (Gloo or MPI)."""
+    if device.type == "cuda" and hvd.nccl_built():
+        return "horovod-nccl"
+    return "horovod-gloo" if hvd.gloo_enabled() else "horovod-mpi"
+
+
+def _pin_memory(choice: str, device) -> bool:
+    return device.type == "cuda" if choice == "auto" else choice == "on"
 
 
 def run(a: argparse.Namespace) -> int:
@@ -223,7 +294,7 @@ def run(a: argparse.Namespace) -> int:
         hvd.init()
         rank, world, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         device = common.resolve_device("cpu" if a.emulated else a.device, local_rank)
-        backend = "horovod-gloo" if hvd.gloo_enabled() else "horovod-mpi"
+        backend = _horovod_backend(hvd, device)
     else:
         # an emulated accelerator's rank lives on the host: its compute is the profile's waits
         device = common.resolve_device("cpu" if a.emulated else a.device, int(os.environ.get("LOCAL_RANK", "0")))
@@ -234,14 +305,18 @@ def run(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
+    tf32 = _set_tf32(device, a.precision)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     host = socket.gethostname()
     common.log(
-        "rank %d/%d on %s device %s backend %s threads %d", rank, world, host, device, backend, torch.get_num_threads()
+        "rank %d/%d on %s device %s (%s) backend %s precision %s tf32 %s threads %d",
+        rank, world, host, device, device_name, backend, a.precision, tf32, torch.get_num_threads(),
     )
 
     # Data first: real data decides the number of classes.
     mem_fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     real = None
+    pin_memory = _pin_memory(a.pin_memory, device)
     if a.emulated:
         num_classes = a.num_classes or models.spec(a.model).default_num_classes
         x_emu = torch.zeros(1)
@@ -275,7 +350,7 @@ def run(a: argparse.Namespace) -> int:
             rank=rank,
             world=world,
             num_classes=a.num_classes,
-            pin_memory=device.type == "cuda",
+            pin_memory=pin_memory,
             seed=a.seed,
             timeout_s=a.timeout_s,
         )
@@ -318,13 +393,11 @@ def run(a: argparse.Namespace) -> int:
     optimizer = (None if a.emulated and hvd is None else
                  torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, weight_decay=1e-4))
     scaler = None
-    if a.precision == "amp" and device.type == "cuda":
+    if a.precision == "amp" and device.type == "cuda":  # fp16's range needs it; bf16's does not
         scaler = torch.amp.GradScaler("cuda")
     clock = common.StepClock(device)
 
-    comm_dtype = None
-    if a.precision == "amp":
-        comm_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    comm_dtype = _half_dtype(device, a.precision)
     timer = _CommTimer(clock, comm_dtype, average=not a.emulated)
     grad_ready: list[Any] = []
     if hvd is None:
@@ -345,7 +418,7 @@ def run(a: argparse.Namespace) -> int:
         timing_method = "ddp-comm-hook"
         comm_dtype_name = str(comm_dtype or torch.float32).replace("torch.", "")
     else:
-        compression = hvd.Compression.fp16 if a.precision == "amp" else hvd.Compression.none
+        compression = hvd.Compression.fp16 if comm_dtype is not None else hvd.Compression.none
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         optimizer = hvd.DistributedOptimizer(
@@ -362,7 +435,7 @@ def run(a: argparse.Namespace) -> int:
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(on_grad)
         timing_method = "horovod-synchronize"
-        comm_dtype_name = "float16" if a.precision == "amp" else "float32"
+        comm_dtype_name = "float16" if comm_dtype is not None else "float32"
 
     model.train()
     TIMELINE["ready"] = time.time()
@@ -460,6 +533,11 @@ def run(a: argparse.Namespace) -> int:
         "nic_tx_bytes": window["tx_bytes"],
         "nic_rx_bytes": window["rx_bytes"],
         "timed_wall_s": window["seconds"],
+        "device": str(device),
+        "device_name": device_name,
+        "gpu_mem_peak_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        if device.type == "cuda"
+        else None,
         "env": common.env_fingerprint([host]),
     }
     if hvd is not None:
@@ -492,8 +570,11 @@ def run(a: argparse.Namespace) -> int:
                 "data": a.data,
                 "data_layout": data_layout,
                 "workers": a.workers if real is not None else 0,
+                "loader_workers": a.workers if real is not None else None,
+                "pin_memory": pin_memory if real is not None else None,
                 "channels_last": a.channels_last,
                 "device": device.type,
+                "tf32": tf32,
                 "backend": backend,
                 "comm_dtype": comm_dtype_name,
                 "timing_method": timing_method,
@@ -505,6 +586,7 @@ def run(a: argparse.Namespace) -> int:
                     "device": a.emulated["device"],
                     "source": a.emulated["source"],
                     "provenance": a.emulated["provenance"],
+                    "precision": a.emulated["precision"],  # a tf32/bf16 run uses an fp32/amp profile
                     **{f"profile_{k}": v for k, v in emulate.totals(a.emulated).items()},
                 },
             }

@@ -9,6 +9,7 @@ Lifecycle: provision -> (configure records node facts) -> bench (runtime, links)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -17,6 +18,7 @@ from scalelab.errors import ClusterError, InputError
 from scalelab.nodes import Node
 
 TARGETS = ("local", "static", "openstack", "aws", "slurm")
+DEFAULT_TARGET = TARGETS[0]  # an emulated cluster on this machine: needs nothing but Linux
 TERRAFORM_TARGETS = ("static", "openstack", "aws")
 
 
@@ -27,6 +29,44 @@ class Runtime:
     python: str  # interpreter on the nodes, e.g. /opt/scalelab/venv/bin/python
     workdir: str  # directory holding bench/workloads on the nodes
     known_hosts: str  # pinned host keys, on the controller
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a cluster's nodes can do: the one thing the rest of scalelab asks of a target.
+
+    Written into the cluster record (``capabilities``) and the inventory (one
+    ``scalelab_cap_<name>`` variable each), where the roles, the driver, launch and the
+    analysis read them. A new kind of host (a container, a node with systemd but no internet)
+    is a new set of flags, not a new branch in every role. Per-node facts (GPUs, RDMA
+    devices, what torch and Horovod can do) are found by configure, not declared here.
+
+    >>> Capabilities().as_vars()["scalelab_cap_systemd"]
+    True
+    """
+
+    configurable: bool = True  # scalelab may run Ansible on the nodes (invoke configure)
+    # the controller's venv and checkout are visible on the nodes at the same paths, so the
+    # stack is verified, never installed
+    stack_from_host: bool = False
+    packages_from_host: bool = False  # Debian packages are the host's: checked, never apt-installed
+    package_index: bool = True  # nodes can reach a package index (pip retries are worth it)
+    systemd: bool = True  # services may be systemd units (else start-stop-daemon and a pid file)
+    own_clock: bool = True  # nodes keep their own clock, so time sync applies
+    kernel_nfs: bool = True  # a kernel NFS client and server can run (else NFS-Ganesha, nfs-ls)
+    exportable_root: bool = True  # the root file system gives out NFS file handles
+    ephemeral: bool = False  # nodes live only as long as their cluster (no NFS grace period)
+    containers: bool = True  # a Docker engine can run on the nodes
+    shares_host_cpus: bool = False  # nodes share this machine's cores (emulated nodes)
+    shape_links: bool = False  # link rates can be set on the nodes' cluster interface
+    ssh_nodes: bool = True  # the controller reaches every node over SSH (else only a login host)
+
+    def as_vars(self) -> dict[str, bool]:
+        """The inventory's ``scalelab_cap_*`` variables."""
+        return {f"scalelab_cap_{k}": bool(v) for k, v in dataclasses.asdict(self).items()}
+
+    def to_dict(self) -> dict[str, bool]:
+        return dataclasses.asdict(self)
 
 
 @runtime_checkable
@@ -55,8 +95,13 @@ class Target(Protocol):
     """What a target does for the rest of scalelab."""
 
     name: str
-    emulated: bool  # nodes share this machine's CPUs (the report says so when they contend)
-    configurable: bool  # invoke configure may run Ansible on its nodes
+
+    def capabilities(self, rec: dict[str, Any]) -> Capabilities:
+        """What this cluster's nodes can do (shape_links may depend on configure's facts)."""
+
+    def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
+        """`invoke provision --dry-run`: what provision would do, changing nothing; InputError
+        where a target has nothing worth previewing."""
 
     def provision(self, cluster: str, nodes: int | str, **options: Any) -> list[Node] | None:
         """Create or resize a cluster; write cluster.json and the inventory."""
@@ -76,9 +121,6 @@ class Target(Protocol):
 
     def runtime(self, rec: dict[str, Any]) -> Runtime:
         """Interpreter and workload directory on the nodes."""
-
-    def can_shape(self, rec: dict[str, Any]) -> bool:
-        """Whether link rates can be set on this cluster."""
 
     def links(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> Links:
         """Link-rate control for the sweep driver."""
@@ -100,8 +142,6 @@ class SshReachable:
     """What every target whose nodes scalelab reaches over SSH shares: the head node is where
     Slurm commands run, and runs start over SSH unless --launcher slurm is asked for."""
 
-    configurable = True
-
     def login(self, rec: dict[str, Any]) -> Node:
         from scalelab.nodes import nodes_of
 
@@ -117,7 +157,7 @@ class SshReachable:
 def get(name: str) -> Target:
     """The Target object of a target name; InputError for an unknown one.
 
-    >>> get("static").name, get("local").emulated
+    >>> get("static").name, get("local").capabilities({}).shares_host_cpus
     ('static', True)
     """
     if name not in TARGETS:
@@ -150,3 +190,19 @@ def runtime_from_facts(rec: dict[str, Any]) -> Runtime:
         raise ClusterError(f"cluster {name} has not been configured (no training stack "
                            f"recorded on its nodes); run invoke configure --cluster {name}")
     return Runtime(facts["python"], facts["workdir"], rec["known_hosts"])
+
+
+def capabilities(rec: dict[str, Any]) -> Capabilities:
+    """The capabilities of a cluster record's nodes, as its target declares them."""
+    return of(rec).capabilities(rec)
+
+
+def destroy_unrecorded(cluster: str) -> bool:
+    """Remove what a provision that crashed before writing cluster.json left on this machine;
+    whether there was any. Only targets that build on this machine can leave such pieces."""
+    from scalelab.targets.local import LocalCluster, leftovers
+
+    if any(leftovers(cluster).values()):
+        LocalCluster(cluster).destroy()
+        return True
+    return False

@@ -444,8 +444,10 @@ class LocalCluster:
             self._write_hosts(rec)
             for n in rec["nodes"]:
                 n["facts"] = local_facts(n)
+            rec["capabilities"] = LocalTarget().capabilities(rec).to_dict()
             self.save(rec)
-            inventory.write(self.name, self.nodes(rec), known_hosts=str(self.known_hosts))
+            inventory.write(self.name, self.nodes(rec), known_hosts=str(self.known_hosts),
+                            capabilities=LocalTarget().capabilities(rec).as_vars())
         except Exception as exc:
             log.warning("provision failed at step %s; removing what was created", step)
             for i in reversed(created):
@@ -813,7 +815,21 @@ class LocalTarget(SshReachable):
     """The Target interface (scalelab.targets.base) of emulated clusters."""
 
     name = TARGET
-    emulated = True
+
+    def capabilities(self, rec: dict[str, Any]) -> Any:
+        from scalelab.targets.base import Capabilities
+
+        # a node is a network, mount and UTS namespace over the host's root: the host's
+        # packages and venv, no systemd, no kernel NFS, the host's clock, no route off the
+        # cluster, and no Docker engine of its own
+        return Capabilities(stack_from_host=True, packages_from_host=True, package_index=False,
+                            systemd=False, own_clock=False, kernel_nfs=False,
+                            exportable_root=False, ephemeral=True, containers=False,
+                            shares_host_cpus=True, shape_links=True)
+
+    def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
+        raise InputError("--dry-run is for the terraform targets; the local target is quick "
+                         "and fully undone by invoke destroy")
 
     def provision(self, cluster: str, nodes: int | str, **options: Any) -> list[Node]:
         allowed = {"cpus_per_node", "bandwidth", "subnet"}
@@ -841,9 +857,6 @@ class LocalTarget(SshReachable):
 
         python, workdir = runtime_paths()
         return Runtime(python, workdir, rec["known_hosts"])
-
-    def can_shape(self, rec: dict[str, Any]) -> bool:
-        return True
 
     def links(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> LocalLinks:
         return LocalLinks(cluster)

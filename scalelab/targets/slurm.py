@@ -192,11 +192,13 @@ def provision(cluster: str, nodes: int | str, var_file: str | None = None,
                          role="head" if i == 0 else "worker", target=TARGET,
                          ssh_user=login.ssh_user, cpus=float(n["cores"]), gpus=n["gpus"],
                          iface=facts["iface"], facts=facts))
+    caps = SlurmTarget().capabilities({})
     save_cluster(cluster, {
         "name": cluster, "target": TARGET, "login": login.to_dict(), "partition": part.name,
         "known_hosts": known_hosts, "nodes": [r.to_dict() for r in recs],
-        "created_at": time.time(), "configured_at": "provision (sinfo on the login host)"})
-    inventory.write(cluster, [login], known_hosts)
+        "created_at": time.time(), "configured_at": "provision (sinfo on the login host)",
+        "capabilities": caps.to_dict()})
+    inventory.write(cluster, [login], known_hosts, capabilities=caps.as_vars())
     return recs
 
 
@@ -242,8 +244,16 @@ class SlurmTarget:
     """The Target interface (scalelab.targets.base) of a Slurm cluster behind a login host."""
 
     name = TARGET
-    emulated = False
-    configurable = False
+
+    def capabilities(self, rec: dict[str, Any]) -> Any:
+        from scalelab.targets.base import Capabilities
+
+        # only the login host answers SSH; the site's admins own the nodes' software
+        return Capabilities(configurable=False, ssh_nodes=False, shape_links=False)
+
+    def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
+        raise InputError("--dry-run: a slurm cluster is only looked at (sinfo), never "
+                         "created; provision it directly")
 
     def provision(self, cluster: str, nodes: int | str, **options: Any) -> list[Node] | None:
         if options.get("dry_run"):
@@ -276,9 +286,6 @@ class SlurmTarget:
     def runtime(self, rec: dict[str, Any]) -> Runtime:
         f = (rec.get("nodes") or [{}])[0].get("facts") or {}
         return Runtime(str(f.get("python", "")), str(f.get("workdir", "")), rec["known_hosts"])
-
-    def can_shape(self, rec: dict[str, Any]) -> bool:
-        return False
 
     def links(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> NoLinks:
         return NoLinks()

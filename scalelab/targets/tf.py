@@ -560,8 +560,12 @@ def provision(cluster: str, target: str, nodes: int | str, var_file: str | Path 
     bastion_ip = bastion_of(outputs)
     user = (outputs.get("ssh_user") or {}).get("value") or recs[0].ssh_user
     bastion = f"{user}@{bastion_ip}" if bastion_ip else None
-    inventory.write(cluster, recs, known_hosts=str(cdir / "known_hosts"), bastion=bastion)
-    save_cluster(cluster, _record(plan, "ready", recs, bastion, version))
+    rec = _record(plan, "ready", recs, bastion, version)
+    caps = TerraformTarget(target).capabilities(rec)
+    rec["capabilities"] = caps.to_dict()
+    inventory.write(cluster, recs, known_hosts=str(cdir / "known_hosts"), bastion=bastion,
+                    capabilities=caps.as_vars())
+    save_cluster(cluster, rec)
     log.info("%s cluster %s: %d node(s) ready; inventory written", target, cluster, len(recs))
     return recs
 
@@ -737,11 +741,21 @@ class TerraformTarget(SshReachable):
     the sweep driver with tc over SSH and put back afterwards (scalelab.shaping.SshLinks).
     """
 
-    emulated = False
-
     def __init__(self, name: str) -> None:
         target_module(name)
         self.name = name
+
+    def capabilities(self, rec: dict[str, Any]) -> Any:
+        from scalelab.targets.base import Capabilities
+
+        # real hosts: everything is installed and checked; links can be shaped once configure
+        # has found every node's cluster interface
+        nodes = rec.get("nodes") or []
+        shape = bool(nodes) and all((n.get("facts") or {}).get("iface") for n in nodes)
+        return Capabilities(shape_links=shape)
+
+    def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
+        return dry_run(cluster, self.name, nodes, options.get("var_file")).lines()
 
     def provision(self, cluster: str, nodes: int | str, **options: Any) -> list[Node] | None:
         allowed = {"var_file", "keep_on_failure", "dry_run"}
@@ -770,10 +784,6 @@ class TerraformTarget(SshReachable):
         from scalelab.targets.base import runtime_from_facts
 
         return runtime_from_facts(rec)
-
-    def can_shape(self, rec: dict[str, Any]) -> bool:
-        nodes = rec.get("nodes") or []
-        return bool(nodes) and all((n.get("facts") or {}).get("iface") for n in nodes)
 
     def links(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> Any:
         from scalelab.shaping import SshLinks
