@@ -84,8 +84,10 @@ def destroy(c, cluster="demo", all_clusters=False):
 
     names = list_clusters() if all_clusters else [cluster]
     for name in names:
-        provisioning.destroy(name)
+        kept = provisioning.destroy(name)
         print(f"destroyed {name}")
+        for what in kept:
+            print(f"  kept on its hosts, on purpose: {what}")
 
 
 @task(help={"cluster": "show only this cluster"})
@@ -177,6 +179,10 @@ def _print_nodes(result) -> None:
     "fabric": "tcp, rdma or auto (default: rdma where every node has an active RDMA port and "
               "no rate is shaped; a shaped rate is always tcp)",
     "channels_last": "NHWC memory format (faster convolutions on tensor cores)",
+    "loader_workers": "real data (a sweep file's data: key): DataLoader workers per rank (default 2)",
+    "pin_memory": "real data: on, off or auto (on when the ranks train on GPUs)",
+    "allreduce_sizes": "allreduce probe message sizes, e.g. 4K,64K,1M,16M,256M (the default: "
+                       "NCCL reaches its bus bandwidth only near 256M)",
     "repeats": "repeats of every configuration (3 gives a 95% confidence interval)",
     "steps": "timed training steps per run (after warm-up)",
     "accelerator": "emulate this GPU on every rank (v100, a100, or a profile .json from invoke "
@@ -198,7 +204,8 @@ def _print_nodes(result) -> None:
 def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
-          launcher="", partition="", timeout="", device="", fabric="", channels_last=False):
+          launcher="", partition="", timeout="", device="", fabric="", channels_last=False,
+          loader_workers="", pin_memory="", allreduce_sizes=""):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -221,6 +228,8 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             accelerator=accelerator or None, dilation=dilation or None,
             launcher=launcher or None, partition=partition or None, timeout_s=timeout or None,
             device=device or None, fabric=fabric or None, channels_last=channels_last or None,
+            loader_workers=loader_workers or None, pin_memory=pin_memory or None,
+            allreduce_sizes=allreduce_sizes or None,
             sweep_file=sweep or None)
         prep = driver.prepare(cluster, spec)
     if dry_run:
@@ -355,9 +364,8 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
     from pathlib import Path
 
     from scalelab import accel
-    from scalelab.errors import InputError
+    from scalelab.errors import InputError, suggest
     from scalelab.models import MODELS
-    from scalelab.sweepfile import suggest
 
     if model not in MODELS:
         raise InputError(f"unknown model {model!r}{suggest(model, list(MODELS))}; known: "
@@ -369,7 +377,18 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
     for name, value in (("batch-size", batch_size), ("steps", steps)):
         if not str(value).isdigit() or int(value) < 1:
             raise InputError(f"--{name} {value!r}: give a whole number >= 1")
-    out = Path(output or accel.PROFILES_DIR / f"measured-{model}-{precision}-b{batch_size}.json")
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise InputError(f"--device cuda but this machine's torch {torch.__version__} sees no "
+                         "GPU; run invoke profile on the GPU node (or --device cpu to profile "
+                         "this CPU)")
+    device = device if device != "auto" else ("cuda" if has_cuda else "cpu")
+    # the file name says what was measured: a CPU profile never passes for a GPU's
+    what = accel.device_slug(torch.cuda.get_device_name() if device == "cuda" else "cpu")
+    out = Path(output or accel.PROFILES_DIR /
+               f"measured-{what}-{model}-{precision}-b{batch_size}.json")
     if not out.parent.is_dir():
         raise InputError(f"--output {output}: directory {out.parent} does not exist")
     tmp = out.with_name(f".{out.name}.tmp")
@@ -381,7 +400,7 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
         tmp.unlink(missing_ok=True)
         raise Exit(f"error: the profiler failed (exit {proc.returncode}); see above", code=1)
     tmp.replace(out)
-    print(f"profile: {out}; use it with invoke bench --accelerator {out}")
+    print(f"profile of {what}: {out}; use it with invoke bench --accelerator {out}")
 
 
 @task(help={

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def check_name(accelerator: str) -> None:
         load(accelerator)
         return
     if accelerator not in names():
-        from scalelab.sweepfile import suggest
+        from scalelab.errors import suggest
 
         raise InputError(f"unknown accelerator {accelerator!r}{suggest(accelerator, names())}: "
                          f"known: {', '.join(names())}, or give a profile file "
@@ -135,3 +136,13 @@ def auto_dilation(nodes: int, rate_mbit: float | None, host_mbit: float | None,
     if nodes < 2 or not rate_mbit or not host_mbit:
         return 1.0
     return float(max(1, math.ceil(nodes * rate_mbit / (share * host_mbit))))
+
+
+def device_slug(name: str) -> str:
+    """A device's name as a file name part.
+
+    >>> device_slug("NVIDIA H100 80GB HBM3"), device_slug("cpu")
+    ('h100-80gb-hbm3', 'cpu')
+    """
+    text = re.sub(r"^nvidia\s+", "", name.strip().lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "device"

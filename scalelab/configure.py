@@ -450,3 +450,15 @@ def verify(cluster: str, tags: Sequence[str] | str | None = None,
            timeout_s: float = 900) -> ConfigureResult:
     """Check a configured cluster against its observable state (playbooks/verify.yml)."""
     return run(cluster, tags=tags, progress=progress, playbook=VERIFY, timeout_s=timeout_s)
+
+
+FORGET = "forget.yml"
+# what configure leaves on hosts scalelab did not make, on purpose (destroy lists it)
+KEPT_ON_HOSTS = ("/opt/scalelab (the training stack: venv and workloads)",)
+
+
+def forget(cluster: str, timeout_s: float = 600.0) -> ConfigureResult:
+    """Take back what configure added to the hosts of a cluster scalelab did not make (the
+    trust key and its authorisation, SSH client config, pinned host keys, /etc/hosts);
+    playbooks/forget.yml. ConfigureError names the hosts it could not reach."""
+    return run(cluster, playbook=FORGET, timeout_s=timeout_s)

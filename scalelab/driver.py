@@ -41,6 +41,11 @@ from scalelab.warmstart import WARM, WarmPool
 log = logging.getLogger(__name__)
 
 BASE_PORT = 29400
+# the link probe at every rate: several streams for a few seconds, as NCCL's socket transport
+# opens several (one TCP stream often falls short of 10-100 Gbit/s), then one stream beside it
+LINK_PROBE_S = 3.0
+LINK_PROBE_STREAMS = 4
+SINGLE_STREAM_S = 1.0
 INFLIGHT = ".inflight.json"
 SHAPED = "shaped.json"  # in the cluster's state directory
 
@@ -71,13 +76,15 @@ class Progress:
 
 
 def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: float = 1.0,
-                 stop: threading.Event | None = None) -> tuple[float | None, str]:
+                 stop: threading.Event | None = None,
+                 streams: int = 1) -> tuple[float | None, str]:
     """TCP rate head -> second node in Mbit/s (iperf3), and why not when it failed."""
     from scalelab import linkprobe
 
     if len(nodes) < 2:
         return None, ""
-    m = linkprobe.measure(nodes[1], nodes[0], rt.known_hosts, port, seconds, stop=stop)
+    m = linkprobe.measure(nodes[1], nodes[0], rt.known_hosts, port, seconds, stop=stop,
+                          streams=streams)
     if m.mbit is None:
         log.warning("link measurement failed: %s", m.error)
     return m.mbit, m.error
@@ -146,7 +153,8 @@ def placement(result: dict[str, Any], res: launch.LaunchResult) -> dict[str, Any
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
                link_mbit: float | None, rate: float | None,
                link_error: str = "", launcher: str = "",
-               job: dict[str, Any] | None = None) -> dict[str, Any]:
+               job: dict[str, Any] | None = None,
+               single_mbit: float | None = None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
@@ -161,7 +169,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     measured: dict[str, Any] = {"ranks": result.get("ranks", []), "env": env,
                                 "gradient_bytes": result.get("gradient_bytes"),
                                 "link_mbit_measured": link_mbit,
-                                "link_error": link_error, "timeline": timeline(res)}
+                                "link_error": link_error, "timeline": timeline(res),
+                                "link_mbit_single_stream": single_mbit}
     if result.get("accelerator"):
         measured["accelerator"] = result["accelerator"]
     if result:
@@ -191,14 +200,26 @@ class Launcher:
         self.login = login  # where srun and sacct run for Slurm jobs (the target says)
         self.warm: str | None = None  # the warm-start servers' name, while they serve
 
-    def measure_link(self, nodes: list[Node], port: int,
-                     stop: threading.Event | None) -> tuple[float | None, str]:
+    def measure_link(self, nodes: list[Node], port: int, stop: threading.Event | None,
+                     seconds: float = 1.0, streams: int = 1) -> tuple[float | None, str]:
         if self.kind == "slurm":
             from scalelab import slurm
 
             return slurm.measure_link(nodes, self.login, self.rt.known_hosts, port,
-                                      secrets.token_hex(8), self.partition, stop=stop)
-        return measure_link(nodes, self.rt, port, stop=stop)
+                                      secrets.token_hex(8), self.partition, seconds, stop=stop,
+                                      streams=streams)
+        return measure_link(nodes, self.rt, port, seconds, stop=stop, streams=streams)
+
+    def probe_link(self, nodes: list[Node], k: int,
+                   stop: threading.Event | None) -> tuple[float | None, str, float | None]:
+        """The rate at the link's current setting: (parallel streams, why not, one stream)."""
+        mbit, why = self.measure_link(nodes, BASE_PORT + 500 + k % 400, stop, LINK_PROBE_S,
+                                      LINK_PROBE_STREAMS)
+        single = None
+        if mbit is not None:
+            single = self.measure_link(nodes, BASE_PORT + 1000 + k % 400, stop,
+                                       SINGLE_STREAM_S)[0]
+        return mbit, why, single
 
     def run(self, run, engine: str, nodes: list[Node], script: str, args: list[str], port: int,
             timeout_s: float, stop: threading.Event | None,
@@ -254,7 +275,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     shaper = Shaper(target.links(cluster, rec, all_nodes), marker=cluster_dir(cluster) / SHAPED)
     sweep_id = sweep_dir.name
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
-    links: dict[Any, tuple[float | None, str]] = {}
+    links: dict[Any, tuple[float | None, str, float | None]] = {}
     starter = Launcher(launcher, target.login(rec), rt, caps.shares_host_cpus,
                        partition or target.default_partition(rec))
 
@@ -290,8 +311,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             nodes = all_nodes[: p["nodes"]]
             shaper.set(rate)
             if rate not in links:
-                links[rate] = (starter.measure_link(all_nodes, BASE_PORT + 500 + k % 400, stop)
-                               if netprobe else (None, ""))
+                links[rate] = (starter.probe_link(all_nodes, k, stop) if netprobe
+                               else (None, "", None))
             profile = emu.stage(run)
             if stopped():
                 raise KeyboardInterrupt
@@ -313,11 +334,12 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             except KeyboardInterrupt:
                 interrupted = True
                 res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
-            measured_mbit = links[rate][0]
-            if measured_mbit is not None:
-                measured_mbit *= dilation  # in the emulated device's time
+            parallel, why, single = links[rate]
+            # in the emulated device's time
+            measured_mbit = None if parallel is None else parallel * dilation
+            single = None if single is None else single * dilation
             record = run_record(sweep_id, run, rec["target"], res, started, measured_mbit, rate,
-                                links[rate][1], launcher_name, job)
+                                why, launcher_name, job, single_mbit=single)
             store.append_run(sweep_dir, record)
             counts[res.status] = counts.get(res.status, 0) + 1
             if on_progress:
@@ -394,9 +416,10 @@ class Prepared:
     estimate_s: float
 
 
-def _device(rec: dict[str, Any]) -> str:
-    """Which default step times estimate a cluster's runs: gpu when its nodes have GPUs."""
-    return "gpu" if any(n.get("gpus") for n in rec["nodes"]) else "cpu"
+def _device(runs: list) -> str:
+    """Which default step times estimate the runs: gpu where they train on GPUs (the device
+    the plan resolved from the nodes' facts, not nvidia-smi's count)."""
+    return "gpu" if any(r.params.get("device") == "cuda" for r in runs) else "cpu"
 
 
 def prepare(cluster: str, spec) -> Prepared:
@@ -428,7 +451,7 @@ def prepare(cluster: str, spec) -> Prepared:
                     spec.partition or target.default_partition(rec),
                     [n.name for n in nodes[:most]], fix=fix)
     return Prepared(cluster, spec, runs, estimate.estimate_duration_s(
-        runs, device=_device(rec), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
+        runs, device=_device(runs), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
@@ -480,7 +503,7 @@ def prepare_resume(reports_root: Path, sweep_id: str,
     rec = load_cluster(meta["cluster"])
     caps = targets.capabilities(rec)
     return sweep_dir, Prepared(meta["cluster"], spec, todo, estimate.estimate_duration_s(
-        todo, device=_device(rec), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
+        todo, device=_device(todo), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
 
 
 def resume(sweep_dir: Path, prep: Prepared,

@@ -233,7 +233,8 @@ def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     save_cluster(cluster, rec)
     # the inventory's scalelab_iface / scalelab_cpus / scalelab_gpus follow the facts
     inventory.write(cluster, nodes_of(rec), known_hosts=rec.get("known_hosts"),
-                    bastion=rec.get("bastion"), capabilities=caps.as_vars())
+                    bastion=rec.get("bastion"), capabilities=caps.as_vars(),
+                    trust_key=rec.get("trust_key"))
     return rec
 
 

@@ -91,8 +91,10 @@ def resolve(spec: Any, used: list[Node], shaped: bool) -> Placement:
     if device == "cuda":
         for n in used:
             if n.gpus <= 0 and visible_gpus(n) in (None, 0):
-                raise InputError(f"--device cuda but node {n.name} has no GPU (nvidia-smi finds "
-                                 f"none); use --device cpu, or a cluster whose nodes have GPUs")
+                asked = "--device cuda" if spec.device == "cuda" else \
+                    "the runs train on GPUs (other nodes have them)"
+                raise InputError(f"{asked} but node {n.name} has no GPU (nvidia-smi finds "
+                                 f"none); use --device cpu, or nodes that all have GPUs")
             why = _stack_refusal(n)
             if why:
                 raise InputError(why)
@@ -118,9 +120,7 @@ def resolve(spec: Any, used: list[Node], shaped: bool) -> Placement:
                         f"{hvd.get('version') or ''} was built without NCCL operations (it "
                         "would reduce CUDA tensors through host memory); rebuild it with "
                         "invoke configure --tags horovod (HOROVOD_GPU_OPERATIONS=NCCL)")
-    else:
-        if with_gpus and spec.device == "auto":  # not reached: auto picks cuda on GPU nodes
-            raise AssertionError("auto never falls back to CPU on a node with GPUs")
+    else:  # only asked for outright: auto is cuda wherever a node has GPUs
         if with_gpus:
             log.warning("--device cpu on nodes with GPUs (%s): the runs measure their CPUs",
                         ", ".join(n.name for n in with_gpus))

@@ -31,7 +31,7 @@ from typing import Any
 from scalelab import ssh
 from scalelab.errors import CommandError, ScalelabError
 from scalelab.nodes import Node
-from scalelab.targets.base import Runtime
+from scalelab.targets.interface import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,32 @@ PGID_WAIT_S = 3.0  # at reaping, how long a launch that has not reported its gro
 
 class LaunchError(ScalelabError):
     """A run could not be started, or its result could not be read."""
+
+
+# A launcher's own work elsewhere (a Slurm job) is ended by a cancel line run on its login
+# host before the command's process group; only lines made here are ever run again from a file.
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def cancel_line(name: str) -> str:
+    """Shell line on the login host that cancels the run's job, whatever state it is in.
+
+    >>> cancel_line("scalelab-ab12-x")
+    'scancel --name scalelab-ab12-x --full 2>/dev/null; exit 0'
+    """
+    if not JOB_NAME.match(name):
+        raise LaunchError(f"job name {name!r} is not one scalelab makes")
+    return f"scancel --name {shlex.quote(name)} --full 2>/dev/null; exit 0"
+
+
+def is_cancel_line(line: str) -> bool:
+    """Whether a line (read back from an inflight file) is one cancel_line() makes.
+
+    >>> is_cancel_line(cancel_line("scalelab-ab12-x")), is_cancel_line("rm -rf /; exit 0")
+    (True, False)
+    """
+    m = re.fullmatch(r"scancel --name (\S+) --full 2>/dev/null; exit 0", line)
+    return bool(m and JOB_NAME.match(m[1]))
 
 
 @dataclass
@@ -77,6 +103,9 @@ def workload_args(params: dict[str, Any], profile: str | None = None) -> list[st
         args += ["--device", str(params["device"])]  # never auto: resolved from the facts
     if params.get("channels_last"):
         args += ["--channels-last"]
+    if params.get("data") not in (None, "synthetic") and params.get("loader_workers") is not None:
+        args += ["--workers", str(params["loader_workers"]),
+                 "--pin-memory", str(params.get("pin_memory") or "auto")]
     if profile:
         args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
     return args
@@ -740,8 +769,6 @@ def _end_entries(entries: list[dict[str, Any]], known_hosts: str,
     by_token: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         by_token.setdefault(str(e.get("token") or ""), []).append(e)
-    from scalelab.slurm import is_cancel_line  # the one launcher with work elsewhere
-
     for token, group in by_token.items():
         # a line read back from a file is run only if it is one a launcher writes
         run_cancels([(Node.from_dict(e["node"]), str(e["cancel"])) for e in group

@@ -110,7 +110,8 @@ def server_argv(bind: str, port: int, timeout_s: float) -> list[str]:
             "--rcv-timeout", str(wait_s * 1000)]
 
 
-def client_line(server: str, port: int, seconds: float, ready_timeout_s: float = 10.0) -> str:
+def client_line(server: str, port: int, seconds: float, ready_timeout_s: float = 10.0,
+                streams: int = 1) -> str:
     """One POSIX sh line: wait for the server to listen, then print one iperf3 -J document.
 
     While the server is not up, iperf3 fails at once with "unable to connect"; the line then
@@ -124,13 +125,20 @@ def client_line(server: str, port: int, seconds: float, ready_timeout_s: float =
     True
     >>> "[ $n -ge 20 ]" in line and "sleep 0.1" in line
     True
+    >>> "-t 3 -J --connect-timeout 1000 -P 4" in client_line("10.0.0.11", 5201, 3, streams=4)
+    True
     """
     _check_port(port)
     tries = max(1, math.ceil(ready_timeout_s / RETRY_SLEEP_S))
     wait_s = max(1, math.ceil(ready_timeout_s)) + 1
     connect_ms = max(100, min(CONNECT_TIMEOUT_MS, int(ready_timeout_s * 1000)))
-    iperf = shlex.join(["iperf3", "-c", server, "-p", str(port), "-t", str(iperf_seconds(seconds)),
-                        "-J", "--connect-timeout", str(connect_ms)])
+    argv = ["iperf3", "-c", server, "-p", str(port), "-t", str(iperf_seconds(seconds)),
+            "-J", "--connect-timeout", str(connect_ms)]
+    if streams > 1:
+        # parallel streams, as NCCL's socket transport opens several: on 10-100 Gbit/s one
+        # TCP stream often falls well short of the line rate
+        argv += ["-P", str(streams)]
+    iperf = shlex.join(argv)
     parts = [
         f"n=0; end=$(($(date +%s)+{wait_s}))",
         f"while :; do out=$({iperf}); rc=$?",
@@ -207,7 +215,8 @@ SERVER, CLIENT = 0, 1  # positions in the command list; launch keeps outcomes in
 
 
 def probe_commands(server: Node, client: Node, port: int, seconds: float,
-                   ready_timeout_s: float = READY_TIMEOUT_S) -> list[launch.RankCommand]:
+                   ready_timeout_s: float = READY_TIMEOUT_S,
+                   streams: int = 1) -> list[launch.RankCommand]:
     """The server and client commands of one measurement, server first.
 
     >>> a = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local")
@@ -222,12 +231,13 @@ def probe_commands(server: Node, client: Node, port: int, seconds: float,
         launch.RankCommand(server, server_argv(server.private_address, port,
                                                ready_timeout_s + SERVER_SLACK_S)),
         launch.RankCommand(client, ["sh", "-c", client_line(server.private_address, port,
-                                                             seconds, ready_timeout_s)]),
+                                                             seconds, ready_timeout_s,
+                                                             streams)]),
     ]
 
 
 def measure(server: Node, client: Node, known_hosts: str, port: int, seconds: float = 1.0,
-            stop: threading.Event | None = None) -> Measurement:
+            stop: threading.Event | None = None, streams: int = 1) -> Measurement:
     """TCP rate client -> server over the cluster network, in Mbit/s; never raises for a failure.
 
     Both ends start at once over SSH; the client's retry loop is the readiness wait. A failed
@@ -238,7 +248,7 @@ def measure(server: Node, client: Node, known_hosts: str, port: int, seconds: fl
         return Measurement(server.name, client.name, None,
                            f"{server.name}: a node cannot measure a link to itself")
     try:
-        cmds = probe_commands(server, client, port, seconds)
+        cmds = probe_commands(server, client, port, seconds, streams=streams)
     except LinkProbeError as exc:
         return _failed(server, client, str(exc))
     # python and workdir only matter for workloads; iperf3 is on the PATH of every node

@@ -52,16 +52,26 @@ def _info(name: str, rec: dict, nodes: list[Node]) -> ClusterInfo:
                        summary=summary)
 
 
-def destroy(cluster: str) -> None:
+def destroy(cluster: str) -> list[str]:
+    """Remove a cluster; what stays on its hosts on purpose (hosts scalelab did not make)."""
     check_cluster_name(cluster)
     try:
         rec = load_cluster(cluster)
     except ClusterError:
         # nothing recorded; a provision that crashed may still have left pieces behind
         if base.destroy_unrecorded(cluster):
-            return
+            return []
         raise
+    caps = base.capabilities(rec)
+    kept: list[str] = []
+    if not caps.owns_hosts and caps.configurable and rec.get("configured_at"):
+        from scalelab import configure
+
+        # before the cluster's state goes: the trust key's public half is matched by it
+        configure.forget(cluster)
+        kept = list(configure.KEPT_ON_HOSTS)
     base.of(rec).destroy(cluster)
+    return kept
 
 
 def status(cluster: str | None = None) -> list[ClusterInfo]:

@@ -34,6 +34,9 @@ CSV_COLUMNS = [
     "busbw_mb_s", "link_mbit_measured", "scaling_efficiency", "started_at", "duration_s", "error", "link_error",
     "baseline_world_size", "accelerator", "dilation", "host_cpu_idle", "link_utilisation",
     "fidelity", "launcher", "slurm_job_id",
+    # what the ranks really ran on (a run's placement record) and the one-stream link rate
+    "device", "backend", "transport", "gpus_per_node", "gpu_model", "gpu_mem_peak_mb",
+    "link_mbit_single_stream",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -50,6 +53,29 @@ class ReportError(ScalelabError):
 
 
 # ---------------------------------------------------------------------------- reading
+
+
+def gpus_per_node(ranks: list[Any]) -> float:
+    """The GPUs a run's ranks used per node, from the ranks' own devices (0 on CPUs; NaN
+    when the ranks did not say).
+
+    >>> gpus_per_node([{"host": "a", "device": "cuda:0"}, {"host": "a", "device": "cuda:1"},
+    ...                {"host": "b", "device": "cuda:0"}, {"host": "b", "device": "cuda:1"}])
+    2.0
+    >>> gpus_per_node([{"host": "a", "device": "cpu"}]), gpus_per_node([{"host": "a"}])
+    (0.0, nan)
+    """
+    used: dict[str, set[str]] = {}
+    told = False
+    for rk in ranks:
+        if not isinstance(rk, dict) or not rk.get("device"):
+            continue
+        told = True
+        if str(rk["device"]).startswith("cuda"):
+            used.setdefault(str(rk.get("host", "")), set()).add(str(rk["device"]))
+    if not told:
+        return math.nan
+    return float(max((len(v) for v in used.values()), default=0))
 
 def load_sweep(sweep_dir: Path | str) -> dict[str, Any]:
     """sweep.json of a sweep directory ({} with a warning when it is missing)."""
@@ -148,6 +174,7 @@ def to_frame(records: Sequence[dict[str, Any]],
         acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
         job = rec.get("slurm") if isinstance(rec.get("slurm"), dict) else {}  # a Slurm job's
+        placed = rec.get("placement") if isinstance(rec.get("placement"), dict) else {}
         runs.append({
             "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
             "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
@@ -170,13 +197,21 @@ def to_frame(records: Sequence[dict[str, Any]],
             "launcher": str(env.get("launcher") or ""),
             "slurm_job_id": str(job.get("job_id") or ""),
             **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
+            "device": str(placed.get("device") or ""),
+            "backend": str(placed.get("backend") or ""),
+            "transport": str(placed.get("transport") or ""),
+            "gpus_per_node": gpus_per_node(ranks),
+            "gpu_model": ", ".join(n for n in placed.get("device_names") or [] if n != "cpu"),
+            "gpu_mem_peak_mb": _num(placed.get("gpu_mem_peak_mb")),
+            "link_mbit_single_stream": _num(rec.get("link_mbit_single_stream")),
         })
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
         "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "link_mbit_measured",
         "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
         "gradient_bytes", "accelerator", "dilation", "profile_step_s", "accelerator_source",
-        "launcher", "slurm_job_id", *TIMELINE_KEYS])
+        "launcher", "slurm_job_id", *TIMELINE_KEYS, "device", "backend", "transport",
+        "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream"])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
                                                 "inflight", "idle", "tx", "wall"])
     for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall"):

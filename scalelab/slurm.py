@@ -29,8 +29,9 @@ from typing import Any
 
 from scalelab import launch, ssh
 from scalelab.errors import ClusterError, InputError, ScalelabError
+from scalelab.launch import JOB_NAME, cancel_line, is_cancel_line  # noqa: F401 (part of slurm's API)
 from scalelab.nodes import Node
-from scalelab.targets.base import Runtime
+from scalelab.targets.interface import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,6 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 ADMIN_FIX = ("scalelab needs srun, salloc, sinfo, sacct, scancel and scontrol answering on the "
              "login host, with accounting (sacct); ask the cluster's admins")
 SACCT_WAIT_S = 20.0  # slurmctld hands a finished job to slurmdbd within a few seconds
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class SlurmError(ScalelabError):
@@ -85,7 +85,7 @@ def job_name(token: str, run_id: str) -> str:
     'scalelab-ab12cd34-train-n02-p1-b032-bw1000-r0'
     """
     name = f"scalelab-{token[:8]}-{run_id}"
-    if not _JOB_NAME.match(name):
+    if not JOB_NAME.match(name):
         raise SlurmError(f"cannot make a Slurm job name of run {run_id!r}")
     return name
 
@@ -130,27 +130,6 @@ _RANK_ENV = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK=
              'LOCAL_WORLD_SIZE="$SLURM_NTASKS_PER_NODE" GROUP_RANK="$SLURM_NODEID"; '
              'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1); '
              'export MASTER_ADDR; exec "$@"')
-
-
-def cancel_line(name: str) -> str:
-    """Shell line on the login host that cancels the run's job, whatever state it is in.
-
-    >>> cancel_line("scalelab-ab12-x")
-    'scancel --name scalelab-ab12-x --full 2>/dev/null; exit 0'
-    """
-    if not _JOB_NAME.match(name):
-        raise SlurmError(f"job name {name!r} is not one scalelab makes")
-    return f"scancel --name {shlex.quote(name)} --full 2>/dev/null; exit 0"
-
-
-def is_cancel_line(line: str) -> bool:
-    """Whether a line (read back from an inflight file) is one cancel_line() makes.
-
-    >>> is_cancel_line(cancel_line("scalelab-ab12-x")), is_cancel_line("rm -rf /; exit 0")
-    (True, False)
-    """
-    m = re.fullmatch(r"scancel --name (\S+) --full 2>/dev/null; exit 0", line)
-    return bool(m and _JOB_NAME.match(m[1]))
 
 
 def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: int,
@@ -202,7 +181,8 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
 
 
 def link_probe_command(server: Node, client: Node, login: Node, port: int, seconds: float,
-                       name: str, partition: str | None) -> launch.RankCommand:
+                       name: str, partition: str | None,
+                       streams: int = 1) -> launch.RankCommand:
     """iperf3 between two nodes inside one allocation: the server on `server`, the client on
     `client`; stdout carries only the client's JSON document.
 
@@ -216,7 +196,7 @@ def link_probe_command(server: Node, client: Node, login: Node, port: int, secon
 
     wait_s = linkprobe.READY_TIMEOUT_S + linkprobe.SERVER_SLACK_S
     srv = shlex.join(linkprobe.server_argv(server.private_address, port, wait_s))
-    cli = linkprobe.client_line(server.private_address, port, seconds)
+    cli = linkprobe.client_line(server.private_address, port, seconds, streams=streams)
     # Slurm's own name of the node the task runs on (hostname may be an FQDN or another name)
     inner = (f'if [ "$SLURMD_NODENAME" = {shlex.quote(server.name)} ]; then exec {srv} >/dev/null; '
              f"else {cli}; fi")
@@ -229,14 +209,15 @@ def link_probe_command(server: Node, client: Node, login: Node, port: int, secon
 
 def measure_link(nodes: list[Node], login: Node, known_hosts: str, port: int, token: str,
                  partition: str | None, seconds: float = 1.0,
-                 stop: threading.Event | None = None) -> tuple[float | None, str]:
+                 stop: threading.Event | None = None,
+                 streams: int = 1) -> tuple[float | None, str]:
     """TCP rate head -> second node in Mbit/s, measured inside an allocation; why not if not."""
     from scalelab import linkprobe
 
     if len(nodes) < 2:
         return None, ""
     name = job_name(token, "linkprobe")
-    cmd = link_probe_command(nodes[1], nodes[0], login, port, seconds, name, partition)
+    cmd = link_probe_command(nodes[1], nodes[0], login, port, seconds, name, partition, streams)
     timeout_s = linkprobe.READY_TIMEOUT_S + linkprobe.iperf_seconds(seconds) + \
         linkprobe.LAUNCH_SLACK_S
     res = launch.run([cmd], Runtime("python3", "/", known_hosts), timeout_s=timeout_s, stop=stop)
@@ -361,7 +342,7 @@ def sacct_line(name: str, wait_s: float = SACCT_WAIT_S, every_s: float = 0.2) ->
     >>> "while [ $i -lt 4 ]" in line and "--name scalelab-ab12-x" in line
     True
     """
-    if not _JOB_NAME.match(name):
+    if not JOB_NAME.match(name):
         raise SlurmError(f"job name {name!r} is not one scalelab makes")
     sacct = ("sacct --noheader --parsable2 --allocations --starttime now-7days "
              f"--name {name} --format JobID,JobName,State,ExitCode,NodeList,Partition,ElapsedRaw")

@@ -59,7 +59,10 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
                "ranks", "gradient_bytes", "link_mbit_measured", "link_error", "env",
                "started_at", "duration_s", "error")
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
-                 "env", "timeline", "accelerator", "slurm", "placement")
+                 "env", "timeline", "accelerator", "slurm", "placement",
+                 "link_mbit_single_stream")
+# link_mbit_measured is iperf3 with several parallel streams (4, for 3 s) since the probe was
+# made like the collective; "link_mbit_single_stream" (optional) is one stream beside it
 # a run's "placement" (optional): what its ranks really ran on, from the ranks themselves:
 # device (cuda|cpu), backend (nccl, gloo, horovod-nccl, ...), transport (nccl-socket, nccl-ib,
 # nccl-roce, gloo-tcp, with +p2p/+shm where ranks of one node met locally), device_names

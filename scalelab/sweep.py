@@ -72,7 +72,7 @@ PARAM_KEYS = ("nodes", "procs_per_node", "world_size", "model", "engine", "preci
 EMULATION_KEYS = ("accelerator", "dilation")
 # appended since GPU placement was recorded: the device and fabric the runs used (resolved
 # from the nodes' facts, never auto) and the memory format; a store without them is still read
-PLACEMENT_KEYS = ("device", "fabric", "channels_last")
+PLACEMENT_KEYS = ("device", "fabric", "channels_last", "loader_workers", "pin_memory")
 
 
 @dataclass
@@ -96,7 +96,8 @@ class SweepSpec:
     allreduce_probe: bool = True  # one allreduce probe per (bandwidth, nodes, procs_per_node)
     netprobe: bool = True  # measure each link rate once it is set (link_mbit_measured)
     allreduce_sizes: list[int] = field(
-        default_factory=lambda: [4 << 10, 64 << 10, 1 << 20, 16 << 20])
+        # up to 256 MB: NCCL reaches its bus bandwidth only with messages this large
+        default_factory=lambda: [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20])
     allreduce_iters: int = 10  # timed allreduces per size (params "steps" of a probe)
     description: str = ""
     accelerator: str | None = None  # emulate this device (a name in bench/profiles or a file)
@@ -107,6 +108,8 @@ class SweepSpec:
     device: str = "auto"  # cuda | cpu | auto (cuda on nodes with GPUs)
     fabric: str = "auto"  # tcp | rdma | auto (tcp whenever a rate is shaped)
     channels_last: bool = False  # NHWC memory format (faster convolutions on tensor cores)
+    loader_workers: int = 2  # real data: DataLoader worker processes per rank
+    pin_memory: str = "auto"  # real data: on | off | auto (on when the ranks train on GPUs)
 
 
 @dataclass(frozen=True)
@@ -253,7 +256,9 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                               "model": spec.model, "engine": spec.engine,
                               "precision": spec.precision, "accelerator": spec.accelerator,
                               "dilation": spec.dilation, "device": placed.device,
-                              "fabric": placed.fabric, "channels_last": spec.channels_last}
+                              "fabric": placed.fabric, "channels_last": spec.channels_last,
+                              "loader_workers": spec.loader_workers,
+                              "pin_memory": spec.pin_memory}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
                         params = {**common, "batch_size": None, "bandwidth_mbit": mbit,
                                   "repeat": 0, "steps": spec.allreduce_iters, "warmup": 1,
@@ -302,16 +307,22 @@ def describe(run: RunPlan) -> str:
     ...             "batch_size": 64, "bandwidth_mbit": 1000.0, "repeat": 0}, (), 1.0)
     >>> describe(r)
     'train      4 nodes x 1  batch 64   1gbit    repeat 0'
+    >>> describe(RunPlan("train", "x", {**r.params, "procs_per_node": 8, "device": "cuda",
+    ...                  "fabric": "rdma"}, (), 1.0))
+    'train      4 nodes x 8  batch 64   1gbit    repeat 0  cuda rdma'
     """
     p = run.params
     plural = "s" if p["nodes"] != 1 else " "
     head = f"{run.kind:<9} {p['nodes']:>2} node{plural} x {p['procs_per_node']}"
     rate = format_rate(p["bandwidth_mbit"])
+    # what the run trains on, where it is not the CPUs over TCP
+    where = (f"  {p['device']} {p.get('fabric') or 'tcp'}"
+             if p.get("device") == "cuda" and not p.get("accelerator") else "")
     if run.kind == "allreduce":
         sizes = run.allreduce_sizes
         span = f"{_size_text(sizes[0])}..{_size_text(sizes[-1])}" if sizes else "-"
-        return f"{head}  {'probe':<9}  {rate:<8} sizes {span}"
-    return f"{head}  batch {p['batch_size']:<3}  {rate:<8} repeat {p['repeat']}"
+        return f"{head}  {'probe':<9}  {rate:<8} sizes {span}{where}"
+    return f"{head}  batch {p['batch_size']:<3}  {rate:<8} repeat {p['repeat']}{where}"
 
 
 def new_sweep_id(now: datetime, suffix: str | None = None) -> str:

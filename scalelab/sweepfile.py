@@ -4,7 +4,6 @@ with one line that names the fix for anything wrong.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import re
@@ -14,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from scalelab.errors import InputError
+from scalelab.errors import InputError, suggest
 from scalelab.models import MODELS
 from scalelab.sweep import DEVICES, ENGINES, FABRICS, LAUNCHERS, PRECISIONS, SYNTHETIC, SweepSpec
 from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
@@ -104,20 +103,6 @@ def _sizes(value: Any, what: str) -> list[int]:
         raise InputError(f"{what}: {_strip_what(exc, 'size')}") from None
 
 
-def suggest(word: str, options: Sequence[str]) -> str:
-    """'did you mean ...?' for the closest options (ties all named), or "" if none is close.
-
-    >>> suggest("batchsize", ["nodes", "batch_size"]), suggest("resnet51", ["resnet50", "resnet56"])
-    ("did you mean 'batch_size'?", "did you mean 'resnet50' or 'resnet56'?")
-    """
-    scores = {o: difflib.SequenceMatcher(None, word, o).ratio() for o in options}
-    best = max(scores.values(), default=0.0)
-    if best < 0.6:
-        return ""
-    close = [repr(o) for o in options if scores[o] == best]
-    return f"did you mean {' or '.join(close)}?"
-
-
 def _choice(value: Any, what: str, allowed: Sequence[str]) -> str:
     text = str(value).strip().lower()
     if text not in allowed:
@@ -205,6 +190,8 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "device": ("device", lambda v, w: _choice(v, w, DEVICES)),
     "fabric": ("fabric", lambda v, w: _choice(v, w, FABRICS)),
     "channels_last": ("channels_last", _flag),
+    "loader_workers": ("loader_workers", lambda v, w: _one_int(v, w, 0)),
+    "pin_memory": ("pin_memory", lambda v, w: _choice(v, w, ("auto", "on", "off"))),
 }
 SWEEP_KEYS = tuple(_KEYS)
 
@@ -349,6 +336,8 @@ def spec_from_options(
     device: str | None = None,
     fabric: str | None = None,
     channels_last: bool | str | None = None,
+    loader_workers: str | int | None = None,
+    pin_memory: str | None = None,
     sweep_file: str | Path | None = None,
 ) -> SweepSpec:
     """Build a spec from CLI strings; None or "" means not given.

@@ -17,7 +17,7 @@ import numpy as np
 from scalelab import analysis
 from scalelab.store import RUNS_FILE, SWEEP_FILE
 from scalelab.sweep import allreduce_run_id, train_run_id
-from scalelab.targets.base import DEFAULT_TARGET
+from scalelab.targets.interface import DEFAULT_TARGET
 from scalelab.units import format_rate
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from scalelab import launch
 from scalelab.nodes import Node
-from scalelab.targets.base import Runtime
+from scalelab.targets.interface import Runtime
 
 log = logging.getLogger(__name__)
 

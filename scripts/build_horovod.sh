@@ -34,16 +34,28 @@ export PATH="$VENV/bin:$PATH"
 TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) \
   || die "torch is not importable from $PY; Horovod must be built against the installed torch"
 PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-# '+' (torch local version, e.g. 2.13.0+cpu) is legal in a directory name; keep it in the key.
+# A torch built with CUDA gets Horovod with NCCL operations: without them Horovod reduces CUDA
+# tensors through host memory over Gloo. HOROVOD_GPU_OPERATIONS=none builds without anyway.
+TORCH_CUDA=$("$PY" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null || true)
+if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ] && [ -n "$TORCH_CUDA" ]; then
+  export HOROVOD_GPU_OPERATIONS=NCCL
+fi
+[ "${HOROVOD_GPU_OPERATIONS:-}" = none ] && unset HOROVOD_GPU_OPERATIONS
+WANT_NCCL=0
+[ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && WANT_NCCL=1
+# '+' (torch local version, e.g. 2.13.0+cpu) is legal in a directory name; keep it in the key,
+# and the GPU operations with it (a wheel without NCCL never stands in for one with it).
 KEY="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_${PY_TAG}"
+[ "$WANT_NCCL" = 1 ] && KEY="${KEY}_nccl"
 KEY_DIR=$CACHE/$KEY
 
 installed_ok() {
-  "$PY" - "$HOROVOD_VERSION" <<'EOF' >/dev/null 2>&1
+  "$PY" - "$HOROVOD_VERSION" "$WANT_NCCL" <<'EOF' >/dev/null 2>&1
 import sys
 import horovod
 import horovod.torch  # loads the compiled extension: fails if built against another torch
-sys.exit(0 if horovod.__version__ == sys.argv[1] else 1)
+nccl_ok = sys.argv[2] != "1" or bool(horovod.torch.nccl_built())
+sys.exit(0 if horovod.__version__ == sys.argv[1] and nccl_ok else 1)
 EOF
 }
 

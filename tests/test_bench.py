@@ -205,7 +205,7 @@ def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(clu
     """ResNet-50 on an emulated V100: real 102 MB gradients over the real shaped link."""
     proc = bench(cluster, reports, "--nodes", "1,2", "--batch-size", "32", "--model", "resnet50",
                  "--accelerator", "v100", "--bandwidth", "1gbit", "--steps", "3",
-                 "--repeats", "1")
+                 "--repeats", "1", "--allreduce-sizes", "4K,64K,1M,16M")
     assert proc.returncode == 0, proc.stderr[-2000:]
     sweep_dir = reports / os.readlink(reports / "latest")
     with open(sweep_dir / "results.csv") as fh:

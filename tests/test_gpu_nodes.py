@@ -201,3 +201,44 @@ def test_a_gpu_node_with_cpu_torch_is_probed_and_refused_before_any_run(local_cl
     assert proc.returncode == 0, proc.stderr
     # the host was left as found
     assert not Path("/usr/local/bin/nvidia-smi").exists()
+
+
+def test_a_run_whose_ranks_ran_elsewhere_than_planned_is_recorded_as_failed():
+    from scalelab import driver
+    from scalelab.sweep import plan
+
+    nodes = [gpu_node(0), gpu_node(1)]
+    run = next(r for r in plan(spec(nodes="2", procs_per_node="1"), nodes, can_shape=True)
+               if r.kind == "train")
+    assert run.params["device"] == "cuda"
+    on_cpu = {"backend": "gloo", "device": "cpu", "ranks": [
+        {"device": "cpu", "device_name": "cpu", "gpu_mem_peak_mb": None, "images_per_sec": 9.0}]}
+    res = launch.LaunchResult("ok", on_cpu, "", [], 1.0)
+    rec = driver.run_record("s", run, "static", res, "2026-11-25T00:00:00Z", None, None)
+    assert rec["status"] == "failed"
+    assert rec["error"] == "the run asked for cuda but its ranks ran on cpu"
+    assert rec["placement"]["transport"] == "gloo-tcp"
+
+
+def test_slurm_hands_every_rank_every_nodes_interface():
+    from scalelab import slurm
+
+    nodes = [gpu_node(0, iface="ens5"), gpu_node(1, iface="enp1s0")]
+    rt = Runtime("/v/bin/python", "/w", "/kh")
+    (cmd,) = slurm.rank_commands("ddp", nodes, nodes[0], 1, "resnet.py", [], rt, 29500, "j",
+                                 None, 60)
+    assert cmd.env["NCCL_SOCKET_IFNAME"] == "ens5,enp1s0"
+    assert cmd.env["GLOO_SOCKET_IFNAME"] == "ens5,enp1s0"
+
+
+def test_profile_refuses_cuda_where_there_is_none_and_names_the_device(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: invoke test --gpu profiles it")
+    proc = invoke("profile", "--device", "cuda", "--model", "resnet20", "--output",
+                  str(tmp_path / "p.json"))
+    assert proc.returncode == 1 and not (tmp_path / "p.json").exists()
+    assert proc.stderr.strip() == ("error: --device cuda but this machine's torch "
+                                   f"{torch.__version__} sees no GPU; run invoke profile on the "
+                                   "GPU node (or --device cpu to profile this CPU)")

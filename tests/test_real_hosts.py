@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -53,13 +52,50 @@ def _qdiscs(nodes: list[Node], known_hosts: str) -> dict[str, list]:
             for n in nodes}
 
 
+SHARED_FILES = ("/root/.ssh/authorized_keys", "/root/.ssh/config", "/etc/ssh/ssh_known_hosts",
+                "/etc/hosts", "/root/.ssh/id_scalelab", "/root/.ssh/id_scalelab.pub")
+
+
+def _host_files(hosts, machine: Node) -> dict[str, str | None]:
+    """The files configure may add to, as the host has them (None: absent)."""
+    out = ssh.run(machine, str(hosts.known_hosts),
+                  "; ".join(f"echo '=== {p}'; cat {p} 2>/dev/null || echo '<absent>'"
+                            for p in SHARED_FILES), timeout=30).stdout
+    files: dict[str, str | None] = {}
+    for part in out.split("=== ")[1:]:
+        path, _, body = part.partition("\n")
+        files[path] = None if body.strip() == "<absent>" else body
+    return files
+
+
+def _holds(upper: Path, secret: str) -> list[str]:
+    """Files under a host's own layer whose text holds the secret (base64 body, joined)."""
+    hits = []
+    for path in upper.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_size < 1 << 20:
+            try:
+                text = "".join(path.read_text(errors="ignore").split())
+            except OSError:
+                continue
+            if secret[:60] in text:
+                hits.append(str(path))
+    return hits
+
+
 def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir, tmp_path):
     hosts = local_cluster(2)  # the testbed someone else runs
     machines = hosts.nodes()
+    # the user's own testbed key: authorised on the hosts by the testbed, never to be copied
+    # anywhere by scalelab (node-to-node trust gets a key pair of the cluster's own)
     key = tmp_path / "testbed_key"
-    shutil.copy(hosts.key, key)
-    shutil.copy(f"{hosts.key}.pub", f"{key}.pub")  # the common role hands it to the nodes
-    os.chmod(key, 0o600)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alice@testbed",
+                    "-f", str(key)], check=True, timeout=30)
+    user_pub = Path(f"{key}.pub").read_text().strip()
+    secret = "".join(key.read_text().splitlines()[1:-1])  # the private key's base64 body
+    for m in machines:
+        ssh.run(m, str(hosts.known_hosts), f"echo '{user_pub}' >> /root/.ssh/authorized_keys",
+                timeout=30)
+    found_files = {m.name: _host_files(hosts, m) for m in machines}
     # named as the machines call themselves, as a testbed's hosts are (the emulated machines
     # cannot take a new hostname that outlives an SSH session)
     names = [m.name for m in machines]
@@ -119,6 +155,12 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
             # installed for real in the host's own layer, not seen through from the controller
             upper = hosts.dir / "nodes" / machines[lab_nodes.index(n)].name / "upper"
             assert (upper / "opt/scalelab/venv/bin/python").exists()
+            # the user's key stayed on the controller: no file the host holds contains it;
+            # node-to-node SSH got the cluster's own trust key
+            assert _holds(upper, secret) == []
+            trust = (state / "id_trust.pub").read_text().strip()
+            assert _on(n, kh, "cat /root/.ssh/id_scalelab.pub") == trust
+            assert trust in _on(n, kh, "cat /root/.ssh/authorized_keys")
         assert not Path("/opt/scalelab").exists()
         # the roles converge: a second configure changes nothing
         proc = invoke("configure", "--cluster", lab, "--tags", TAGS, "--bundle",
@@ -158,8 +200,14 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert (sweep_dir / "index.html").exists()
         assert "static" in (sweep_dir / "index.html").read_text()
+        proc = invoke("destroy", "--cluster", lab, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "kept on its hosts, on purpose: /opt/scalelab" in proc.stdout
     finally:
         if (state / "cluster.json").exists():
             invoke("destroy", "--cluster", lab, timeout=300)
     assert not state.exists()
     assert all(hosts.alive())  # destroying the static cluster leaves the machines alone
+    # and takes back what configure added to the hosts' shared files: they are as found
+    for m in machines:
+        assert _host_files(hosts, m) == found_files[m.name]

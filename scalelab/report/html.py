@@ -27,13 +27,41 @@ def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
+def readable(value: float, digits: int = 3) -> str:
+    """A number as a person reads it: thousands separators, no exponent, `digits` significant
+    figures below 1000.
+
+    >>> readable(17440.4), readable(95970.0), readable(950.2), readable(12.345), readable(0.0005896)
+    ('17,440', '95,970', '950', '12.3', '0.00059')
+    >>> readable(float("nan")), readable(0.0), readable(-2.5)
+    ('', '0', '-2.5')
+    """
+    if value is None or math.isnan(value):
+        return ""
+    if value == 0:
+        return "0"
+    size = abs(value)
+    if size >= 10 ** (digits - 1):
+        return f"{value:,.0f}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(size)))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def rate_label(mbit: float) -> str:
+    """A link rate as a person reads it.
+
+    >>> rate_label(9585.0), rate_label(958.5), rate_label(100000.0)
+    ('9.59 Gbit/s', '958 Mbit/s', '100 Gbit/s')
+    """
+    return f"{readable(mbit / 1000)} Gbit/s" if mbit >= 1000 else f"{readable(mbit)} Mbit/s"
+
+
 def _fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return ""
     if isinstance(value, (float, np.floating)):
-        if math.isnan(value):
-            return ""
-        return f"{value:.{digits}g}" if abs(value) < 1e6 else f"{value:.0f}"
+        return readable(float(value), digits)
     return str(value)
 
 
@@ -43,7 +71,7 @@ def _col_text(series: pd.Series, kind: str) -> pd.Series:
         vals = series.astype(float)
         out = (vals * 100).map(lambda v: "" if math.isnan(v) else f"{v:.1f}%")
     elif kind == "num":
-        out = series.astype(float).map(lambda v: "" if math.isnan(v) else f"{v:.4g}")
+        out = series.astype(float).map(lambda v: readable(v, 4))
     elif kind == "int":
         out = series.map(lambda v: "" if pd.isna(v) else str(int(v)))
     else:
@@ -175,6 +203,44 @@ def _baseline_banner(s: SweepData) -> list[str]:
             f"{_e(s.sweep_id)} --retry-failed</code>.</div>"]
 
 
+def _gpus_text(runs: Any, declared: list[int]) -> str:
+    """GPUs per node as the ranks used them, nvidia-smi's count beside it.
+
+    >>> import pandas as pd
+    >>> r = pd.DataFrame({"gpus_per_node": [8.0, 8.0], "gpu_model": ["NVIDIA H100", ""],
+    ...                   "accelerator": ["", ""]})
+    >>> _gpus_text(r, [8])
+    '8 x NVIDIA H100 used by the ranks (nvidia-smi: 8)'
+    >>> _gpus_text(pd.DataFrame({"gpus_per_node": [0.0], "gpu_model": [""],
+    ...                          "accelerator": [""]}), [8])
+    'none used: the ranks ran on CPUs (nvidia-smi: 8)'
+    >>> _gpus_text(pd.DataFrame({"gpus_per_node": [0.0], "gpu_model": [""],
+    ...                          "accelerator": ["v100"]}), [0])
+    'emulated v100, one per rank'
+    """
+    smi = f" (nvidia-smi: {', '.join(str(g) for g in declared)})" if any(declared) else ""
+    emulated = sorted({a for a in runs.get("accelerator", []) if a})
+    if emulated:
+        return f"emulated {', '.join(emulated)}, one per rank{smi}"
+    used = runs["gpus_per_node"].dropna() if "gpus_per_node" in runs else []
+    if len(used) == 0:
+        return (", ".join(str(g) for g in declared) + " (nvidia-smi; the ranks did not say)"
+                if declared else "unknown")
+    most = int(max(used))
+    if most == 0:
+        return f"none used: the ranks ran on CPUs{smi}"
+    models = sorted({m for m in runs["gpu_model"] if m})
+    return f"{most} x {', '.join(models) or 'GPU'} used by the ranks{smi}"
+
+
+def _transport_text(runs: Any) -> str:
+    """The transports the ranks' collectives used, with their backends."""
+    if "transport" not in runs:
+        return "not recorded"
+    pairs = runs[runs["transport"] != ""].groupby(["backend", "transport"]).size()
+    return ", ".join(f"{t} ({b}, {n} runs)" for (b, t), n in pairs.items()) or "not recorded"
+
+
 def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
     meta, runs, ar = s.meta, s.runs, s.allreduce
     nodes = [n for n in meta.get("nodes") or [] if isinstance(n, dict)]
@@ -183,7 +249,11 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
     plan = meta.get("plan") or {}
     requested = plan.get("bandwidth") or plan.get("bandwidths") or sorted(runs["bandwidth"].unique())
     measured = runs.groupby("bandwidth")["link_mbit_measured"].mean().dropna()
-    measured_txt = ", ".join(f"{bw}: {v:.0f} Mbit/s" for bw, v in measured.items()) or "not measured"
+    single = (runs.groupby("bandwidth")["link_mbit_single_stream"].mean().dropna()
+              if "link_mbit_single_stream" in runs else {})
+    measured_txt = ", ".join(
+        f"{bw}: {v:,.0f} Mbit/s" + (f" (one stream {single[bw]:,.0f})" if bw in single else "")
+        for bw, v in measured.items()) or "not measured"
     if "link_error" in runs:
         # a failed measurement is shown, never only logged: the model then uses the requested rate
         failed = runs[(runs["link_error"] != "") & runs["link_mbit_measured"].isna()]
@@ -212,10 +282,11 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
         ("nodes", f"{len(nodes)} ({', '.join(n.get('name', '?') for n in nodes[:8])}"
                   f"{' ...' if len(nodes) > 8 else ''})" if nodes else "unknown"),
         ("CPUs per node", ", ".join(f"{c:g}" for c in cpus) or "unknown"),
-        ("GPUs per node", ", ".join(str(g) for g in gpus) or "unknown"),
+        ("GPUs per node", _gpus_text(runs, gpus)),
         ("host cores (local target)", _fmt(limits["host_cpus"]) or "unknown"),
         ("link rates requested", ", ".join(str(r) for r in requested)),
         ("link rates measured (mean)", measured_txt),
+        ("transport (from the ranks)", _transport_text(runs)),
         ("allreduce busbw at largest message", busbw_txt),
         ("launcher", _launchers(runs, s.probes)),
         ("date and duration", when),
@@ -438,15 +509,20 @@ def _emulation_section(a: Analysis) -> str:
         err = float(g["overlap_err"].max())
         for r in bucket_model.what_if(last, sorted({nmax * 2, 16, 32, 64} - {nmax}), (1.0, 10.0),
                                       a.alpha_s):
+            # a row is labelled by the link it predicts for, never by the measured series'
+            # (a "10x faster" row of the 1gbit series is a 10gbit row)
+            link = rate_label(float(r["link_mbit"])) if r.get("link_mbit") else "?"
             rows.append({"from": f"{last['bandwidth']}, batch {int(last['batch_size'])}",
-                         **r, "err": err})
+                         "link": link, **r, "err": err})
     if rows:
         wf = pd.DataFrame(rows).sort_values(["from", "link_mbit", "world_size"], kind="stable")
         parts.append('<p class="note"><strong>Predictions, not measurements:</strong> the '
                      "overlap model beyond the measured points (more nodes; the link 10x "
                      "faster), with the largest error it made on this sweep's measured points "
                      "beside each.</p>")
-        parts.append(_table(wf, [("from", "series", "str"), ("world_size", "world size", "int"),
+        parts.append(_table(wf, [("from", "from the measured series", "str"),
+                                 ("link", "predicted link", "str"),
+                                 ("world_size", "world size", "int"),
                                  ("link_mbit", "link (Mbit/s)", "num"),
                                  ("images_per_sec", "predicted images/s", "num"),
                                  ("eff", "predicted efficiency", "pct"),

@@ -1,5 +1,5 @@
 """Targets: where clusters come from. Each implements scalelab.targets.base.Target."""
 
-from scalelab.targets.base import TARGETS, TERRAFORM_TARGETS
+from scalelab.targets.interface import TARGETS, TERRAFORM_TARGETS
 
 __all__ = ["TARGETS", "TERRAFORM_TARGETS"]

@@ -42,7 +42,7 @@ from scalelab.state import (
     state_root,
     write_atomic,
 )
-from scalelab.targets.base import SshReachable
+from scalelab.targets.interface import SshReachable
 from scalelab.units import format_rate, parse_cpus, parse_rate_mbit
 
 log = logging.getLogger(__name__)
@@ -445,9 +445,11 @@ class LocalCluster:
             for n in rec["nodes"]:
                 n["facts"] = local_facts(n)
             rec["capabilities"] = LocalTarget().capabilities(rec).to_dict()
+            rec["trust_key"] = str(self.key)  # made for this cluster, gone with it
             self.save(rec)
             inventory.write(self.name, self.nodes(rec), known_hosts=str(self.known_hosts),
-                            capabilities=LocalTarget().capabilities(rec).as_vars())
+                            capabilities=LocalTarget().capabilities(rec).as_vars(),
+                            trust_key=str(self.key))
         except Exception as exc:
             log.warning("provision failed at step %s; removing what was created", step)
             for i in reversed(created):
@@ -817,7 +819,7 @@ class LocalTarget(SshReachable):
     name = TARGET
 
     def capabilities(self, rec: dict[str, Any]) -> Any:
-        from scalelab.targets.base import Capabilities
+        from scalelab.targets.interface import Capabilities
 
         # a node is a network, mount and UTS namespace over the host's root: the host's
         # packages and venv, no systemd, no kernel NFS, the host's clock, no route off the
@@ -853,7 +855,7 @@ class LocalTarget(SshReachable):
                 "workdir": own["workdir"], "iface": facts.get("iface") or NODE_IFACE}
 
     def runtime(self, rec: dict[str, Any]) -> Any:
-        from scalelab.targets.base import Runtime
+        from scalelab.targets.interface import Runtime
 
         python, workdir = runtime_paths()
         return Runtime(python, workdir, rec["known_hosts"])

@@ -40,7 +40,7 @@ from scalelab import slurm, ssh
 from scalelab.errors import ClusterError, InputError
 from scalelab.nodes import Node, check_cluster_name
 from scalelab.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, save_cluster
-from scalelab.targets.base import Runtime
+from scalelab.targets.interface import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ OPTIONAL = ("ssh_port", "partition", "iface")
 MARKER = ".scalelab-workloads"  # in the copy scalelab made; destroy removes only a marked copy
 
 def _check_values(values: dict[str, Any], var_file: str) -> dict[str, Any]:
-    from scalelab.sweepfile import suggest
+    from scalelab.errors import suggest
 
     for key in values:
         if key not in REQUIRED + OPTIONAL:
@@ -246,10 +246,11 @@ class SlurmTarget:
     name = TARGET
 
     def capabilities(self, rec: dict[str, Any]) -> Any:
-        from scalelab.targets.base import Capabilities
+        from scalelab.targets.interface import Capabilities
 
         # only the login host answers SSH; the site's admins own the nodes' software
-        return Capabilities(configurable=False, ssh_nodes=False, shape_links=False)
+        return Capabilities(configurable=False, ssh_nodes=False, shape_links=False,
+                            owns_hosts=False)
 
     def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
         raise InputError("--dry-run: a slurm cluster is only looked at (sinfo), never "

@@ -50,7 +50,7 @@ from scalelab.state import (
     write_atomic,
 )
 from scalelab.targets import TERRAFORM_TARGETS
-from scalelab.targets.base import SshReachable
+from scalelab.targets.interface import SshReachable
 from scalelab.terraform import (
     BASE_ENV,
     Terraform,
@@ -69,6 +69,9 @@ NODE_KEYS = ("public_ip", "private_ip", "role", "gpus", "ssh_user")
 PLAN_FILE = "scalelab.tfplan"
 STATE_FILE = "terraform.tfstate"
 KEY_NAME = "id_ed25519"
+# node-to-node SSH (mpirun, horovodrun) uses a key pair made for the cluster, never the user's
+# login key: configure authorises it on the nodes, destroy removes it from hosts it did not make
+TRUST_KEY_NAME = "id_trust"
 # RFC 5737 documentation ranges: never routed, so never probed either.
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24",
                                                "203.0.113.0/24")]
@@ -563,8 +566,12 @@ def provision(cluster: str, target: str, nodes: int | str, var_file: str | Path 
     rec = _record(plan, "ready", recs, bastion, version)
     caps = TerraformTarget(target).capabilities(rec)
     rec["capabilities"] = caps.to_dict()
+    trust = cdir / TRUST_KEY_NAME
+    if not trust.is_file():
+        generate_key(trust, f"scalelab-{cluster}-trust")
+    rec["trust_key"] = str(trust)
     inventory.write(cluster, recs, known_hosts=str(cdir / "known_hosts"), bastion=bastion,
-                    capabilities=caps.as_vars())
+                    capabilities=caps.as_vars(), trust_key=str(trust))
     save_cluster(cluster, rec)
     log.info("%s cluster %s: %d node(s) ready; inventory written", target, cluster, len(recs))
     return recs
@@ -746,13 +753,14 @@ class TerraformTarget(SshReachable):
         self.name = name
 
     def capabilities(self, rec: dict[str, Any]) -> Any:
-        from scalelab.targets.base import Capabilities
+        from scalelab.targets.interface import Capabilities
 
         # real hosts: everything is installed and checked; links can be shaped once configure
         # has found every node's cluster interface
         nodes = rec.get("nodes") or []
         shape = bool(nodes) and all((n.get("facts") or {}).get("iface") for n in nodes)
-        return Capabilities(shape_links=shape)
+        # a static cluster's hosts are someone else's: destroy undoes what configure added
+        return Capabilities(shape_links=shape, owns_hosts=self.name != "static")
 
     def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
         return dry_run(cluster, self.name, nodes, options.get("var_file")).lines()
@@ -781,7 +789,7 @@ class TerraformTarget(SshReachable):
         return facts
 
     def runtime(self, rec: dict[str, Any]) -> Any:
-        from scalelab.targets.base import runtime_from_facts
+        from scalelab.targets.interface import runtime_from_facts
 
         return runtime_from_facts(rec)
 

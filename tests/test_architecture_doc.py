@@ -1,0 +1,25 @@
+"""docs/ARCHITECTURE.md lists every module of scalelab/ and no module that is gone."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT
+
+
+def test_the_architecture_map_matches_the_tree():
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed: set[str] = set()
+    for cell in re.findall(r"^\| ([^|]+) \|", text, re.MULTILINE):
+        for name in re.findall(r"`([\w/]+(?:\.py|/))`", cell):
+            listed.add(name)
+    # "static.py" etc. named in a row's text count too
+    listed |= set(re.findall(r"`(\w+\.py)`", text))
+    modules = {str(p.relative_to(ROOT / "scalelab")) for p in (ROOT / "scalelab").rglob("*.py")
+               if p.name != "__init__.py" or p.parent.name == "report"}
+    shown = {m for m in modules if m in listed or m.split("/")[-1] in listed
+             or (m.startswith("report/") and "report/" in listed)}
+    assert sorted(modules - shown) == [], "add these modules to docs/ARCHITECTURE.md"
+    gone = {n for n in listed if n.endswith(".py") and not any(m.endswith(n) for m in modules)
+            and n not in ("tasks.py",)}
+    assert sorted(gone) == [], "docs/ARCHITECTURE.md lists modules that do not exist"

@@ -1,0 +1,114 @@
+"""scalelab's imports point one way: no module reaches itself through its imports.
+
+Imports inside functions count as much as those at the top of a module: a lazy import hides a
+circle from Python's import machinery, not from the reader who follows the flow.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (top level or inside functions)."""
+    modules = {module_name(p, package): p for p in package.rglob("*.py")}
+    top = package.name
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] == top:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.split(".")[0] == top}
+        # a package's __init__ runs before any of its modules: importing it is not a circle
+        graph[name] = {m for m in found if m in modules and m != name
+                       and not name.startswith(m + ".")}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_scalelab_has_no_import_circles():
+    found = circles(import_graph(ROOT / "scalelab"))
+    assert found == [], "modules that import each other, directly or around a circle:\n" + \
+        "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_targets_import_only_the_interface_never_the_router():
+    graph = import_graph(ROOT / "scalelab")
+    targets = [m for m in graph if m.startswith("scalelab.targets.")
+               and m not in ("scalelab.targets.base", "scalelab.targets.interface")]
+    assert targets
+    offenders = [t for t in targets if "scalelab.targets.base" in graph[t]]
+    assert offenders == []
+
+
+def test_the_check_finds_a_circle_through_a_lazy_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.c import g\n")
+    (pkg / "c.py").write_text("import pkg.a\ndef g():\n    pass\n")
+    (pkg / "d.py").write_text("from pkg import a\n")
+    assert circles(import_graph(pkg)) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_the_workloads_import_nothing_of_scalelab():
+    """What runs on the nodes needs only torch (and Horovod): the controller's package is not
+    installed there."""
+    offenders = []
+    for path in sorted((ROOT / "bench" / "workloads").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n.split(".")[0] == "scalelab" for n in names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
