@@ -77,7 +77,7 @@ def _holds(upper: Path, secret: str) -> list[str]:
                 text = "".join(path.read_text(errors="ignore").split())
             except OSError:
                 continue
-            if secret[:60] in text:
+            if secret in text:
                 hits.append(str(path))
     return hits
 
