@@ -385,6 +385,8 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
     if playbook == SITE:
         found = facts.probe(nodes, rec["known_hosts"])
         facts.check_interfaces(cluster, nodes, found)
+        if not check:
+            facts.check_sudo(cluster, nodes, found)
 
     state = cluster_dir(cluster)
     private = private_dir(state / "ansible")

@@ -36,6 +36,7 @@ from scalelab.nodes import Node, nodes_of
 from scalelab.shaping import Shaper
 from scalelab.state import cluster_dir, load_cluster
 from scalelab.targets import base as targets
+from scalelab.units import format_rate
 from scalelab.warmstart import WARM, WarmPool
 
 log = logging.getLogger(__name__)
@@ -441,6 +442,15 @@ def prepare(cluster: str, spec) -> Prepared:
         raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
                          "launcher: slurm in the sweep file)")
     runs = sweep.plan(spec, nodes, caps.shape_links, cluster=cluster)
+    shaped = sorted({r.params["bandwidth_mbit"] for r in runs} - {None})
+    no_sudo = [n for n in nodes[:max((r.params["nodes"] for r in runs), default=0)]
+               if (n.facts or {}).get("sudo") == "no"]
+    if shaped and no_sudo:
+        n = no_sudo[0]
+        raise InputError(f"--bandwidth {format_rate(shaped[0])}: node {n.name}'s user "
+                         f"{(n.facts or {}).get('user') or n.ssh_user} may not sudo without a "
+                         "password, which tc needs to set the rate; use --bandwidth native, or "
+                         "ask the host's admins for passwordless sudo")
     if spec.launcher == "slurm" and runs:
         from scalelab import slurm
 

@@ -53,6 +53,10 @@ def probe_script(address: str, python: str, workdir: str) -> str:
     py, wd = shlex.quote(python), shlex.quote(workdir)
     return "; ".join([
         "echo cores=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)",
+        # root, or whether the login user may sudo without a password (configure and tc need it)
+        "if [ \"$(id -u)\" = 0 ]; then echo sudo=root; elif sudo -n true 2>/dev/null; "
+        "then echo sudo=yes; else echo sudo=no; fi",
+        "echo user=$(id -un)",
         "echo memory_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)",
         f"echo addr_json=$(ip -j -4 addr show to {address}/32 2>/dev/null)",
         f"IF=$(ip -o -4 addr show to {address}/32 2>/dev/null | awk '{{print $2; exit}}')",
@@ -175,6 +179,8 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
         "python": python if torch_version else "",
         "workdir": workdir if first("workloads") == "1" else "",
         "kernel": first("kernel"),
+        "sudo": first("sudo") or "unknown",  # root | yes | no
+        "user": first("user"),
         "gpu_list": gpu_list,
         "cuda_driver": first("cuda_driver"),
         "gpu_topology": "\n".join(kv.get("topo", [])),
@@ -199,6 +205,27 @@ def probe(nodes: list[Node], known_hosts: str, python: str = DEFAULT_PYTHON,
         raise ClusterError(f"cannot read the facts of node {bad[0]}: {bad[1]}; check it with "
                            "invoke check")
     return out
+
+
+def check_sudo(cluster: str, nodes: list[Node], facts: dict[str, dict[str, Any]]) -> None:
+    """Refuse, before Ansible changes anything, a node whose login user is not root and may
+    not sudo without a password: configure would stop halfway with "Missing sudo password".
+
+    >>> n = Node("lab-n1", "a", "a", "worker", "static", ssh_user="alice")
+    >>> check_sudo("lab", [n], {"lab-n1": {"sudo": "no", "user": "alice"}})
+    Traceback (most recent call last):
+    ...
+    scalelab.errors.ClusterError: node lab-n1: user alice may not sudo without a password, which configure needs (packages, /opt/scalelab, /etc/hosts, tc); ask the host's admins for passwordless sudo, or log in as root (ssh_user in the var-file); already configured nodes can still be benchmarked without it, unshaped
+    """
+    for n in nodes:
+        f = facts.get(n.name) or {}
+        if f.get("sudo") == "no":
+            raise ClusterError(
+                f"node {n.name}: user {f.get('user') or n.ssh_user} may not sudo without a "
+                "password, which configure needs (packages, /opt/scalelab, /etc/hosts, tc); "
+                "ask the host's admins for passwordless sudo, or log in as root (ssh_user in "
+                "the var-file); already configured nodes can still be benchmarked without "
+                "it, unshaped")
 
 
 def check_interfaces(cluster: str, nodes: list[Node], facts: dict[str, dict[str, Any]]) -> None:
@@ -233,7 +260,7 @@ def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     save_cluster(cluster, rec)
     # the inventory's scalelab_iface / scalelab_cpus / scalelab_gpus follow the facts
     inventory.write(cluster, nodes_of(rec), known_hosts=rec.get("known_hosts"),
-                    bastion=rec.get("bastion"), capabilities=caps.as_vars(),
+                    capabilities=caps.as_vars(),
                     trust_key=rec.get("trust_key"))
     return rec
 

@@ -46,6 +46,7 @@ class Node:
     cpus: float = 0.0  # CPU share (local) or cores (real hosts); 0 = unknown
     gpus: int = 0
     iface: str = ""  # cluster-network interface on the node, e.g. eth0; "" = let the stack pick
+    bastion: str = ""  # user@host[:port] every SSH to the node goes through; "" = direct
     extra: dict[str, Any] = field(default_factory=dict)
     # what configure found on the node (scalelab.facts): cores, memory_mb, gpus, gpu_model,
     # iface, python, workdir; empty until the cluster is configured

@@ -126,7 +126,8 @@ def connectivity_check(cluster: str) -> list[str]:
         lines.append(f"controller -> {n.name} ({n.address}): ssh ok, hostname {out}")
     head = nodes[0]
     for n in nodes[1:]:
-        cmd = f"ssh -o ConnectTimeout=5 root@{n.private_address} hostname"
+        # node to node as the cluster's login user, with the nodes' own ssh configuration
+        cmd = f"ssh -o ConnectTimeout=5 {n.ssh_user}@{n.private_address} hostname"
         out = ssh.run(head, kh, cmd, timeout=20).stdout.strip()
         lines.append(f"{head.name} -> {n.name} ({n.private_address}): ssh ok, hostname {out}")
     return lines

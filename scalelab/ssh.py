@@ -18,8 +18,52 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+def split_bastion(bastion: str, default_user: str) -> tuple[str, str, int]:
+    """user@host[:port] -> (user, host, port).
+
+    >>> split_bastion("ubuntu@203.0.113.5", "root"), split_bastion("198.51.100.7:2222", "root")
+    (('ubuntu', '203.0.113.5', 22), ('root', '198.51.100.7', 2222))
+    """
+    user, _, rest = bastion.rpartition("@")
+    host, _, port = rest.partition(":")
+    return user or default_user, host, int(port or 22)
+
+
+def options(node: Node, known_hosts: str | None, connect_timeout: int = 5,
+            with_key: bool = True) -> list[str]:
+    """Every option of an SSH connection to a node, the one place they are made: the key,
+    pinned host keys, no prompts, timeouts, and the bastion hop when the node has one. ssh,
+    Ansible's inventory (scalelab.inventory), launch, probes and reaping all take them here.
+
+    The hop is a ProxyCommand with the same key and the same known_hosts file, so the
+    bastion's own host key is pinned as the nodes' are (a ProxyJump hop would check
+    ~/.ssh/known_hosts instead, or prompt).
+
+    >>> n = Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "aws", ssh_key="/s/id",
+    ...          ssh_user="ubuntu", bastion="ubuntu@203.0.113.5")
+    >>> [o for o in options(n, "/s/kh") if o.startswith("ProxyCommand")]  # doctest: +NORMALIZE_WHITESPACE
+    ['ProxyCommand=ssh -W %h:%p -i /s/id -o IdentitiesOnly=yes -o UserKnownHostsFile=/s/kh
+      -o StrictHostKeyChecking=yes -o BatchMode=yes -o ConnectTimeout=5 -o LogLevel=ERROR
+      -p 22 ubuntu@203.0.113.5']
+    """
+    key = ["-i", node.ssh_key, "-o", "IdentitiesOnly=yes"] if node.ssh_key else []
+    pinned = ["-o", f"UserKnownHostsFile={known_hosts}"] if known_hosts else []
+    pinned += ["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+               "-o", f"ConnectTimeout={connect_timeout}"]
+    # with_key=False: Ansible passes the key itself (ansible_ssh_private_key_file); the hop
+    # still needs it
+    opts = [*(key if with_key else ["-o", "IdentitiesOnly=yes"] if key else []), *pinned, "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+            "-o", "LogLevel=ERROR"]
+    if node.bastion:
+        user, host, port = split_bastion(node.bastion, node.ssh_user)
+        hop = ["ssh", "-W", "%h:%p", *key, *pinned, "-o", "LogLevel=ERROR", "-p", str(port),
+               f"{user}@{host}"]
+        opts += ["-o", f"ProxyCommand={shlex.join(hop)}"]
+    return opts
+
+
 def ssh_args(node: Node, known_hosts: str, connect_timeout: int = 5) -> list[str]:
-    """The ssh command line prefix for a node: cluster key, pinned host keys, no prompts.
+    """The ssh command line prefix for a node: options() and the destination.
 
     >>> n = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", ssh_key="/s/id")
     >>> " ".join(ssh_args(n, "/s/kh"))  # doctest: +NORMALIZE_WHITESPACE
@@ -27,15 +71,8 @@ def ssh_args(node: Node, known_hosts: str, connect_timeout: int = 5) -> list[str
      -o BatchMode=yes -o ConnectTimeout=5 -o ServerAliveInterval=5 -o ServerAliveCountMax=3
      -o LogLevel=ERROR -p 22 root@10.0.0.10'
     """
-    args = ["ssh"]
-    if node.ssh_key:
-        args += ["-i", node.ssh_key, "-o", "IdentitiesOnly=yes"]
-    args += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes",
-             "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout}",
-             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-             "-o", "LogLevel=ERROR",
-             "-p", str(node.ssh_port), f"{node.ssh_user}@{node.address}"]
-    return args
+    return ["ssh", *options(node, known_hosts, connect_timeout), "-p", str(node.ssh_port),
+            f"{node.ssh_user}@{node.address}"]
 
 
 def on_each(nodes: list[Node], fn: Callable[[Node], T],

@@ -11,12 +11,14 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import unique_name
 
 from scalelab import inventory
@@ -126,8 +128,8 @@ def test_static_end_to_end(static_cluster, static_var_file, tmp_path):
     # the rendered inventory reads back to the same records, with pinned host keys
     inv = inventory_dir() / f"{name}.yml"
     assert inventory.read(inv) == recs
-    common = inventory.render(name, recs)["all"]["vars"]["ansible_ssh_common_args"]
-    assert "StrictHostKeyChecking=yes" in common
+    host = inventory.render(name, recs)["all"]["children"]["head"]["hosts"]["gpu-a"]
+    assert "StrictHostKeyChecking=yes" in host["ansible_ssh_common_args"]
     assert f"UserKnownHostsFile={cluster_dir(name) / 'known_hosts'}" in inv.read_text()
 
     # state lives in the cluster's state dir, never in the repository
@@ -166,7 +168,19 @@ def test_static_default_names_and_bastion(static_cluster, static_var_file):
                                                                   bastion_ip="203.0.113.9"))
     assert [(n.name, n.role) for n in recs] == [(f"{name}-n1", "head"), (f"{name}-n0", "worker")]
     assert load_cluster(name)["bastion"] == "ubuntu@203.0.113.9"
-    assert "ProxyJump=ubuntu@203.0.113.9" in (inventory_dir() / f"{name}.yml").read_text()
+    # every node goes through the bastion, in Ansible's inventory as in scalelab's own SSH,
+    # and the hop pins the bastion's host key in the cluster's known_hosts
+    assert {n.bastion for n in recs} == {"ubuntu@203.0.113.9"}
+    for n in inventory.read(inventory_dir() / f"{name}.yml"):
+        assert n.bastion == "ubuntu@203.0.113.9"
+    inv = yaml.safe_load((inventory_dir() / f"{name}.yml").read_text())
+    for group in inv["all"]["children"].values():
+        for h in group["hosts"].values():
+            hop = next(o for o in shlex.split(h["ansible_ssh_common_args"])
+                       if o.startswith("ProxyCommand="))
+            assert hop.endswith("ubuntu@203.0.113.9")
+            assert f"UserKnownHostsFile={cluster_dir(name) / 'known_hosts'}" in hop
+            assert "StrictHostKeyChecking=yes" in hop
 
 
 def test_refused_resize_leaves_the_cluster_as_it_was(static_cluster, static_var_file):

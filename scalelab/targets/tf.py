@@ -563,6 +563,9 @@ def provision(cluster: str, target: str, nodes: int | str, var_file: str | Path 
     bastion_ip = bastion_of(outputs)
     user = (outputs.get("ssh_user") or {}).get("value") or recs[0].ssh_user
     bastion = f"{user}@{bastion_ip}" if bastion_ip else None
+    if bastion:
+        # every SSH to the nodes goes through it: scalelab.ssh.options makes the hop
+        recs = [dataclasses.replace(n, bastion=bastion) for n in recs]
     rec = _record(plan, "ready", recs, bastion, version)
     caps = TerraformTarget(target).capabilities(rec)
     rec["capabilities"] = caps.to_dict()
@@ -570,7 +573,7 @@ def provision(cluster: str, target: str, nodes: int | str, var_file: str | Path 
     if not trust.is_file():
         generate_key(trust, f"scalelab-{cluster}-trust")
     rec["trust_key"] = str(trust)
-    inventory.write(cluster, recs, known_hosts=str(cdir / "known_hosts"), bastion=bastion,
+    inventory.write(cluster, recs, known_hosts=str(cdir / "known_hosts"),
                     capabilities=caps.as_vars(), trust_key=str(trust))
     save_cluster(cluster, rec)
     log.info("%s cluster %s: %d node(s) ready; inventory written", target, cluster, len(recs))
@@ -724,12 +727,10 @@ def alive(cluster: str, nodes: list[Node], timeout_s: float = 3.0) -> list[bool]
 
 
 def _ssh_probe(n: Node, bastion: str, known_hosts: str, timeout_s: float) -> bool:
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={known_hosts}", "-o", f"ConnectTimeout={int(timeout_s)}",
-            "-J", bastion, "-p", str(n.ssh_port)]
-    if n.ssh_key:
-        argv += ["-i", n.ssh_key, "-o", "IdentitiesOnly=yes"]
-    argv += [f"{n.ssh_user}@{n.address}", "true"]
+    from scalelab import ssh
+
+    hop = n if n.bastion else dataclasses.replace(n, bastion=bastion)
+    argv = [*ssh.ssh_args(hop, known_hosts, max(1, int(timeout_s))), "true"]
     try:
         return subprocess.run(argv, capture_output=True, timeout=timeout_s * 4,
                               stdin=subprocess.DEVNULL).returncode == 0

@@ -1,0 +1,153 @@
+"""One SSH path: every connection scalelab makes takes its options from scalelab.ssh.options,
+and a node behind a bastion is reached through it, with the bastion's host key pinned."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import shlex
+
+import pytest
+from conftest import ROOT, needs_root, needs_sshd
+
+from scalelab import inventory, ssh
+from scalelab.nodes import Node
+
+SSH_OPTION_WORDS = ("StrictHostKeyChecking", "UserKnownHostsFile", "ProxyJump",
+                    "ProxyCommand", "IdentitiesOnly", "BatchMode")
+
+
+def _option_strings(path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and not isinstance(getattr(node, "parent", None), ast.Expr):
+            if any(w in node.value for w in SSH_OPTION_WORDS) and "\n" not in node.value:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:60]}")
+    return found
+
+
+def test_no_controller_code_but_scalelab_ssh_builds_ssh_options():
+    """(Strings with line breaks are docstrings and files for the nodes, such as the local
+    target's node-to-node ssh_config, not options of the controller's connections.)"""
+    files = [p for p in (ROOT / "scalelab").rglob("*.py") if p.name != "ssh.py"]
+    found = [f for p in [*files, ROOT / "tasks.py"] for f in _option_strings(p)]
+    assert found == [], "take the options from scalelab.ssh.options:\n" + "\n".join(found)
+
+
+def test_ansible_gets_the_same_options_as_scalelabs_own_ssh():
+    n = Node("lab-n1", "10.0.0.11", "10.0.0.11", "worker", "static", ssh_key="/k/id",
+             ssh_user="ubuntu", bastion="ubuntu@203.0.113.9:2222")
+    host = inventory.render("lab", [n], known_hosts="/k/kh")["all"]["children"]["workers"][
+        "hosts"]["lab-n1"]
+    given = shlex.split(host["ansible_ssh_common_args"])
+    ours = ssh.ssh_args(n, "/k/kh")
+    # the same options, but the key, which Ansible passes itself
+    assert [o for o in ours[1:-3] if o not in ("-i", "/k/id")] == given
+    assert host["ansible_ssh_private_key_file"] == "/k/id"
+
+
+@pytest.mark.root
+@needs_root
+@needs_sshd
+def test_a_node_behind_a_bastion_is_reached_through_it(local_cluster):
+    """Three emulated machines: the first is the bastion. Every command to the others goes
+    through it (their sshd sees the connection come from the bastion's address), and the
+    hop checks the bastion's host key against the cluster's known_hosts."""
+    lc = local_cluster(3)
+    nodes = lc.nodes()
+    kh = str(lc.known_hosts)
+    jump = f"{nodes[0].ssh_user}@{nodes[0].address}"
+    behind = [dataclasses.replace(n, bastion=jump) for n in nodes[1:]]
+    for n in behind:
+        seen_from = ssh.run(n, kh, "echo $SSH_CONNECTION", timeout=30).stdout.split()[0]
+        assert seen_from == nodes[0].private_address
+        direct = ssh.run(nodes[1], kh, "echo $SSH_CONNECTION", timeout=30).stdout.split()[0]
+        assert direct != nodes[0].private_address
+    # a bastion whose host key is not the pinned one is refused, not trusted on first use
+    other = lc.dir / "other_known_hosts"
+    kept = [line for line in lc.known_hosts.read_text().splitlines(True)
+            if nodes[0].address not in line.split()[0].split(",")]
+    assert len(kept) == len(nodes) - 1  # only the bastion's key is gone
+    other.write_text("".join(kept))
+    proc = ssh.run(behind[0], str(other), "true", timeout=30, check=False)
+    assert proc.returncode != 0
+
+
+@pytest.mark.root
+@needs_root
+@needs_sshd
+def test_a_login_user_without_sudo_is_refused_before_configure_changes_anything(
+        local_cluster, tmp_path):
+    """Hosts handed over with an account of the user's own and no passwordless sudo: configure
+    says in one line what needs sudo, with nothing changed on any host."""
+    import json
+    import os
+    from pathlib import Path
+
+    from conftest import invoke, unique_name
+
+    lc = local_cluster(2)
+    machines = lc.nodes()
+    kh = str(lc.known_hosts)
+    for m in machines:
+        # -p '*': no password, yet not a locked account (sshd refuses those without PAM)
+        ssh.run(m, kh, "useradd -m -d /home/alice -s /bin/sh -p '*' alice && "
+                       "mkdir -p /home/alice/.ssh && "
+                       "cp /root/.ssh/authorized_keys /home/alice/.ssh/ && "
+                       "chown -R alice: /home/alice/.ssh && chmod 700 /home/alice/.ssh",
+                timeout=30)
+    before = [ssh.run(m, kh, "cat /etc/hosts", timeout=30).stdout for m in machines]
+    var_file = tmp_path / "lab.tfvars.json"
+    var_file.write_text(json.dumps({
+        "hosts": [{"name": machines[0].name, "address": machines[0].address, "role": "head"},
+                  {"name": machines[1].name, "address": machines[1].address}],
+        "ssh_user": "alice", "ssh_private_key_file": str(lc.key)}))
+    lab = unique_name("lab")
+    state = Path(os.environ["SCALELAB_HOME"]) / "clusters" / lab
+    try:
+        proc = invoke("provision", "--target", "static", "--cluster", lab, "--nodes", "2",
+                      "--var-file", str(var_file), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        (state / "known_hosts").write_text(lc.known_hosts.read_text())
+        proc = invoke("configure", "--cluster", lab, "--tags", "common", timeout=300)
+        assert proc.returncode != 0
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert lines[0] == (
+            f"error: node {machines[0].name}: user alice may not sudo without a password, "
+            "which configure needs (packages, /opt/scalelab, /etc/hosts, tc); ask the host's "
+            "admins for passwordless sudo, or log in as root (ssh_user in the var-file); "
+            "already configured nodes can still be benchmarked without it, unshaped")
+        after = [ssh.run(m, kh, "cat /etc/hosts", timeout=30).stdout for m in machines]
+        assert after == before
+    finally:
+        if (state / "cluster.json").exists():
+            invoke("destroy", "--cluster", lab, timeout=300)
+
+
+def test_a_shaped_rate_on_nodes_without_sudo_is_refused_and_native_runs(tmp_path):
+    """Configured nodes whose login user has no passwordless sudo: tc cannot set a rate."""
+    import json
+
+    from conftest import invoke, unique_name
+    from test_targets import configured_record
+
+    name = unique_name("ns")
+    state = tmp_path / "state"
+    (state / "clusters" / name).mkdir(parents=True, mode=0o700)
+    rec = configured_record(name, "static", n=2)
+    for n in rec["nodes"]:
+        n["ssh_user"] = "alice"
+        n["facts"].update({"sudo": "no", "user": "alice"})
+    (state / "clusters" / name / "cluster.json").write_text(json.dumps(rec))
+    env = {"SCALELAB_HOME": str(state), "SCALELAB_REPORTS": str(tmp_path / "reports"),
+           "SCALELAB_INVENTORIES": str(tmp_path / "inv")}
+    args = ["bench", "--cluster", name, "--nodes", "1-2", "--batch-size", "32", "--model",
+            "resnet20", "--dry-run"]
+    proc = invoke(*args, "--bandwidth", "1gbit", env=env)
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        f"error: --bandwidth 1gbit: node {name}-n0's user alice may not sudo without a "
+        "password, which tc needs to set the rate; use --bandwidth native, or ask the host's "
+        "admins for passwordless sudo")
+    assert invoke(*args, env=env).returncode == 0
