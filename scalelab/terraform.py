@@ -256,6 +256,55 @@ class Result:
     stderr: str
 
 
+_REQUIRED = re.compile(r'^\s*required_version\s*=\s*"(?P<spec>[^"]+)"', re.MULTILINE)
+
+
+def required_version(module: Path | str) -> str:
+    """A module's `required_version` constraint from its .tf files ("" when none).
+
+    >>> required_version(Path(__file__).resolve().parent.parent / "terraform" / "aws")
+    '>= 1.3.0'
+    """
+    for tf in sorted(Path(module).glob("*.tf")):
+        m = _REQUIRED.search(tf.read_text())
+        if m:
+            return m["spec"].strip()
+    return ""
+
+
+def _release(text: str) -> tuple[int, ...]:
+    nums = re.findall(r"\d+", text.split("-")[0].split("+")[0])
+    return tuple(int(n) for n in nums[:3]) + (0,) * (3 - len(nums[:3]))
+
+
+def meets(version: str, constraint: str) -> bool:
+    """Whether a Terraform (or OpenTofu) version meets a required_version constraint: a comma-
+    separated list of =, !=, >, >=, <, <= and ~> terms.
+
+    >>> meets("1.0.3", ">= 1.3.0"), meets("1.9.8", ">= 1.3.0"), meets("1.6.2", ">= 1.0, < 2.0")
+    (False, True, True)
+    >>> meets("1.4.1", "~> 1.3"), meets("2.0.0", "~> 1.3"), meets("1.3.9", "~> 1.3.0")
+    (True, False, True)
+    """
+    have = _release(version)
+    for term in (t.strip() for t in constraint.split(",") if t.strip()):
+        m = re.match(r"^(>=|<=|!=|~>|=|>|<)?\s*(\S+)$", term)
+        if not m:
+            return False
+        op, want = m[1] or "=", _release(m[2])
+        if op == "~>":
+            parts = len(re.findall(r"\d+", m[2]))
+            upper = list(want[: max(1, parts - 1)])
+            upper[-1] += 1
+            ok = want <= have < tuple(upper + [0] * (3 - len(upper)))
+        else:
+            ok = {"=": have == want, "!=": have != want, ">": have > want, ">=": have >= want,
+                  "<": have < want, "<=": have <= want}[op]
+        if not ok:
+            return False
+    return True
+
+
 class Terraform:
     """Run Terraform against one working directory (``-chdir``)."""
 

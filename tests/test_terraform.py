@@ -661,3 +661,37 @@ def test_validate_with_a_local_provider_mirror(target, tmp_path, monkeypatch):
         t = Terraform(folder, binary=binary)
         t.init()
         t.run("validate")
+
+
+def test_a_terraform_older_than_the_module_is_refused_before_anything_is_written():
+    from scalelab.terraform import Terraform, find_binary, meets
+
+    binary = find_binary()
+    version = Terraform(".", binary=binary).version()
+    if meets(version, ">= 1.3.0"):
+        pytest.skip(f"this machine's Terraform {version} meets every module")
+    name = unique_name("aw")
+    with pytest.raises(TerraformError) as ei:
+        tf.provision(name, "aws", 2, MODULES / "aws/examples/minimal/scalelab.tfvars")
+    assert assert_one_line(ei.value) == (
+        f"{binary} is version {version}, and the aws module needs >= 1.3.0; install a "
+        "Terraform or OpenTofu that meets it and point SCALELAB_TERRAFORM at it (README, "
+        "'static, openstack, aws')")
+    assert_nothing_created(name)
+
+
+def test_destroy_uses_the_binary_that_applied(static_cluster, tmp_path):
+    """Not whatever is first on PATH at destroy time: the state was written by that one."""
+    from scalelab.terraform import find_binary
+
+    name, _ = static_cluster(nodes=2)
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "applied-terraform"
+    wrapper.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexec {find_binary()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    rec = load_cluster(name)
+    rec["terraform"]["binary"] = str(wrapper)
+    (cluster_dir(name) / "cluster.json").write_text(json.dumps(rec))
+    tf.destroy(name)
+    assert "destroy" in calls.read_text()
+    assert not cluster_dir(name).exists()

@@ -53,10 +53,13 @@ from scalelab.targets import TERRAFORM_TARGETS
 from scalelab.targets.interface import SshReachable
 from scalelab.terraform import (
     BASE_ENV,
+    BINARY_ENV,
     Terraform,
     TerraformError,
     find_binary,
+    meets,
     redact,
+    required_version,
 )
 
 log = logging.getLogger(__name__)
@@ -506,6 +509,15 @@ def provision(cluster: str, target: str, nodes: int | str, var_file: str | Path 
     created_dir = not cdir.exists()
     created: list[Path] = []  # what to remove if a new cluster fails before apply
     tf = Terraform(plan.workdir, binary=plan.binary, env=plan.env())
+    # before anything is written: a binary too old for the module would fail at init
+    # (asked outside the working directory and the plugin cache, neither of which exists yet)
+    version = Terraform(Path.cwd(), binary=plan.binary).version()
+    need = required_version(plan.module)
+    if need and not meets(version, need):
+        raise TerraformError(
+            f"{plan.binary} is version {version}, and the {target} module needs {need}; "
+            f"install a Terraform or OpenTofu that meets it and point {BINARY_ENV} at it "
+            "(README, 'static, openstack, aws')")
     before = _snapshot(plan.workdir) if plan.existing else {}
     step = "stage"
 
@@ -523,7 +535,6 @@ def provision(cluster: str, target: str, nodes: int | str, var_file: str | Path 
         if not plan.existing:
             created += [cdir / "cluster.json", plan.workdir]
         _stage(plan)
-        version = tf.version()
         status = plan.existing.get("status", "ready") if plan.existing else "provisioning"
         save_cluster(cluster, _record(plan, status,
                                       [Node.from_dict(n) for n in (plan.existing or {})
@@ -650,7 +661,11 @@ def destroy(cluster: str) -> None:
     rec, workdir = _terraform_record(cluster)
     meta = rec.get("terraform") or {}
     if (workdir / STATE_FILE).exists():
-        tf = Terraform(workdir, env={"TF_PLUGIN_CACHE_DIR": str(plugin_cache_dir())})
+        # the binary that applied the state, where it still is: another may read it otherwise
+        used = meta.get("binary")
+        binary = used if used and os.sep in used and os.access(used, os.X_OK) else None
+        tf = Terraform(workdir, binary=binary,
+                       env={"TF_PLUGIN_CACHE_DIR": str(plugin_cache_dir())})
         try:
             tf.init()
             tf.destroy(var_file=meta.get("var_file"), variables=meta.get("variables") or {})
