@@ -37,8 +37,8 @@ variable "operator_cidr" {
   description = "IPv4 range the operator works from, e.g. 203.0.113.7/32: the only source allowed to reach SSH and JupyterLab."
 
   validation {
-    condition     = can(cidrhost(var.operator_cidr, 0)) && can(regex("^[0-9.]+/([1-9]|[12][0-9]|3[0-2])$", var.operator_cidr))
-    error_message = "The operator_cidr must be an IPv4 CIDR with a prefix of /1 to /32 (never the whole internet), e.g. 203.0.113.7/32."
+    condition     = can(cidrhost(var.operator_cidr, 0)) && can(regex("^[0-9.]+/(1[6-9]|2[0-9]|3[0-2])$", var.operator_cidr))
+    error_message = "The operator_cidr must be an IPv4 CIDR with a prefix of /16 to /32 (your own address or your site's range, never a large part of the internet), e.g. 203.0.113.7/32."
   }
 }
 

@@ -97,12 +97,14 @@ resource "openstack_networking_secgroup_rule_v2" "jupyter_from_operator" {
   remote_ip_prefix  = var.operator_cidr
 }
 
+# Members of the cluster's own group only: with existing_network the subnet is shared, and
+# other tenants must not reach the unauthenticated Gloo/torchrun ports or JupyterLab.
 resource "openstack_networking_secgroup_rule_v2" "cluster_internal" {
   security_group_id = openstack_networking_secgroup_v2.cluster.id
-  description       = "Any protocol between the cluster's nodes (NCCL, Gloo, torchrun rendezvous, SSH)"
+  description       = "Any protocol between the cluster's own nodes (NCCL, Gloo, torchrun rendezvous, SSH)"
   direction         = "ingress"
   ethertype         = "IPv4"
-  remote_ip_prefix  = local.subnet_cidr
+  remote_group_id   = openstack_networking_secgroup_v2.cluster.id
 }
 
 resource "openstack_networking_secgroup_rule_v2" "egress" {
