@@ -242,3 +242,16 @@ def test_profile_refuses_cuda_where_there_is_none_and_names_the_device(tmp_path)
     assert proc.stderr.strip() == ("error: --device cuda but this machine's torch "
                                    f"{torch.__version__} sees no GPU; run invoke profile on the "
                                    "GPU node (or --device cpu to profile this CPU)")
+
+
+def test_the_eta_takes_gpu_step_times_only_for_runs_that_train_on_gpus():
+    from scalelab import driver, estimate
+    from scalelab.sweep import plan
+
+    nodes = [gpu_node(0), gpu_node(1)]
+    on_gpus = plan(spec(procs_per_node="1"), nodes, can_shape=True)
+    on_cpus = plan(spec(procs_per_node="1", device="cpu"), nodes, can_shape=True)
+    assert driver._device(on_gpus) == "gpu" and driver._device(on_cpus) == "cpu"
+    gpu_eta = estimate.estimate_duration_s(on_gpus, device=driver._device(on_gpus))
+    cpu_eta = estimate.estimate_duration_s(on_cpus, device=driver._device(on_cpus))
+    assert gpu_eta < cpu_eta
