@@ -9,7 +9,8 @@ cd "$(dirname "$0")"
 
 APT_PACKAGES=(openssh-server openssh-client iproute2 iperf3 procps chromium
               nfs-ganesha nfs-ganesha-vfs libnfs-utils rsync g++ make dpkg-dev
-              munge slurm-client slurmctld slurmd slurmdbd mariadb-server)
+              munge slurm-client slurmctld slurmd slurmdbd mariadb-server
+              docker.io mmdebstrap)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -22,8 +23,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   echo "bootstrap: installing ${missing[*]}"
   apt-get update -qq
-  # No service of these packages starts on the host (munge, MariaDB, Slurm's daemons): scalelab
-  # runs its own per node. A policy-rc.d of our own says so to the packages' scripts while
+  # No service of these packages starts on the host (munge, MariaDB, Slurm's daemons, Docker):
+  # scalelab runs its own per node. A policy-rc.d of our own says so to the packages' scripts while
   # they install, and goes again (one that was there before is left alone).
   policy=/usr/sbin/policy-rc.d
   ours=""
@@ -37,7 +38,8 @@ fi
 # The packages' scripts may start services on the host, or enable them for the next boot;
 # scalelab runs its own per node.
 systemctl disable --now ssh.socket ssh.service nfs-ganesha.service munge.service \
-  mariadb.service slurmctld.service slurmd.service slurmdbd.service >/dev/null 2>&1 || true
+  mariadb.service slurmctld.service slurmd.service slurmdbd.service docker.socket \
+  docker.service containerd.service >/dev/null 2>&1 || true
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3

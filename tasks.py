@@ -199,13 +199,15 @@ def _print_nodes(result) -> None:
     "partition": "with --launcher slurm: the partition (default: the cluster's default one)",
     "timeout": "seconds a run may take, launch to exit, before it is ended (and its Slurm "
                "job cancelled)",
+    "runtime": "host (ranks on the nodes) or container (every rank in a container of the "
+               "training image: invoke image, then invoke configure --image)",
 })
 @friendly
 def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
           launcher="", partition="", timeout="", device="", fabric="", channels_last=False,
-          loader_workers="", pin_memory="", allreduce_sizes=""):
+          loader_workers="", pin_memory="", allreduce_sizes="", runtime=""):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -229,7 +231,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             launcher=launcher or None, partition=partition or None, timeout_s=timeout or None,
             device=device or None, fabric=fabric or None, channels_last=channels_last or None,
             loader_workers=loader_workers or None, pin_memory=pin_memory or None,
-            allreduce_sizes=allreduce_sizes or None,
+            allreduce_sizes=allreduce_sizes or None, runtime=runtime or None,
             sweep_file=sweep or None)
         prep = driver.prepare(cluster, spec)
     if dry_run:
@@ -296,9 +298,11 @@ def _progress_bar(total: int, estimate_s: float) -> _Bar:
     "verify": "afterwards, run playbooks/verify.yml (observable state of every role)",
     "bundle": "install from this offline bundle (made by invoke bundle): for hosts that "
               "cannot reach a package index",
+    "image": "load this training image archive (made by invoke image) on every node, with "
+             "Docker, for invoke bench --runtime container",
 }, auto_shortflags=False)
 @friendly
-def configure(c, cluster="demo", tags="", check=False, verify=False, bundle=""):
+def configure(c, cluster="demo", tags="", check=False, verify=False, bundle="", image=""):
     """Run playbooks/site.yml on a cluster through ansible-runner, record the node facts."""
     from scalelab import configure as cfg
 
@@ -308,7 +312,7 @@ def configure(c, cluster="demo", tags="", check=False, verify=False, bundle=""):
             print(line, flush=True)
 
     result = cfg.run(cluster, tags=tags or None, check=check, progress=show,
-                     bundle=bundle or None)
+                     bundle=bundle or None, image=image or None)
     print(f"{cluster}: configured in {result.duration_s:.0f} s, {result.changed} changes")
     if not check:
         from scalelab.state import load_cluster
@@ -322,6 +326,39 @@ def configure(c, cluster="demo", tags="", check=False, verify=False, bundle=""):
     if verify:
         cfg.verify(cluster, tags=tags or None, progress=show)
         print(f"{cluster}: verified")
+
+
+@task(help={
+    "wheel_dir": "directories with wheels scalelab built (comma-separated); default: the "
+                 "Horovod wheel cache of scripts/build_horovod.sh",
+    "force": "build again even when the cache holds an image made of the same inputs",
+    "dry_run": "print what the image would be made of and where it would go; build nothing",
+})
+@friendly
+def image(c, wheel_dir="", force=False, dry_run=False):
+    """Build the training image (Debian + the bundle's wheelhouse + workloads) as an archive."""
+    from pathlib import Path
+
+    from scalelab import bundle as bundles
+    from scalelab import image as images
+
+    dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
+        [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
+              Path.home() / ".cache" / "scalelab" / "wheels")]
+    constraints = Path(__file__).resolve().parent / "constraints.txt"
+    if dry_run:
+        _apt, reqs = bundles.default_contents(slurm=False)
+        local = bundles.pick_local_wheels(dirs, bundles.torch_pin(reqs, constraints))
+        key = images.key_of(images.inputs(reqs, constraints, local))
+        print(f"image {images.REPO}:{key}: Debian {images.SUITE} "
+              f"({', '.join(images.APT_PACKAGES)}), {', '.join(reqs)} from the wheelhouse "
+              f"({', '.join(w.name for w in local) or 'no local wheels'}), bench/workloads")
+        print(f"archive: {images.cache_root() / key / images.ARCHIVE}")
+        return
+    meta = images.build(wheel_dirs=dirs, constraints=constraints, force=force,
+                        progress=lambda line: print(line, flush=True))
+    print(f"image: {meta['archive']} ({meta['tag']}, {meta['id']}); load it with "
+          f"invoke configure --cluster NAME --image {meta['archive']}")
 
 
 @task(help={
@@ -502,5 +539,5 @@ def lint(c):
     print("lint: all clean")
 
 
-ns = Collection(provision, destroy, status, check, shape, configure, bundle, bench, profile, report, demo,
-                test, lint)
+ns = Collection(provision, destroy, status, check, shape, configure, bundle, image, bench, profile,
+                report, demo, test, lint)

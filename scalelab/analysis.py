@@ -1,7 +1,8 @@
-"""How training scales and why: efficiency, confidence intervals, the ring-allreduce model, bottleneck.
+"""How training scales: efficiency, confidence intervals, the ring-allreduce model.
 
 Pure functions over numbers or over the run frame that scalelab.results builds (one row per
-train run). Nothing here reads files, logs figures as if measured, or plots.
+train run). Nothing here reads files, logs figures as if measured, or plots. The overlap model
+is scalelab.overlap; what limits each point, named from the model, is scalelab.verdict.
 
 Definitions used throughout:
 
@@ -42,13 +43,6 @@ SERIES_KEYS = ("sweep_id", "model", "engine", "precision", "data", "batch_size",
 # allreduce over 1-10 Gbit/s TCP; it only matters for small models or many ranks.
 DEFAULT_ALPHA_S = 50e-6
 
-COMPUTE_BOUND_EFFICIENCY = 0.90  # efficiency at the largest size at or above this: compute-bound
-NETWORK_SHARE = 0.10  # predicted communication share of a step at or above this: network matters
-TRACKING_TOLERANCE = 0.15  # |measured - predicted| efficiency within this: the model explains it
-LINK_SHORTFALL = 0.80  # measured link below this fraction of the requested rate: emulation-bound
-INPUT_SLOWDOWN = 1.10  # real-data step this much slower than synthetic: input-bound
-COMPUTE_INFLATION = 1.25  # compute per step this much above the smallest size's: contention
-
 # The fidelity guard of emulated accelerators (issue: emulation on one host): a run is
 # emulation-bound when, during its timed steps, the host had less than this CPU idle ...
 HOST_IDLE_MIN = 0.10
@@ -56,8 +50,6 @@ HOST_IDLE_MIN = 0.10
 COMPUTE_FIDELITY = 0.05
 # ... or the link, measured at its dilated rate, delivered less than this share of it.
 LINK_FIDELITY = 0.90
-
-BOTTLENECKS = ("network-bound", "compute-bound", "input-bound", "emulation-bound", "undetermined")
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -296,7 +288,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     (``thr``), per-worker throughput (``per_worker``) and efficiency (``eff``): ``_mean``,
     ``_lo``, ``_hi``; plus the means of step_time_mean_s, compute_time_mean_s,
     comm_time_mean_s, comm_inflight_mean_s (time gradients were in flight, overlapped or not),
-    comm_fraction, link_mbit_measured, busbw_mb_s, gradient_bytes and
+    data_time_mean_s (time a rank waited for its input batch), comm_fraction, link_mbit_measured, busbw_mb_s, gradient_bytes and
     bandwidth_mbit. Rows are sorted by series then world size.
     """
     keys = [*SERIES_KEYS, "world_size"]
@@ -307,8 +299,9 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     eff = (frame["scaling_efficiency"] if "scaling_efficiency" in frame
            else add_efficiency(frame))[ok.index]
     work = ok.assign(_eff=eff)
-    if "comm_inflight_mean_s" not in work:  # frames from before it was recorded
-        work["comm_inflight_mean_s"] = np.nan
+    for col in ("comm_inflight_mean_s", "data_time_mean_s"):  # frames from before they were recorded
+        if col not in work:
+            work[col] = np.nan
     if "baseline_world_size" not in work:
         work["baseline_world_size"] = baseline_world_size(frame)[work.index]
     # frames from before emulated accelerators
@@ -329,6 +322,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         compute_time_mean_s=("compute_time_mean_s", "mean"),
         comm_time_mean_s=("comm_time_mean_s", "mean"),
         comm_inflight_mean_s=("comm_inflight_mean_s", "mean"),
+        data_time_mean_s=("data_time_mean_s", "mean"),
         comm_fraction=("comm_fraction", "mean"),
         link_mbit_measured=("link_mbit_measured", "mean"),
         busbw_mb_s=("busbw_mb_s", "mean"),
@@ -451,13 +445,15 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
     step(N) = compute + comm(N), or max of the two with ``overlap``; predicted efficiency =
     step(N0) / step(N), because with a fixed batch per worker throughput is N x batch / step.
 
-    Adds: link_mbit_model, link_source, predicted_comm_s, predicted_step_s,
-    predicted_comm_share (comm / predicted step) and predicted_eff.
+    Adds: link_mbit_model, link_source, predicted_comm_s, predicted_compute_s (the compute
+    above), predicted_step_s, predicted_comm_share (comm / predicted step) and predicted_eff.
+    These are the ring model's; the report's one prediction per point is
+    scalelab.overlap.add_prediction's, which falls back to them where no profile exists.
     """
     out = summary.copy()
     if out.empty:
-        for col in ("link_mbit_model", "link_source", "predicted_comm_s", "predicted_step_s",
-                    "predicted_comm_share", "predicted_eff"):
+        for col in ("link_mbit_model", "link_source", "predicted_comm_s", "predicted_compute_s",
+                    "predicted_step_s", "predicted_comm_share", "predicted_eff"):
             out[col] = pd.Series(dtype=float)
         return out
     rate, source = model_link_mbit(out["link_mbit_measured"], out["bandwidth_mbit"],
@@ -475,6 +471,7 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
         out["compute_time_mean_s"].notna(), out["step_time_mean_s"] - out["predicted_comm_s"])
     base_compute = (compute_base.where(is_base).groupby([out[k] for k in keys], dropna=False)
                     .transform("max"))
+    out["predicted_compute_s"] = base_compute
     out["predicted_step_s"] = predict_step_time_s(base_compute, out["predicted_comm_s"], overlap)
     base_step = out["predicted_step_s"].where(is_base).groupby(
         [out[k] for k in keys], dropna=False).transform("max")
@@ -483,26 +480,7 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
     return out
 
 
-# ---------------------------------------------------------------------------- bottleneck
-
-@dataclass(frozen=True)
-class Bottleneck:
-    """What limits one series, judged at its largest world size."""
-
-    series: dict[str, Any]
-    kind: str  # one of BOTTLENECKS
-    world_size: int
-    measured_eff: float
-    predicted_eff: float
-    comm_share: float
-    explanation: str  # one sentence
-
-    @property
-    def label(self) -> str:
-        s = self.series
-        return (f"batch {s.get('batch_size')}, {s.get('bandwidth')}, "
-                f"{s.get('procs_per_node')} proc/node")
-
+# ---------------------------------------------------------------------------- the hosts
 
 def host_limits(sweep: dict[str, Any]) -> dict[str, Any]:
     """What the emulation check needs from sweep.json: target, host cores, node CPU share.
@@ -528,129 +506,3 @@ def host_limits(sweep: dict[str, Any]) -> dict[str, Any]:
     emulated = bool(sweep.get("emulated", bool(sweep.get("host_cpus"))))
     return {"target": sweep.get("target") or "", "emulated": emulated, "host_cpus": host,
             "node_cpus": min(cpus) if cpus else math.nan}
-
-
-def _pct(x: float) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:.0f}%"
-
-
-def classify(modelled: pd.DataFrame, limits: dict[str, dict[str, Any]] | None = None
-             ) -> list[Bottleneck]:
-    """Name the bottleneck of every series (rows from add_model), at its largest world size.
-
-    ``limits`` maps sweep_id -> host_limits(sweep.json). Rules, first match wins:
-
-    1. input-bound: the series reads real data and its step is INPUT_SLOWDOWN x slower than
-       the synthetic-data series that matches it at the same world size;
-    2. compute-bound: efficiency >= COMPUTE_BOUND_EFFICIENCY (near 1: nothing to explain);
-    3. emulation-bound: on the local target the ranks outnumber the host cores, or a node's
-       processes outnumber its CPU share, or each rank's compute per step grew by
-       COMPUTE_INFLATION over the smallest world size's (same work per rank, so the ranks
-       compete for host CPU); or (any target) the measured link rate is below LINK_SHORTFALL
-       of the requested one;
-    4. network-bound: the model gives communication >= NETWORK_SHARE of a step and the
-       measured efficiency is within TRACKING_TOLERANCE of the predicted one;
-    5. undetermined: anything else (one world size only, or a gap the model does not explain).
-    """
-    limits = limits or {}
-    if modelled.empty:
-        return []
-    keys = list(SERIES_KEYS)
-    synth = modelled[modelled["data"] == "synthetic"].set_index(
-        [k for k in keys if k != "data"] + ["world_size"])["step_time_mean_s"]
-    results: list[Bottleneck] = []
-    for key, grp in modelled.groupby(keys, dropna=False, sort=True):
-        series = dict(zip(keys, key, strict=True))
-        row = grp.loc[grp["world_size"].idxmax()]
-        n = int(row["world_size"])
-        eff = float(row["eff_mean"])
-        pred = float(row["predicted_eff"])
-        share = float(row["predicted_comm_share"])
-        kind, why = _judge(series, row, grp, synth, limits.get(series["sweep_id"], {}))
-        results.append(Bottleneck(series, kind, n, eff, pred, share, why))
-    return results
-
-
-def _judge(series: dict[str, Any], row: pd.Series, grp: pd.DataFrame, synth: pd.Series,
-           lim: dict[str, Any]) -> tuple[str, str]:
-    n = int(row["world_size"])
-    eff = float(row["eff_mean"])
-    pred = float(row["predicted_eff"])
-    share = float(row["predicted_comm_share"])
-    step = float(row["step_time_mean_s"])
-    if series["data"] not in ("synthetic", "", None):
-        key = tuple(series[k] for k in SERIES_KEYS if k != "data") + (row["world_size"],)
-        ref = synth.get(key) if key in synth.index else None
-        if ref is not None and not isinstance(ref, pd.Series) and step > INPUT_SLOWDOWN * ref:
-            return "input-bound", (
-                f"With real data a step takes {step:.3g} s against {float(ref):.3g} s on "
-                f"synthetic data at {n} ranks, so the input pipeline, not the network, "
-                "limits throughput.")
-    if grp["world_size"].nunique() < 2:
-        return "undetermined", (f"Only one world size ({n}) was measured, so scaling cannot "
-                                "be judged.")
-    if row.get("accelerator") and row.get("fidelity"):
-        # emulated accelerators sleep instead of computing: the fidelity guard's measurements,
-        # not core counts, say whether the host kept up
-        return "emulation-bound", (
-            f"At {n} ranks the emulation fell short ({row['fidelity']}), so the "
-            f"{_pct(eff)} efficiency reflects the host, not the emulated cluster.")
-    if eff >= COMPUTE_BOUND_EFFICIENCY:
-        return "compute-bound", (
-            f"At {n} ranks efficiency is {_pct(eff)} (model {_pct(pred)}): communication is "
-            "small next to compute, so more nodes add throughput almost linearly.")
-    if row.get("accelerator"):
-        return _judge_network(series, row, n, eff, pred, share)
-    host = float(lim.get("host_cpus") or math.nan)
-    node_cpus = float(lim.get("node_cpus") or math.nan)
-    ppn = int(series["procs_per_node"])
-    if lim.get("emulated") and host > 0 and n > host:
-        return "emulation-bound", (
-            f"{n} ranks share {host:g} host cores of the emulated cluster, so they compete for "
-            f"CPU and the {_pct(eff)} efficiency reflects the emulation, not the network.")
-    if lim.get("emulated") and node_cpus > 0 and ppn > node_cpus:
-        return "emulation-bound", (
-            f"{ppn} processes per node share a {node_cpus:g}-CPU node, so they compete for CPU "
-            f"and the {_pct(eff)} efficiency reflects the emulation, not the network.")
-    base = grp.loc[grp["world_size"].idxmin()]
-    grew = float(row["compute_time_mean_s"]) / float(base["compute_time_mean_s"])
-    if grew > COMPUTE_INFLATION:
-        what = (f"Each rank's compute per step grew from {float(base['compute_time_mean_s']):.3g}"
-                f" s at {int(base['world_size'])} to {float(row['compute_time_mean_s']):.3g} s at "
-                f"{n} ranks for the same work")
-        if lim.get("emulated"):
-            return "emulation-bound", (
-                f"{what}: the emulated nodes compete for the host's CPU cores, so the "
-                f"{_pct(eff)} efficiency reflects the emulation, not the network.")
-        return "undetermined", (f"{what}, so the {_pct(eff)} efficiency is lost in compute, not "
-                                "communication: look for CPU contention, throttling or stragglers.")
-    measured = float(row["link_mbit_measured"])
-    requested = float(row["bandwidth_mbit"])
-    if measured > 0 and requested > 0 and measured < LINK_SHORTFALL * requested:
-        return "emulation-bound", (
-            f"The link delivered {measured:.0f} of the {requested:.0f} Mbit/s requested "
-            f"({_pct(measured / requested)}), so the shaped link, not the model, sets the pace.")
-    return _judge_network(series, row, n, eff, pred, share)
-
-
-def _judge_network(series: dict[str, Any], row: pd.Series, n: int, eff: float, pred: float,
-                   share: float) -> tuple[str, str]:
-    if share >= NETWORK_SHARE and abs(eff - pred) <= TRACKING_TOLERANCE:
-        comm = float(row["predicted_comm_s"])
-        gb = float(row["gradient_bytes"]) / 1e6
-        return "network-bound", (
-            f"At {n} ranks efficiency is {_pct(eff)} and the ring model predicts {_pct(pred)}: "
-            f"each step moves 2(N-1)/N x {gb:.3g} MB over a {float(row['link_mbit_model']):.0f}"
-            f" Mbit/s link ({comm:.3g} s, {_pct(share)} of the step), so the link sets the pace.")
-    if math.isnan(pred):
-        return "undetermined", (
-            f"At {n} ranks efficiency is {_pct(eff)}, but no link rate is known (native link, "
-            "no measurement, no allreduce probe), so the model cannot say why.")
-    if abs(eff - pred) <= TRACKING_TOLERANCE:
-        return "undetermined", (
-            f"At {n} ranks efficiency is {_pct(eff)} and the ring model predicts {_pct(pred)}, "
-            f"but communication is only {_pct(share)} of a step, so no single cause stands out.")
-    return "undetermined", (
-        f"At {n} ranks efficiency is {_pct(eff)} but the ring model predicts {_pct(pred)}; the "
-        "gap is not explained by the link rate: look for stragglers, CPU contention or "
-        "framework overhead.")

@@ -28,7 +28,7 @@ import yaml
 
 from scalelab.errors import InputError, ScalelabError
 from scalelab.nodes import nodes_of
-from scalelab.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, private_dir
+from scalelab.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, private_dir, save_cluster
 from scalelab.targets import base as targets
 
 log = logging.getLogger(__name__)
@@ -338,14 +338,16 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
         progress: Callable[[Progress], None] | None = None, *,
         playbook: str = SITE, skip_tags: Sequence[str] | str | None = None,
         limit: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-        bundle: str | Path | None = None) -> ConfigureResult:
+        bundle: str | Path | None = None, image: str | Path | None = None) -> ConfigureResult:
     """Apply playbooks/site.yml (or another playbook there) to a cluster.
 
     tags/skip_tags pick roles by their site.yml tags; check runs Ansible in check mode with
     diffs; extravars override role defaults (e.g. {"netshape_rate": "1gbit"}); progress gets a
     Progress record per play, task and host result; bundle: an offline bundle made by
-    `invoke bundle` that the roles install from (hosts without internet). Raises
-    ConfigureError unless every host succeeded.
+    `invoke bundle` that the roles install from (hosts without internet); image: a training
+    image archive made by `invoke image`, which the docker_nvidia role loads on every node
+    (recorded as the cluster's "image" once configure succeeded). Raises ConfigureError unless
+    every host succeeded.
 
     Before Ansible changes anything, every node is probed (scalelab.facts): an unreachable
     node, a node without an interface holding its cluster address, or a bundle that lacks a
@@ -367,6 +369,18 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
         apt, reqs = bundles.default_contents(slurm="slurm" in parse_tags(tags, known_tags()))
         bundles.check(bundle_dir, apt, reqs)
         variables_extra["scalelab_bundle_dir"] = str(bundle_dir)
+    image_meta = None
+    if image:
+        from scalelab import image as images
+
+        image_meta = images.read_meta(Path(image))  # ImageError with the fix, before any host
+        if not targets.capabilities(rec).containers:
+            raise InputError(f"--image: the nodes of cluster {cluster} cannot run a Docker "
+                             "engine; train on the host (invoke bench --runtime host)")
+        variables_extra.update({
+            "docker_nvidia_image_archive": str(Path(image).expanduser().resolve()),
+            "docker_nvidia_image_tag": image_meta["tag"],
+            "docker_nvidia_image_id": image_meta["id"]})
     if not targets.capabilities(rec).configurable:
         raise InputError(f"cluster {cluster} is reached through its "
                          "login host only: scalelab installs nothing there; its facts came from "
@@ -443,7 +457,11 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
     log.info("configure %s: %s in %.1f s, %d changes", cluster, playbook, duration,
              result.changed)
     if playbook == SITE and not check:
-        facts.record(cluster, facts.probe(nodes, rec["known_hosts"]))
+        done = facts.record(cluster, facts.probe(nodes, rec["known_hosts"]))
+        if image_meta is not None and "docker_nvidia" in (tag_list or ["docker_nvidia"]):
+            done["image"] = {k: image_meta.get(k) for k in ("id", "tag", "contents", "workloads")}
+            done["image"]["archive"] = str(Path(image).expanduser().resolve())
+            save_cluster(cluster, done)
     return result
 
 

@@ -14,6 +14,7 @@ process groups in flight (.inflight.json in the sweep directory), and the rate t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -155,7 +156,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                link_mbit: float | None, rate: float | None,
                link_error: str = "", launcher: str = "",
                job: dict[str, Any] | None = None,
-               single_mbit: float | None = None) -> dict[str, Any]:
+               single_mbit: float | None = None,
+               image: dict[str, Any] | None = None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
@@ -167,6 +169,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                 "target": target, "nodes": list(run.node_names), "tc": netshape.describe(rate)})
     if launcher:
         env["launcher"] = launcher
+    if image:  # the ranks ran in containers of this image
+        env["image"] = {"id": image.get("id"), "tag": image.get("tag")}
     measured: dict[str, Any] = {"ranks": result.get("ranks", []), "env": env,
                                 "gradient_bytes": result.get("gradient_bytes"),
                                 "link_mbit_measured": link_mbit,
@@ -196,10 +200,12 @@ class Launcher:
     """How a sweep starts its runs: over SSH on the nodes, or as Slurm jobs on a login host."""
 
     def __init__(self, kind: str, login: Node, rt: launch.Runtime, emulated: bool,
-                 partition: str | None = None) -> None:
+                 partition: str | None = None, container: Any = None) -> None:
         self.kind, self.rt, self.emulated, self.partition = kind, rt, emulated, partition
         self.login = login  # where srun and sacct run for Slurm jobs (the target says)
         self.warm: str | None = None  # the warm-start servers' name, while they serve
+        # a scalelab.containers.Spec: every rank runs in a container of the training image
+        self.container = container
 
     def measure_link(self, nodes: list[Node], port: int, stop: threading.Event | None,
                      seconds: float = 1.0, streams: int = 1) -> tuple[float | None, str]:
@@ -227,11 +233,23 @@ class Launcher:
             inflight: Path) -> tuple[str, launch.LaunchResult, dict[str, Any] | None]:
         """Start, wait, reap one run; (launcher name, result, the Slurm job's record)."""
         ppn = run.params["procs_per_node"]
+        fabric, device = run.params.get("fabric") or "tcp", run.params.get("device") or "cpu"
+        if self.kind != "slurm" and self.container is not None:
+            from scalelab import image
+
+            spec = dataclasses.replace(self.container, gpus=device == "cuda",
+                                       rdma=fabric == "rdma")
+            inside = launch.Runtime(image.PYTHON, image.PREFIX, self.rt.known_hosts)
+            name, cmds = launch.rank_commands(engine, nodes, ppn, script, args, inside, port,
+                                              shared_host=self.emulated, fabric=fabric,
+                                              device=device, in_container=True)
+            cmds = [dataclasses.replace(c, container=spec) for c in cmds]
+            return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
+                                    inflight=inflight), None
         if self.kind != "slurm":
             name, cmds = launch.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
                                               shared_host=self.emulated, warm=self.warm,
-                                              fabric=run.params.get("fabric") or "tcp",
-                                              device=run.params.get("device") or "cpu")
+                                              fabric=fabric, device=device)
             return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
                                     inflight=inflight), None
         from scalelab import slurm
@@ -253,20 +271,24 @@ class Launcher:
 
 
 def _warm(caps: targets.Capabilities, spec) -> bool:
-    """Whether runs that start without a launcher are forked from warm-start servers."""
-    return caps.shares_host_cpus and spec.launcher != "slurm"
+    """Whether runs that start without a launcher are forked from warm-start servers (on the
+    host: a container starts its own interpreter)."""
+    return caps.shares_host_cpus and spec.launcher != "slurm" \
+        and getattr(spec, "runtime", "host") == "host"
 
 
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             on_progress: Callable[[Progress], None] | None = None,
             stop: threading.Event | None = None, netprobe: bool = True,
-            launcher: str = "ssh", partition: str | None = None) -> dict[str, int]:
+            launcher: str = "ssh", partition: str | None = None,
+            runtime: str = "host") -> dict[str, int]:
     """Run the given plan entries in order, committing each record as soon as it finishes.
 
     stop (an Event, set by the signal handler of start/resume): no new run starts, the run
     in flight is ended and recorded as interrupted, link rates are restored, then
     KeyboardInterrupt is raised. launcher: ssh, or slurm (every run a job on the head node's
-    Slurm, in partition, or the default one).
+    Slurm, in partition, or the default one). runtime: host, or container (every rank in a
+    container of the cluster's training image, recorded by configure --image).
     """
     rec = load_cluster(cluster)
     all_nodes = nodes_of(rec)
@@ -277,8 +299,13 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     sweep_id = sweep_dir.name
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
     links: dict[Any, tuple[float | None, str, float | None]] = {}
+    container = None
+    if runtime == "container":
+        from scalelab import containers
+
+        container = containers.Spec(rec["image"]["tag"], rec["image"]["id"])
     starter = Launcher(launcher, target.login(rec), rt, caps.shares_host_cpus,
-                       partition or target.default_partition(rec))
+                       partition or target.default_partition(rec), container)
 
     def calibrate() -> float | None:
         shaper.set(None)
@@ -291,7 +318,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
         return stop is not None and stop.is_set()
 
     # ranks started directly on shared cores are forked from a warm-start server per node
-    direct = [r for r in runs if launcher != "slurm"
+    direct = [r for r in runs if launcher != "slurm" and container is None
               and launch.run_starts_directly(r, caps.shares_host_cpus)]
     warm = (WarmPool(all_nodes[: max(r.params["nodes"] for r in direct)], rt, sweep_dir / WARM)
             if direct else None)
@@ -340,7 +367,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             measured_mbit = None if parallel is None else parallel * dilation
             single = None if single is None else single * dilation
             record = run_record(sweep_id, run, rec["target"], res, started, measured_mbit, rate,
-                                why, launcher_name, job, single_mbit=single)
+                                why, launcher_name, job, single_mbit=single,
+                                image=rec.get("image") if container is not None else None)
             store.append_run(sweep_dir, record)
             counts[res.status] = counts.get(res.status, 0) + 1
             if on_progress:
@@ -451,6 +479,8 @@ def prepare(cluster: str, spec) -> Prepared:
                          f"{(n.facts or {}).get('user') or n.ssh_user} may not sudo without a "
                          "password, which tc needs to set the rate; use --bandwidth native, or "
                          "ask the host's admins for passwordless sudo")
+    if getattr(spec, "runtime", "host") == "container" and runs:
+        check_container_runtime(cluster, rec, spec, runs, nodes)
     if spec.launcher == "slurm" and runs:
         from scalelab import slurm
 
@@ -462,6 +492,47 @@ def prepare(cluster: str, spec) -> Prepared:
                     [n.name for n in nodes[:most]], fix=fix)
     return Prepared(cluster, spec, runs, estimate.estimate_duration_s(
         runs, device=_device(runs), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
+
+
+def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
+                            nodes: list[Node]) -> None:
+    """--runtime container: the nodes run Docker and hold the cluster's training image, which
+    has what the runs need; InputError naming the first gap and its fix, before any run."""
+    from scalelab import image as images
+
+    fix = (f"build one with invoke image and load it with invoke configure --cluster {cluster} "
+           "--image ARCHIVE")
+    if spec.launcher == "slurm":
+        raise InputError("--runtime container with --launcher slurm needs Slurm's container "
+                         "plugin (pyxis: srun --container-image), which scalelab does not drive; "
+                         "use --launcher ssh or --runtime host")
+    img = rec.get("image")
+    if not isinstance(img, dict) or not img.get("id"):
+        raise InputError(f"--runtime container: cluster {cluster} has no training image; {fix}")
+    lacking = images.missing_for(img.get("contents") or {}, sorted({
+        r.params["engine"] for r in runs if r.kind == "train"}))
+    if lacking:
+        raise InputError(f"--runtime container: image {img['tag']} lacks {', '.join(lacking)}, "
+                         f"which these runs need; {fix} (an image invoke image built has both)")
+    if img.get("workloads") is not None and img["workloads"] != images.workloads_now():
+        raise InputError(f"--runtime container: image {img['tag']} holds other workloads than "
+                         f"this checkout's bench/workloads; {fix}")
+    used = nodes[:max(r.params["nodes"] for r in runs)]
+    cuda = any(r.params.get("device") == "cuda" for r in runs)
+    for n in used:
+        f = n.facts or {}
+        if not f.get("docker"):
+            raise InputError(f"--runtime container: node {n.name} has no Docker engine that "
+                             f"{f.get('user') or n.ssh_user} can use; {fix}")
+        if (f.get("images") or {}).get(img["tag"]) != img["id"]:
+            raise InputError(f"--runtime container: node {n.name} does not hold image "
+                             f"{img['tag']} ({img['id'][:19]}); load it with invoke configure "
+                             f"--cluster {cluster} --image {img.get('archive') or 'ARCHIVE'}")
+        if cuda and "nvidia" not in (f.get("docker_runtimes") or []):
+            raise InputError(f"--runtime container: node {n.name}'s Docker has no nvidia runtime, "
+                             "so a container cannot see its GPUs; configure it again (the "
+                             "docker_nvidia role installs the NVIDIA container toolkit on GPU "
+                             "nodes), or run with --runtime host")
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
@@ -488,6 +559,10 @@ def start(prep: Prepared, reports_root: Path,
 
     stop = stop if stop is not None else threading.Event()
     with interrupts_stop(stop):
+        ended = end_abandoned(reports_root, prep.cluster)
+        if ended:
+            log.warning("ended %d process groups that a killed driver left on cluster %s",
+                        ended, prep.cluster)
         if prep.spec.launcher != "slurm":  # a Slurm sweep's nodes were asked of sinfo
             preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
         if stop.is_set():
@@ -497,6 +572,29 @@ def start(prep: Prepared, reports_root: Path,
         store.update_latest(reports_root, sweep_id)
         return sweep_dir, _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec,
                                           on_progress, stop)
+
+
+def end_abandoned(reports_root: Path, cluster: str) -> int:
+    """End what killed drivers left running on this cluster's nodes (ranks, their containers,
+    warm-start servers), in every sweep of it that no driver holds now, as --resume would:
+    a new sweep never starts beside a dead one's ranks. Returns how many groups were listed."""
+    rec = load_cluster(cluster)
+    ended = 0
+    for marker in sorted([*Path(reports_root).glob(f"*/{INFLIGHT}"),
+                          *Path(reports_root).glob(f"*/{WARM}")]):
+        sweep_dir = marker.parent
+        try:
+            meta = store.read_meta(sweep_dir)
+        except (ScalelabError, OSError):
+            continue
+        if meta.get("cluster") != cluster:
+            continue
+        try:
+            with store.hold_sweep(sweep_dir):  # a live driver holds its own: left alone
+                ended += launch.reap_inflight(marker, rec["known_hosts"], retry_s=5.0)
+        except store.StoreError:
+            continue
+    return ended
 
 
 def prepare_resume(reports_root: Path, sweep_id: str,
@@ -546,7 +644,8 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
             counts = execute(cluster, sweep_dir, runs, spec.timeout_s, on_progress, stop,
                              netprobe=getattr(spec, "netprobe", True),
                              launcher=getattr(spec, "launcher", None) or "ssh",
-                             partition=getattr(spec, "partition", None))
+                             partition=getattr(spec, "partition", None),
+                             runtime=getattr(spec, "runtime", "host"))
             store.finish_sweep(sweep_dir, utcnow())
         ended = True
         return counts

@@ -14,7 +14,7 @@ import shlex
 import time
 from typing import Any
 
-from scalelab import inventory, ssh
+from scalelab import image, inventory, ssh
 from scalelab.errors import ClusterError
 from scalelab.nodes import Node, nodes_of
 from scalelab.state import load_cluster, save_cluster
@@ -73,6 +73,13 @@ def probe_script(address: str, python: str, workdir: str) -> str:
         f"if [ -x {py} ]; then echo stack=$({py} -c {shlex.quote(_STACK_CAN)} 2>/dev/null "
         "| tail -n 1); fi",
         f"if [ -f {wd}/bench/workloads/resnet.py ]; then echo workloads=1; fi",
+        # a Docker engine this user can reach: its version, runtimes and scalelab's images
+        "if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then "
+        "echo docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null); "
+        "echo docker_runtimes=$(docker info --format "
+        "'{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null); "
+        "docker image ls --no-trunc --format '{{.Repository}}:{{.Tag}} {{.ID}}' "
+        f"{image.REPO} 2>/dev/null | sed 's/^/image=/'; fi",
         "echo kernel=$(uname -r)",
         "true",
     ])
@@ -191,6 +198,11 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
         # horovod: {version, nccl, gloo, mpi} | None}; {} where no interpreter answered
         "torch_can": {k: v for k, v in stack.items() if k != "horovod"},
         "horovod_can": stack.get("horovod"),
+        # the Docker engine ("" where none answers), its runtimes, and the training images
+        # it holds ({tag: image id})
+        "docker": first("docker"),
+        "docker_runtimes": first("docker_runtimes").split(),
+        "images": dict(i.split(" ", 1) for i in kv.get("image", []) if " " in i),
     }
 
 

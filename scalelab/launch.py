@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalelab import ssh
+from scalelab import containers, ssh
 from scalelab.errors import CommandError, ScalelabError
 from scalelab.nodes import Node
 from scalelab.targets.interface import Runtime
@@ -83,6 +83,8 @@ class RankCommand:
     # a shell line that ends, on the same node, what the command started elsewhere (a
     # launcher's own work: a Slurm job); run before the command's process group is ended
     cancel: str = ""
+    # a scalelab.containers.Spec: the command runs in a container of the training image
+    container: Any = None
 
 
 def workload_args(params: dict[str, Any], profile: str | None = None) -> list[str]:
@@ -239,11 +241,14 @@ def run_starts_directly(run, shared_host: bool) -> bool:
 def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: str,
                   args: list[str], rt: Runtime, port: int, shared_host: bool = False,
                   warm: str | None = None, fabric: str = "tcp",
-                  device: str = "cpu") -> tuple[str, list[RankCommand]]:
-    """The launcher for a run and its commands: horovodrun for Horovod; for DDP and the
-    allreduce probe torchrun, or, where the nodes share one host's cores and run one process
-    each, the ranks directly (direct_commands says why), forked from the warm-start server
-    when there is one."""
+                  device: str = "cpu", in_container: bool = False) -> tuple[str, list[RankCommand]]:
+    """The launcher for a run and its commands: horovodrun for Horovod (hvdrank.py per node
+    where the ranks run in containers); for DDP and the allreduce probe torchrun, or, where
+    the nodes share one host's cores and run one process each, the ranks directly
+    (direct_commands says why), forked from the warm-start server when there is one."""
+    if engine == "horovod" and in_container:
+        return "hvdrank", horovod_node_commands(nodes, procs_per_node, script, args, rt, port,
+                                                fabric, device)
     if engine == "horovod":
         return "horovodrun", horovodrun_commands(nodes, procs_per_node, script, args, rt, port,
                                                  fabric, device)
@@ -279,6 +284,38 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     env = rank_env(nodes[0], procs_per_node, fabric, device, [n.iface for n in nodes])
     env["PATH"] = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     return [RankCommand(nodes[0], argv, env)]
+
+
+def horovod_node_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
+                          rt: Runtime, port: int, fabric: str = "tcp",
+                          device: str = "cpu") -> list[RankCommand]:
+    """bench/workloads/hvdrank.py on every node: Horovod's ranks without horovodrun, which
+    could reach ranks in containers only over SSH. Node 0 serves the gloo rendezvous.
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> cmd = horovod_node_commands(ns, 1, "resnet.py", ["--steps", "5"], rt, 29500)[1]
+    >>> " ".join(cmd.argv)
+    '/v/bin/python /w/bench/workloads/hvdrank.py /w/bench/workloads/resnet.py --steps 5'
+    >>> [cmd.env[k] for k in ("HOROVOD_SLOTS", "HOROVOD_NODE_INDEX",
+    ...                       "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_IFACE")]
+    ['c-n0:1,c-n1:1', '1', '10.0.0.10', 'eth0']
+    """
+    slots = ",".join(f"{n.name}:{procs_per_node}" for n in nodes)
+    out = []
+    for i, n in enumerate(nodes):
+        env = rank_env(n, procs_per_node, fabric, device)
+        env.update({"HOROVOD_SLOTS": slots, "HOROVOD_NODE_INDEX": str(i),
+                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": nodes[0].private_address,
+                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+                    "HOROVOD_GLOO_TIMEOUT_SECONDS": "60"})
+        if n.iface:
+            env["HOROVOD_GLOO_IFACE"] = n.iface
+        argv = [rt.python, f"{rt.workdir}/{WORKLOADS}/hvdrank.py",
+                f"{rt.workdir}/{WORKLOADS}/{script}", *args]
+        out.append(RankCommand(n, argv, env))
+    return out
 
 
 def remote_line(cmd: RankCommand, workdir: str) -> str:
@@ -346,13 +383,15 @@ def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str
     ticks = max(1, int(grace_s * 10))
     if token:
         mark = token_mark(token, node)
+        # the launch's containers first (by their label; nothing on a node without an
+        # engine), then its processes
         # one grep over every environ (NUL-separated entries), not a process per process:
         # the scan must stay cheap on a node with hundreds of processes
         find = ("gs=$(for e in $(grep -lzxF '" + f"{TOKEN_VAR}={mark}" + "' /proc/[0-9]*/environ "
                 "2>/dev/null); do p=${e#/proc/}; p=${p%/environ}; "
                 "{ read -r l < /proc/$p/stat; } 2>/dev/null || continue; set -- ${l##*) }; "
                 "echo $3; done | sort -u); ")
-        return (find + "[ -n \"$gs\" ] || exit 0; "
+        return (containers.reap_clause(mark) + find + "[ -n \"$gs\" ] || exit 0; "
                 "for g in $gs; do kill -TERM -$g 2>/dev/null; done; i=0; "
                 f"while [ $i -lt {ticks} ]; do a=; for g in $gs; do kill -0 -$g 2>/dev/null "
                 "&& a=1; done; [ -n \"$a\" ] || exit 0; sleep 0.1; i=$((i+1)); done; "
@@ -460,10 +499,18 @@ class Launch:
         if inflight is not None:
             # before any rank exists: a driver killed from here on leaves their token behind
             save_inflight(inflight, self.entries())
-        for cmd in self.commands:
-            env = {**cmd.env, TOKEN_VAR: token_mark(self.token, cmd.node.name)} \
-                if self.token else cmd.env
-            line = remote_line(RankCommand(cmd.node, cmd.argv, env), self.rt.workdir)
+        for i, cmd in enumerate(self.commands):
+            mark = token_mark(self.token, cmd.node.name) if self.token else ""
+            env = {**cmd.env, TOKEN_VAR: mark} if self.token else cmd.env
+            argv, workdir = cmd.argv, self.rt.workdir
+            if cmd.container is not None:
+                if not mark:
+                    raise LaunchError("a container launch needs a token to be reaped by")
+                # the client runs from / on the node: the workdir is the image's own
+                argv = containers.docker_argv(cmd.container, cmd.argv, sorted(cmd.env), mark, i,
+                                              cmd.container.workdir)
+                workdir = "/"
+            line = remote_line(RankCommand(cmd.node, argv, env), workdir)
             argv = ssh_argv(cmd.node, self.rt.known_hosts) + ["--", line]
             log.debug("launch on %s: %s", cmd.node.name, shlex.join(cmd.argv))
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -14,6 +14,9 @@ link time and overlap the previous group's transfer:
 
 so communication hides behind the backward pass until the link cannot keep up. The ring time
 is analysis.ring_allreduce_time_s (the same formula as the non-overlapped model).
+
+The report shows one prediction per point (add_prediction): this model's wherever a profile
+gives the per-layer gradient-ready times, the ring model's (its limit) only where none does.
 """
 
 from __future__ import annotations
@@ -108,42 +111,94 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
 
 
 def _profile(row: Any) -> dict[str, Any] | None:
+    return _profile_or_reason(row)[0]
+
+
+def _profile_or_reason(row: Any) -> tuple[dict[str, Any] | None, str]:
+    """A row's per-layer profile, or why it has none (the reason the ring model stands in)."""
     from scalelab import accel
     from scalelab.errors import InputError
     from scalelab.models import MODELS
 
+    if not row.get("accelerator"):
+        return None, "no per-layer profile (the ranks computed for real)"
     try:
         return accel.resolve(str(row["accelerator"]), str(row["model"]), str(row["precision"]),
-                             int(row["batch_size"]), MODELS[str(row["model"])].image_size)
+                             int(row["batch_size"]), MODELS[str(row["model"])].image_size), ""
     except (InputError, KeyError, ValueError, TypeError):
-        return None
+        return None, (f"no {row['accelerator']} profile for {row['model']} {row['precision']} "
+                      "was found")
 
 
 def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
-    """Adds overlap_step_s and overlap_eff (step(N0) / step(N)) to the rows of a modelled
-    summary (analysis.add_model) whose series ran on an emulated accelerator, from its profile
-    and the same link rate as the ring model (link_mbit_model); NaN elsewhere."""
+    """Adds overlap_step_s, overlap_compute_s (the profile's step alone: forward, backward,
+    optimizer), overlap_eff (step(N0) / step(N)) and overlap_note (why a row has no overlap
+    prediction, "" where it has one) to the rows of a modelled summary (analysis.add_model)
+    whose series ran on an emulated accelerator, from its profile and the same link rate as
+    the ring model (link_mbit_model); NaN elsewhere."""
     import numpy as np
 
     out = modelled.copy()
-    steps = []
-    for _, row in out.iterrows():
-        doc = _profile(row) if row.get("accelerator") else None
-        if doc is None:
-            steps.append(np.nan)
-            continue
+    out["overlap_step_s"] = np.nan
+    out["overlap_compute_s"] = np.nan
+    out["overlap_note"] = "no per-layer profile (the ranks computed for real)"
+    if out.empty:
+        out["overlap_eff"] = np.asarray([], dtype=float)
+        return out
+    emulated = out["accelerator"].astype(bool) if "accelerator" in out else out["nodes"] < 0
+    for i, row in out[emulated].iterrows():  # only rows with a profile: a big sweep stays fast
+        doc, why = _profile_or_reason(row)
         rate = float(row["link_mbit_model"]) if int(row["nodes"]) > 1 else math.inf
-        if not rate > 0:  # NaN: no link rate known, so nothing to predict
-            steps.append(np.nan)
-            continue
-        steps.append(predict_step_s(doc, str(row["engine"]), int(row["world_size"]), rate,
-                                    str(row["precision"]), alpha_s))
-    out["overlap_step_s"] = steps
+        if doc is not None and not rate > 0:  # NaN: no link rate known, so nothing to predict
+            doc, why = None, "no link rate known"
+        out.at[i, "overlap_note"] = why
+        if doc is not None:
+            out.at[i, "overlap_compute_s"] = predict_step_s(
+                doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
+            out.at[i, "overlap_step_s"] = predict_step_s(
+                doc, str(row["engine"]), int(row["world_size"]), rate, str(row["precision"]),
+                alpha_s)
     keys = list(analysis.SERIES_KEYS)
-    base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min") if len(out) else []
+    base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min")
     base = out["overlap_step_s"].where(out["world_size"] == base_ws).groupby(
-        [out[k] for k in keys], dropna=False).transform("max") if len(out) else []
-    out["overlap_eff"] = base / out["overlap_step_s"] if len(out) else []
+        [out[k] for k in keys], dropna=False).transform("max")
+    out["overlap_eff"] = base / out["overlap_step_s"]
+    return out
+
+
+def add_prediction(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
+    """The one prediction per point that the report shows: the overlap model's where it can be
+    computed (a per-layer profile and a link rate), else the ring model's (analysis.add_model,
+    the overlap model's limit with nothing hidden), never both.
+
+    Adds predicted_by ("overlap", "ring", or "" where neither can), model_note (why the ring
+    model stands in, "" for the overlap model), model_step_s, model_compute_s (the step without
+    communication), model_exposed_s (communication per step not hidden behind compute: step -
+    compute), model_share (exposed / step) and model_eff.
+
+    >>> import pandas as pd
+    >>> ring = pd.DataFrame({"predicted_step_s": [0.5], "predicted_compute_s": [0.4],
+    ...     "predicted_eff": [0.8], "overlap_step_s": [float("nan")],
+    ...     "overlap_compute_s": [float("nan")], "overlap_eff": [float("nan")],
+    ...     "overlap_note": ["no per-layer profile (the ranks computed for real)"]})
+    >>> row = add_prediction(ring).iloc[0]
+    >>> row["predicted_by"], round(float(row["model_exposed_s"]), 3), round(float(row["model_share"]), 3)
+    ('ring', 0.1, 0.2)
+    """
+    import numpy as np
+
+    out = modelled if "overlap_step_s" in modelled else add_overlap_model(modelled, alpha_s)
+    out = out.copy()
+    use = out["overlap_eff"].notna() & out["overlap_step_s"].notna()
+    ring_ok = out["predicted_eff"].notna() & out["predicted_step_s"].notna()
+    out["predicted_by"] = np.where(use, "overlap", np.where(ring_ok, "ring", ""))
+    note = out["overlap_note"].fillna("").astype(str)
+    out["model_note"] = np.where(use, "", np.where(ring_ok, note, "no link rate known"))
+    out["model_step_s"] = out["overlap_step_s"].where(use, out["predicted_step_s"])
+    out["model_compute_s"] = out["overlap_compute_s"].where(use, out["predicted_compute_s"])
+    out["model_eff"] = out["overlap_eff"].where(use, out["predicted_eff"])
+    out["model_exposed_s"] = (out["model_step_s"] - out["model_compute_s"]).clip(lower=0)
+    out["model_share"] = out["model_exposed_s"] / out["model_step_s"]
     return out
 
 

@@ -37,10 +37,13 @@ CSV_COLUMNS = [
     # what the ranks really ran on (a run's placement record) and the one-stream link rate
     "device", "backend", "transport", "gpus_per_node", "gpu_model", "gpu_mem_peak_mb",
     "link_mbit_single_stream",
+    # host, or container: then the training image's id (sha256), as every rank ran it
+    "runtime", "image_id",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
-                 "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s", "n_ranks",
+                 "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s",
+                 "data_time_mean_s", "n_ranks",
                  "profile_step_s", "accelerator_source", *TIMELINE_KEYS]  # where a run's wall time went (NaN when not recorded)
 
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
@@ -169,7 +172,8 @@ def to_frame(records: Sequence[dict[str, Any]],
         rank_rows.extend((idx, rk.get("images_per_sec"), rk.get("step_time_mean_s"),
                           rk.get("step_time_p95_s"), rk.get("compute_time_mean_s"),
                           rk.get("comm_time_mean_s"), rk.get("comm_inflight_mean_s"),
-                          rk.get("host_cpu_idle"), rk.get("nic_tx_bytes"), rk.get("timed_wall_s"))
+                          rk.get("host_cpu_idle"), rk.get("nic_tx_bytes"), rk.get("timed_wall_s"),
+                          rk.get("data_time_mean_s"))
                          for rk in ranks if isinstance(rk, dict))
         acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
@@ -204,6 +208,9 @@ def to_frame(records: Sequence[dict[str, Any]],
             "gpu_model": ", ".join(n for n in placed.get("device_names") or [] if n != "cpu"),
             "gpu_mem_peak_mb": _num(placed.get("gpu_mem_peak_mb")),
             "link_mbit_single_stream": _num(rec.get("link_mbit_single_stream")),
+            "runtime": str(p.get("runtime") or "host"),
+            "image_id": str((env.get("image") or {}).get("id") or "")
+            if isinstance(env.get("image"), dict) else "",
         })
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
@@ -211,10 +218,11 @@ def to_frame(records: Sequence[dict[str, Any]],
         "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
         "gradient_bytes", "accelerator", "dilation", "profile_step_s", "accelerator_source",
         "launcher", "slurm_job_id", *TIMELINE_KEYS, "device", "backend", "transport",
-        "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream"])
+        "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime",
+        "image_id"])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
-                                                "inflight", "idle", "tx", "wall"])
-    for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall"):
+                                                "inflight", "idle", "tx", "wall", "data"])
+    for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall", "data"):
         if ranks_df[col].dtype.kind != "f":
             ranks_df[col] = pd.to_numeric(ranks_df[col].where(
                 ranks_df[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
@@ -231,6 +239,7 @@ def to_frame(records: Sequence[dict[str, Any]],
         "compute_time_mean_s": g["compute"].mean(),
         "comm_time_mean_s": g["comm"].mean(),
         "comm_inflight_mean_s": g["inflight"].mean(),
+        "data_time_mean_s": g["data"].mean(),  # waiting for the input batch
         "n_ranks": g.size(),
         "host_cpu_idle": g["idle"].min(),  # the worst moment any rank saw
         "tx_mbit": g["tx_mbit"].mean(),

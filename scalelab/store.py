@@ -160,7 +160,7 @@ def create_sweep(reports_root: Path, sweep_id: str, meta: dict[str, Any]) -> Pat
 
 def finish_sweep(sweep_dir: Path, finished_at: str) -> None:
     """Set sweep.json's finished_at (ISO 8601 UTC), atomically."""
-    meta = _read_meta(Path(sweep_dir))
+    meta = read_meta(Path(sweep_dir))
     meta["finished_at"] = finished_at
     write_atomic(Path(sweep_dir) / SWEEP_FILE, _dump(meta, "manifest", indent=2) + "\n",
                  mode=0o644)
@@ -201,8 +201,9 @@ def is_sweep_dir(path: Path) -> bool:
     return path.is_dir() and ((path / SWEEP_FILE).is_file() or (path / RUNS_FILE).is_file())
 
 
-def _read_meta(sweep_dir: Path) -> dict[str, Any]:
-    path = sweep_dir / SWEEP_FILE
+def read_meta(sweep_dir: Path) -> dict[str, Any]:
+    """A sweep's manifest (sweep.json); StoreError when it cannot be read."""
+    path = Path(sweep_dir) / SWEEP_FILE
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
@@ -259,7 +260,7 @@ def resolve_sweep(reports_root: Path, sweep_id: str | Path = LATEST,
 def load_sweep(reports_root: Path, sweep_id: str = LATEST) -> Sweep:
     """Read a sweep's manifest and runs; sweep_id may be 'latest' or a unique prefix."""
     sweep_dir = resolve_sweep(reports_root, sweep_id)
-    return Sweep(sweep_dir.name, sweep_dir, _read_meta(sweep_dir), read_runs(sweep_dir))
+    return Sweep(sweep_dir.name, sweep_dir, read_meta(sweep_dir), read_runs(sweep_dir))
 
 
 @contextmanager

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 ENGINES = ("ddp", "horovod")
 LAUNCHERS = ("ssh", "slurm")
+RUNTIMES = ("host", "container")  # where ranks run: on the node, or in the training image
 # fp32: true FP32 (TF32 off, which Ampere and Hopper convolutions use by default); tf32: TF32
 # on; amp: fp16 autocast with loss scaling on GPUs (bfloat16 on CPUs); bf16: bfloat16 autocast
 PRECISIONS = ("fp32", "tf32", "amp", "bf16")
@@ -71,8 +72,10 @@ PARAM_KEYS = ("nodes", "procs_per_node", "world_size", "model", "engine", "preci
 # a store written before them lacks these keys and is still read
 EMULATION_KEYS = ("accelerator", "dilation")
 # appended since GPU placement was recorded: the device and fabric the runs used (resolved
-# from the nodes' facts, never auto) and the memory format; a store without them is still read
-PLACEMENT_KEYS = ("device", "fabric", "channels_last", "loader_workers", "pin_memory")
+# from the nodes' facts, never auto), the memory format and the runtime (host, or a container of
+# the training image); a store without them is still read
+PLACEMENT_KEYS = ("device", "fabric", "channels_last", "loader_workers", "pin_memory",
+                  "runtime")
 
 
 @dataclass
@@ -110,6 +113,7 @@ class SweepSpec:
     channels_last: bool = False  # NHWC memory format (faster convolutions on tensor cores)
     loader_workers: int = 2  # real data: DataLoader worker processes per rank
     pin_memory: str = "auto"  # real data: on | off | auto (on when the ranks train on GPUs)
+    runtime: str = "host"  # host: ranks on the nodes; container: in the training image
 
 
 @dataclass(frozen=True)
@@ -258,7 +262,7 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                               "dilation": spec.dilation, "device": placed.device,
                               "fabric": placed.fabric, "channels_last": spec.channels_last,
                               "loader_workers": spec.loader_workers,
-                              "pin_memory": spec.pin_memory}
+                              "pin_memory": spec.pin_memory, "runtime": spec.runtime}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
                         params = {**common, "batch_size": None, "bandwidth_mbit": mbit,
                                   "repeat": 0, "steps": spec.allreduce_iters, "warmup": 1,

@@ -15,7 +15,7 @@ import yaml
 
 from scalelab.errors import InputError, suggest
 from scalelab.models import MODELS
-from scalelab.sweep import DEVICES, ENGINES, FABRICS, LAUNCHERS, PRECISIONS, SYNTHETIC, SweepSpec
+from scalelab.sweep import DEVICES, ENGINES, FABRICS, LAUNCHERS, PRECISIONS, RUNTIMES, SYNTHETIC, SweepSpec
 from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,7 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "channels_last": ("channels_last", _flag),
     "loader_workers": ("loader_workers", lambda v, w: _one_int(v, w, 0)),
     "pin_memory": ("pin_memory", lambda v, w: _choice(v, w, ("auto", "on", "off"))),
+    "runtime": ("runtime", lambda v, w: _choice(v, w, RUNTIMES)),
 }
 SWEEP_KEYS = tuple(_KEYS)
 
@@ -338,6 +339,7 @@ def spec_from_options(
     channels_last: bool | str | None = None,
     loader_workers: str | int | None = None,
     pin_memory: str | None = None,
+    runtime: str | None = None,
     sweep_file: str | Path | None = None,
 ) -> SweepSpec:
     """Build a spec from CLI strings; None or "" means not given.

@@ -10,12 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalelab import analysis, results
+from scalelab import accel, analysis, overlap, results, verdict
 from scalelab.analysis import (
     add_efficiency,
     add_model,
     baseline_world_size,
-    classify,
     fit_alpha_s,
     host_limits,
     mean_ci,
@@ -206,9 +205,14 @@ def test_alpha_is_fitted_from_the_smallest_probe_message():
 # ------------------------------------------------------------------------------ bottleneck
 
 
+def judged(rows, limits=None) -> tuple[pd.DataFrame, verdict.ModelError, list]:
+    """Rows through the report's pipeline: the one prediction per point, then the verdicts."""
+    return verdict.judge(overlap.add_prediction(modelled(rows), alpha_s=0.0), limits)
+
+
 def kinds(rows, limits=None) -> dict:
     out = {}
-    for b in classify(modelled(rows), limits):
+    for b in judged(rows, limits)[2]:
         out[(b.series["batch_size"], b.series["data"])] = b
     return out
 
@@ -219,7 +223,7 @@ def test_network_bound_when_measured_tracks_a_heavy_model():
     b = kinds(rows)[(32, "synthetic")]
     assert b.kind == "network-bound"
     assert b.world_size == 4 and b.measured_eff == pytest.approx(0.4)
-    assert "1000 Mbit/s" in b.explanation and b.explanation.endswith(".")
+    assert "1,000 Mbit/s" in b.explanation and b.explanation.endswith(".")
 
 
 def test_compute_bound_when_efficiency_is_near_one():
@@ -268,7 +272,110 @@ def test_undetermined_with_one_size_or_an_unexplained_gap():
     # model says ~97% (1 MB of gradients) but measured 50%, no emulation: the gap is named
     rows = [layout_run(1, 0.4, gradient_bytes=1e6), layout_run(2, 0.8, gradient_bytes=1e6)]
     b = kinds(rows)[(32, "synthetic")]
-    assert b.kind == "undetermined" and "not explained" in b.explanation
+    assert b.kind == "undetermined" and "does not explain" in b.explanation
+    assert b.explanation.endswith("would settle it.")
+
+
+# ------------------------------------------------------------------------------ one model, one verdict
+
+
+def emulated_series(batch: int = 64, link: float = 1000.0, scale: float = 1.0) -> tuple[list, dict]:
+    """resnet50 on an emulated V100 over 1, 2 and 4 nodes, each measured step the overlap
+    model's own prediction x scale (x scale beyond one node), and the steps themselves."""
+    doc = accel.resolve("v100", "resnet50", "fp32", batch, 224)
+    steps = {n: overlap.predict_step_s(doc, "ddp", n, link if n > 1 else math.inf, alpha_s=0.0)
+             for n in (1, 2, 4)}
+    rows = [layout_run(n, steps[n] * (scale if n > 1 else 1.0), batch=batch, accelerator="v100",
+                       fidelity="", gradient_bytes=102e6, compute_time_mean_s=steps[1],
+                       comm_time_mean_s=steps[n] - steps[1], bandwidth_mbit=link,
+                       link_mbit_measured=link if n > 1 else math.nan)
+            for n in (1, 2, 4)]
+    return rows, steps
+
+
+def test_one_prediction_per_point_overlap_where_a_profile_exists_ring_elsewhere():
+    emu, steps = emulated_series(link=10000.0)
+    real = [dict(r, accelerator="", fidelity="") for r in (
+        layout_run(1, 0.4), layout_run(2, 0.8, comm_time_mean_s=0.4),
+        layout_run(4, 1.0, comm_time_mean_s=0.6))]
+    m, _, _ = judged(emu + real)
+    m = m.set_index(["batch_size", "world_size"])
+    # the profiled series: the overlap model's step, hand-replayed with the profile
+    assert set(m.loc[64, "predicted_by"]) == {"overlap"}
+    assert m.loc[(64, 4), "model_eff"] == pytest.approx(steps[1] / steps[4])
+    assert m.loc[(64, 4), "model_exposed_s"] == pytest.approx(steps[4] - steps[1])
+    assert m.loc[(64, 4), "predicted_eff"] < m.loc[(64, 4), "model_eff"] - 0.2  # ring: no overlap
+    # the series that computed for real: the ring model stands in, and says why
+    assert set(m.loc[32, "predicted_by"]) == {"ring"}
+    assert m.loc[32, "model_eff"].tolist() == pytest.approx([1.0, 0.5, 0.4])
+    assert m.loc[(32, 4), "model_exposed_s"] == pytest.approx(0.6)  # compute 0.4 + comm 0.6
+    assert "no per-layer profile" in m.loc[(32, 4), "model_note"]
+
+
+def test_the_verdict_comes_from_the_same_prediction_and_carries_the_exposed_comm():
+    emu, steps = emulated_series()
+    m, error, found = judged(emu)
+    b = found[0]
+    assert b.kind == "network-bound" and b.world_size == 4 and b.model == "overlap"
+    assert b.predicted_eff == pytest.approx(steps[1] / steps[4])
+    assert b.exposed_s == pytest.approx(steps[4] - steps[1])
+    assert f"{verdict.ms(steps[4] - steps[1])} of that communication is exposed" in b.explanation
+    assert "the overlap model predicts" in b.explanation
+    # every point above N0 is judged, the baseline is not
+    assert m.set_index("world_size")["verdict"].to_dict() == {
+        1: "", 2: "network-bound", 4: "network-bound"}
+    # the ring model's worked example: 0.6 s of 50 MB over 1000 Mbit/s at 4 ranks, none hidden
+    heavy = kinds([layout_run(1, 0.4), layout_run(2, 0.8, comm_time_mean_s=0.4),
+                   layout_run(4, 1.0, comm_time_mean_s=0.6)])[(32, "synthetic")]
+    assert "600 ms of that communication is exposed" in heavy.explanation
+    assert heavy.exposed_s == pytest.approx(0.6) and heavy.model == "ring"
+
+
+def test_the_model_error_is_computed_once_and_sets_how_sure_the_wording_is():
+    exact, _ = emulated_series()
+    _, error, found = judged(exact)
+    assert error.n == 2 and error.max == pytest.approx(0.0, abs=1e-9)  # multi-node points only
+    assert error.confident and "stated plainly" in error.sentence()
+    assert "so the link sets the pace" in found[0].explanation
+    # measured steps 30% slower than predicted beyond one node: efficiency e / 1.3, not e
+    slow, steps = emulated_series(scale=1.3)
+    _, error, found = judged(slow)
+    effs = [steps[1] / steps[n] for n in (2, 4)]
+    assert error.max == pytest.approx(max(e - e / 1.3 for e in effs))
+    assert error.median == pytest.approx(sum(e - e / 1.3 for e in effs) / 2)
+    assert error.max >= verdict.CONFIDENT_ERROR and not error.confident
+    assert "likely" in error.sentence() and "so the link likely sets the pace" in found[0].explanation
+
+
+def test_undetermined_always_says_what_would_settle_it():
+    no_link = [layout_run(n, 0.4 * n, bandwidth_mbit=math.nan, bandwidth="native")
+               for n in (1, 2)]
+    no_base = [layout_run(1, 0.4, status="failed"), layout_run(2, 0.8), layout_run(4, 1.0)]
+    grew = [layout_run(1, 0.095, batch=16, compute_time_mean_s=0.092, gradient_bytes=1.08e6),
+            layout_run(2, 0.311, batch=16, compute_time_mean_s=0.279, comm_time_mean_s=0.03,
+                       gradient_bytes=1.08e6, link_mbit_measured=960.0)]
+    gap = [layout_run(1, 0.4, gradient_bytes=1e6), layout_run(2, 0.8, gradient_bytes=1e6)]
+    for rows, what in ((no_link, "Measuring the link"), (no_base, "A successful run at N0"),
+                       (grew, "Comparing each rank's compute time"), (gap, "Repeating the run"),
+                       ([layout_run(2, 0.4)], "A run at a second node count")):
+        (b,) = judged(rows)[2]
+        assert b.kind == "undetermined", rows
+        assert what in b.explanation and b.explanation.endswith("would settle it."), b.explanation
+
+
+def test_input_bound_from_the_loader_wait_only_with_real_data():
+    # a step of 0.5 s waits 0.1 s for its batch (20%): the loader is the limit with real data
+    rows = [layout_run(n, 0.5, gradient_bytes=1e6, data="/data/imagenet", data_time_mean_s=0.1)
+            for n in (1, 2)]
+    b = kinds(rows)[(32, "/data/imagenet")]
+    assert b.kind == "input-bound" and "waits 100 ms for its input batch (20%" in b.explanation
+    # the same wait on synthetic data is not called input-bound: nothing to load
+    synthetic = [dict(r, data="synthetic") for r in rows]
+    assert kinds(synthetic)[(32, "synthetic")].kind == "compute-bound"
+    # the wait is the ranks' own record, averaged over them
+    ranks = [dict(r, data_time_mean_s=w) for r, w in zip(THREE_RANKS, (0.1, 0.2, 0.3), strict=True)]
+    assert results.to_frame([train_record(ranks=ranks)]).iloc[0]["data_time_mean_s"] == \
+        pytest.approx(0.2)
 
 
 def test_host_limits_reads_the_manifest():

@@ -258,6 +258,27 @@ CASES = [
     # ---- configure (checked once the task is wired into tasks.py)
     ("configure-unknown", "none", ["configure", "--cluster", "nosuch"], "not found"),
     ("configure-name", "none", ["configure", "--cluster", "Bad_Name"], "is not a valid name"),
+    # ---- the training image and ranks in containers
+    ("image-no-wheel-dir", "none", ["image", "--wheel-dir", "{dir}/no-such-wheels"],
+     "does not exist"),
+    ("configure-no-image", "static", ["configure", "--cluster", FAKE, "--image",
+                                      "{dir}/no-such-image.tar"],
+     "does not exist; build one with invoke image"),
+    ("bench-runtime-word", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                     "--runtime", "docker"], "runtime"),
+    ("bench-container-noimage", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                          "--runtime", "container"],
+     "has no training image; build one with invoke image"),
+    ("bench-container-nohorovod", "local+image", ["bench", "--nodes", "1", "--batch-size", "16",
+                                                  "--engine", "horovod", "--runtime",
+                                                  "container"],
+     "lacks horovod, which these runs need"),
+    ("bench-container-nodocker", "local+image", ["bench", "--nodes", "1", "--batch-size", "16",
+                                                 "--runtime", "container"],
+     "has no Docker engine that root can use"),
+    ("bench-container-slurm", "local+image", ["bench", "--nodes", "1", "--batch-size", "16",
+                                              "--runtime", "container", "--launcher", "slurm"],
+     "needs Slurm's container plugin"),
     # ---- demo: what fails before anything is provisioned
     ("demo-sweep", "none", ["demo", "--sweep", "no-such-sweep"], "not found"),
     ("demo-sweep-file", "none", ["demo", "--sweep", "{dir}/dup.yml"], "given twice"),
@@ -268,6 +289,9 @@ NEEDS_CLUSTER_OPTION = ("bench", "check", "shape")
 
 
 def _fake_cluster(state: Path, target: str) -> None:
+    """A cluster record of the given target (local+image: a local one whose record names a
+    training image without Horovod, on nodes without a Docker engine)."""
+    target, _, extra = target.partition("+")
     cdir = state / "clusters" / FAKE
     cdir.mkdir(parents=True, mode=0o700)
     nodes = [{"name": f"{FAKE}-n{i}", "address": "127.0.0.1", "private_address": "127.0.0.1",
@@ -282,6 +306,9 @@ def _fake_cluster(state: Path, target: str) -> None:
 
         for n in nodes:
             n["facts"] = local_facts(n)
+    if extra == "image":
+        rec["image"] = {"id": "sha256:" + "1" * 64, "tag": "scalelab/train:0123456789abcdef",
+                        "contents": {"torch": "2.13.0+cpu", "horovod": None}}
     (cdir / "cluster.json").write_text(json.dumps(rec))
 
 
@@ -338,7 +365,7 @@ def test_bad_input(case, setup, args, message, tmp_path):
     state, inv, reports = base / "state", base / "inv", base / "reports"
     for d in (state, inv, reports):
         d.mkdir(parents=True)
-    if setup in ("local", "static"):
+    if setup in ("local", "static", "local+image"):
         _fake_cluster(state, setup)
     elif setup != "none":
         _sweep(reports, setup)
@@ -348,7 +375,8 @@ def test_bad_input(case, setup, args, message, tmp_path):
     if task == "provision" and not any(a.startswith("--cluster") for a in argv):
         name = unique_name("f")  # never "demo" or anyone's real cluster
         argv += ["--cluster", name]
-    elif task in NEEDS_CLUSTER_OPTION and "--cluster" not in argv and setup in ("local", "static"):
+    elif task in NEEDS_CLUSTER_OPTION and "--cluster" not in argv and \
+            setup in ("local", "static", "local+image"):
         argv += ["--cluster", FAKE]
     env = {**os.environ, "SCALELAB_HOME": str(state), "SCALELAB_INVENTORIES": str(inv),
            "SCALELAB_REPORTS": str(reports), "SCALELAB_LOG": "WARNING"}

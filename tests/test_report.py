@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import html
 import json
 import os
 import re
@@ -337,15 +338,21 @@ def test_a_failed_baseline_empties_efficiency_and_says_so(tmp_path):
     assert len(b64) == 6 and all(0 < float(r["scaling_efficiency"]) < 1.2 for r in b64)
 
 
+def _rows(page: str, cls: str) -> list[dict[str, str]]:
+    """The rows of the page's table of class ``cls``, as header -> cell text (tags stripped,
+    entities decoded), read from the HTML the way a person reads the table."""
+    start = page.index(f'<table class="{cls}">')
+    table = page[start:page.index("</table>", start)]
+    head, body = table.split("</thead>")
+    names = [html.unescape(h) for h in re.findall(r"<th>(.*?)</th>", head)]
+    return [dict(zip(names, [html.unescape(re.sub(r"<[^>]+>", "", c))
+                             for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)], strict=True))
+            for tr in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+
+
 def _bottleneck_rows(page: str) -> dict[str, str]:
     """Series text -> the bottleneck the report names for it, read from its table."""
-    i = page.index("at world size")
-    table = page[page.rfind("<table", 0, i):page.index("</table>", i)]
-    out = {}
-    for tr in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]:
-        cells = re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)
-        out[cells[0].split(",")[1].strip()] = cells[5]
-    return out
+    return {r["series"].split(",")[1].strip(): r["bottleneck"] for r in _rows(page, "bottlenecks")}
 
 
 def test_the_bottleneck_follows_the_data(tmp_path):
@@ -365,3 +372,124 @@ def test_step_split_shows_hidden_and_exposed_communication(built):
     assert "comm hidden" in page
     assert "the stack is the measured step (black tick) less input time" in page
     assert "exceeds the measured step" not in page
+
+
+# ------------------------------------------------------------------------------ one model, one verdict
+
+DEMO = Path(__file__).parent / "data" / "demo-v100"  # `invoke demo`'s sweep: 16 runs, as recorded
+DEMO_ID = json.loads((DEMO / "sweep.json").read_text())["sweep_id"]
+
+
+@pytest.fixture(scope="module")
+def demo_page(tmp_path_factory) -> str:
+    """The report of the stored demo sweep: ResNet-50 on emulated V100s (per-layer profiles),
+    1-8 nodes, batch 64 and 96, 1 and 10 Gbit/s."""
+    root = tmp_path_factory.mktemp("demo")
+    shutil.copytree(DEMO, root / DEMO.name)
+    return report.build(DEMO.name, root=root)[0].read_text()
+
+
+def _pct(cell: str) -> float:
+    return float(cell.rstrip("%"))
+
+
+def test_the_verdict_the_table_and_the_figure_agree_for_every_point_of_the_demo(demo_page):
+    scaling = {(r["link"], r["batch/worker"], r["world size"]): r
+               for r in _rows(demo_page, "scaling")}
+    figure = {(r["link"], r["batch/worker"], r["world size"]): r
+              for r in _rows(demo_page, "figdata")}
+    assert set(scaling) == set(figure) and len(scaling) == 16
+    for point, row in scaling.items():
+        plotted = figure[point]
+        assert plotted["predicted by"] == "overlap", point  # every series has a per-layer profile
+        assert plotted["predicted efficiency"] == row["model efficiency"], point
+        assert plotted["measured efficiency"] == row["efficiency"], point
+        if point[2] == "1":
+            assert row["verdict"] == "baseline"
+            continue
+        # the overlap model explains every multi-node point (the ring model was 34 points off)
+        assert abs(_pct(row["efficiency"]) - _pct(row["model efficiency"])) < 3, point
+        assert row["verdict"].split(",")[0] in ("network-bound", "compute-bound"), point
+    # each series' bottleneck is its largest point's verdict, with that point's prediction
+    for b in _rows(demo_page, "bottlenecks"):
+        batch = b["series"].split("/")[0].removeprefix("batch ")
+        link = b["series"].split(",")[1].strip().removeprefix("link ")
+        row = scaling[(link, batch, b["at world size"])]
+        assert b["model efficiency"] == row["model efficiency"]
+        assert b["measured efficiency"] == row["efficiency"]
+        assert row["verdict"].split(",")[0] == b["bottleneck"]
+        assert (f"the overlap model predicts {b['model efficiency']} against "
+                f"{b['measured efficiency']} measured") in b["why"]
+    kinds = {tuple(b["series"].split(", ")[:2]): b["bottleneck"]
+             for b in _rows(demo_page, "bottlenecks")}
+    assert kinds == {("batch 64/worker", "link 1gbit"): "network-bound",
+                     ("batch 96/worker", "link 1gbit"): "network-bound",
+                     ("batch 64/worker", "link 10gbit"): "network-bound",  # was "undetermined"
+                     ("batch 96/worker", "link 10gbit"): "compute-bound"}
+    # no second prediction anywhere: no table shows the ring model beside the overlap model
+    for cls in ("scaling", "bottlenecks", "emulation", "figdata"):
+        assert not any("ring" in header for header in _rows(demo_page, cls)[0]), cls
+
+
+def test_a_network_bound_verdict_carries_the_exposed_communication_time(demo_page):
+    network = [b for b in _rows(demo_page, "bottlenecks") if b["bottleneck"] == "network-bound"]
+    assert len(network) == 3  # both series at 1 Gbit/s, batch 64 at 10 Gbit/s
+    for b in network:
+        said = re.search(r"and ([\d,.]+) ms of that communication is exposed", b["why"])
+        assert said, b["why"]
+        assert said.group(1) == b["exposed comm (ms/step)"]  # the same number, the same rounding
+    for row in _rows(demo_page, "scaling"):
+        if row["verdict"].startswith("network-bound"):
+            assert re.fullmatch(r"network-bound, [\d,.]+ ms exposed", row["verdict"]), row
+
+
+def test_the_model_error_is_shown_once_as_a_number(demo_page):
+    stated = re.findall(r"off by at most ([\d.]+) points of efficiency", demo_page)
+    assert len(stated) == 1
+    points = [r for r in _rows(demo_page, "figdata") if r["world size"] != "1"]
+    worst = max(abs(_pct(r["measured efficiency"]) - _pct(r["predicted efficiency"]))
+                for r in points)
+    assert float(stated[0]) == pytest.approx(worst, abs=0.1)  # the table rounds to 0.1 points
+    assert f"over the {len(points)} measured multi-node points" in demo_page
+    # under 3 points: the verdicts are plain statements, never hedged
+    assert float(stated[0]) < 3 and "stated plainly" in demo_page
+    assert not any("likely" in b["why"] for b in _rows(demo_page, "bottlenecks"))
+    # the what-if table refers to it instead of repeating a number on every row
+    assert all("error" not in header for header in _rows(demo_page, "whatif")[0])
+
+
+def _texts_with(page: str, word: str) -> list[str]:
+    """Every table row, list item or paragraph of the page that contains ``word``, as text."""
+    pieces = re.findall(r"<(tr|li|p|figcaption)[^>]*>(.*?)</\1>", page, re.S)
+    return [html.unescape(re.sub(r"<[^>]+>", "", body)) for _, body in pieces if word in body]
+
+
+def test_undetermined_never_appears_without_what_would_settle_it(tmp_path, built, demo_page):
+    # no link rate (native, no probe) and one series measured at one size only
+    synthetic.synthetic_sweep(tmp_path, "unsure", nodes=(1, 2), batch_sizes=(32,),
+                              bandwidths=(None,), repeats=1, allreduce=False)
+    page = report.build("unsure", root=tmp_path)[0].read_text()
+    assert _bottleneck_rows(page) == {"link native": "undetermined"}
+    for p in (page, built.read_text(), demo_page):
+        texts = _texts_with(p, "undetermined")
+        assert texts  # the method note names it, with the rule
+        for text in texts:
+            assert "would settle it" in text, text
+    row = _rows(page, "scaling")[-1]
+    assert row["verdict"].startswith("undetermined: Measuring the link")
+
+
+def test_a_page_with_both_models_says_which_predicted_each_point(tmp_path, reports, demo_page):
+    shutil.copytree(DEMO, tmp_path / DEMO.name)
+    out = report.build([str(tmp_path / DEMO.name), str(reports / "20261121-0900-fast")],
+                       tmp_path / "cmp", compare=True, root=reports)[0]
+    page = out.read_text()
+    by_sweep = {}
+    for r in _rows(page, "figdata"):
+        by_sweep.setdefault(r["sweep"], set()).add(r["predicted by"])
+    assert by_sweep == {DEMO_ID: {"overlap"}, "20261121-0900-fast": {"ring"}}
+    assert {r["predicted by"] for r in _rows(page, "scaling")} == {"overlap", "ring"}
+    ring = sum(r["predicted by"] == "ring" for r in _rows(page, "figdata"))
+    assert f"from the ring model (one whole-gradient ring allreduce, no bucket timeline) for " \
+           f"{ring} points where it cannot be computed: no per-layer profile (the ranks " \
+           "computed for real)" in page

@@ -129,7 +129,7 @@ def test_params_hold_exactly_the_contract_keys():
         "precision": "fp32", "batch_size": 64, "bandwidth_mbit": 1000.0, "repeat": 0,
         "steps": 30, "warmup": 5, "image_size": 32, "data": "synthetic", "accelerator": None,
         "dilation": None, "device": "cpu", "fabric": "tcp", "channels_last": False,
-        "loader_workers": 2, "pin_memory": "auto"}
+        "loader_workers": 2, "pin_memory": "auto", "runtime": "host"}
     assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
     probe = next(r for r in runs if r.kind == "allreduce")
     assert probe.params["batch_size"] is None and probe.params["image_size"] is None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scalelab import analysis, report, results, store, synthetic  # noqa: E402
+from scalelab import analysis, overlap, report, results, store, synthetic, verdict  # noqa: E402
 
 TARGET_S = 10.0
 
@@ -61,11 +61,11 @@ def main() -> int:
         n_records = len(records)
         del records
         t = time.perf_counter()
-        modelled = analysis.add_model(analysis.summarize(frame))
+        modelled = overlap.add_prediction(analysis.add_model(analysis.summarize(frame)))
         stages["summarize + model"] = time.perf_counter() - t
         t = time.perf_counter()
-        bottlenecks = analysis.classify(modelled)
-        stages["classify"] = time.perf_counter() - t
+        _judged, _error, bottlenecks = verdict.judge(modelled)
+        stages["verdicts"] = time.perf_counter() - t
         data = report.load_sweep_data(sweep_dir)
         a = report.analyse([data], None, False)
         t = time.perf_counter()

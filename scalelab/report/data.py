@@ -10,7 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from scalelab import analysis, results, store
+from scalelab import analysis, results, store, verdict
+from scalelab import overlap as bucket_model
 from scalelab.results import ReportError
 from scalelab.state import reports_dir
 
@@ -114,11 +115,12 @@ class Analysis:
     sweeps: list[SweepData]
     runs: pd.DataFrame
     allreduce: pd.DataFrame
-    modelled: pd.DataFrame
-    bottlenecks: list[analysis.Bottleneck]
+    modelled: pd.DataFrame  # one row per point: overlap.add_prediction + verdict.add_verdicts
+    bottlenecks: list[verdict.Bottleneck]
     alpha_s: float
     alpha_source: str
     overlap: bool
+    error: verdict.ModelError
 
 
 def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> Analysis:
@@ -131,11 +133,9 @@ def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> An
                          (analysis.DEFAULT_ALPHA_S, "default constant (no allreduce probes)"))
     else:
         alpha, source = alpha_s, "given"
-    modelled = analysis.add_model(analysis.summarize(runs), alpha, overlap)
-    if (modelled.get("accelerator", pd.Series(dtype=object)).astype(bool)).any():
-        from scalelab import overlap as bucket_model
-
-        modelled = bucket_model.add_overlap_model(modelled, alpha)
+    ring = analysis.add_model(analysis.summarize(runs), alpha, overlap)
+    # one prediction per point: the overlap model where a profile exists, else the ring model
+    modelled = bucket_model.add_prediction(ring, alpha)
     limits = {s.sweep_id: analysis.host_limits(s.meta) for s in sweeps}
-    return Analysis(sweeps, runs, ar, modelled, analysis.classify(modelled, limits), alpha,
-                     source, overlap)
+    judged, error, bottlenecks = verdict.judge(modelled, limits)
+    return Analysis(sweeps, runs, ar, judged, bottlenecks, alpha, source, overlap, error)

@@ -19,6 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from scalelab import analysis
+from scalelab.report import model
 from scalelab.report.data import Analysis
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ class _Fig:
     caption: str
     png_b64: str
     alt: str
+    data: pd.DataFrame | None = None  # the numbers plotted, where the page shows them too
 
 
 def _fig_metric(a: Analysis, lay: Layout, col: str, title: str, ylabel: str, caption: str,
@@ -316,17 +318,20 @@ def _fig_busbw(a: Analysis, lay: Layout) -> _Fig | None:
 
 
 def _fig_model(a: Analysis, lay: Layout) -> _Fig:
+    """Measured efficiency against the page's one prediction per point (overlap model, or the
+    ring model where no profile exists: dashed and dotted)."""
     title = "Measured vs predicted scaling efficiency"
     df = a.modelled
     kinds = {tuple(b.series[k] for k in analysis.SERIES_KEYS): b.kind for b in a.bottlenecks}
     fig, axes = _figure(len(lay.panels))
     for ax, (panel, pdf) in zip(axes, _panel_frames(df, lay), strict=True):
         for skey, batch, grp in _series(pdf, lay):
-            ls, mk = lay.styles[skey]
+            mk = lay.styles[skey][1]
             colour = lay.batch_colour[batch]
             x = grp["world_size"].to_numpy()
             _errbar(ax, x, grp["eff_mean"], grp["eff_lo"], grp["eff_hi"], colour, "-", mk, 100)
-            ax.plot(x, grp["predicted_eff"] * 100, color=colour, ls="--", lw=1.3)
+            ring = (grp["predicted_by"] == "ring").all()
+            ax.plot(x, grp["model_eff"] * 100, color=colour, ls=":" if ring else "--", lw=1.3)
             last = grp.iloc[-1]
             kind = kinds.get(tuple(last[k] for k in analysis.SERIES_KEYS), "undetermined")
             ax.annotate(SHORT_KIND.get(kind, kind), (last["world_size"], last["eff_mean"] * 100),
@@ -336,19 +341,28 @@ def _fig_model(a: Analysis, lay: Layout) -> _Fig:
         ax.margins(x=0.12)
         _panel_title(ax, lay, panel)
         _ws_ticks(ax, pdf["world_size"])
-    top = np.nanmax([df["eff_hi"].max(), df["eff_mean"].max(), df["predicted_eff"].max(), 1.0])
+    top = np.nanmax([df["eff_hi"].max(), df["eff_mean"].max(), df["model_eff"].max(), 1.0])
     axes[0].set_ylim(0, max(115.0, float(top) * 100 + 5))
     axes[0].set_ylabel("scaling efficiency (%)")
-    _legend(fig, lay, [(Line2D([], [], color="#444", ls="-", marker="o"), "measured (95% CI)"),
-                       (Line2D([], [], color="#444", ls="--"), "ring-allreduce model")])
+    used = set(df["predicted_by"]) - {""}
+    extra = [(Line2D([], [], color="#444", ls="-", marker="o"), "measured (95% CI)")]
+    if "overlap" in used:
+        extra.append((Line2D([], [], color="#444", ls="--"), "overlap model"))
+    if "ring" in used:
+        extra.append((Line2D([], [], color="#444", ls=":"), "ring model (no profile)"))
+    _legend(fig, lay, extra)
     fig.suptitle(title, fontsize=12)
-    mode = "max(compute, comm) (full overlap)" if a.overlap else "compute + comm (no overlap)"
-    caption = (f"Model: step = {mode}, comm = 2(N-1)/N x S/B + alpha x 2(N-1), "
-               f"alpha = {a.alpha_s * 1e6:.1f} us ({a.alpha_source}). The word at the end of "
-               "each line names that series' bottleneck (see the bottleneck table).")
+    caption = (f"{model.models_used(df)} Per-hop latency alpha = {a.alpha_s * 1e6:.1f} us "
+               f"({a.alpha_source}); the model's error against these points is stated under "
+               "Bottleneck per series. The word at the end of each line names that series' "
+               "bottleneck (see the bottleneck table).")
     if len(lay.styles) > 1:
         caption += " Line markers tell the series apart; line style is measured vs model here."
-    return _Fig(title, caption, _png(fig), title)
+    cols = ["sweep_id", "bandwidth", "batch_size", "procs_per_node", "model", "engine",
+            "precision", "data", "world_size", "eff_mean", "model_eff", "predicted_by"]
+    data = df.assign(_bw=df["bandwidth_mbit"].astype(float).fillna(np.inf)).sort_values(
+        ["sweep_id", "_bw", "batch_size", "procs_per_node", "world_size"], kind="stable")[cols]
+    return _Fig(title, caption, _png(fig), title, data)
 
 
 def draw_figures(a: Analysis, lay: Layout) -> list[_Fig]:

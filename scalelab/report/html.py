@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab import analysis, store
+from scalelab import analysis, store, verdict
+from scalelab.report import model
 from scalelab.report.data import Analysis, SweepData
-from scalelab.report.figures import Layout, draw_figures, layout
+from scalelab.report.figures import draw_figures, layout
+from scalelab.verdict import VERDICT_COLUMNS
 
 log = logging.getLogger(__name__)
 ALL_RUNS_OPEN_MAX = 200  # the all-runs table starts folded above this many rows
@@ -80,16 +82,18 @@ def _col_text(series: pd.Series, kind: str) -> pd.Series:
 
 
 def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]], cls: str = "") -> str:
-    """An HTML table; columns are (frame column, header, kind: str|num|int|pct|pre)."""
+    """An HTML table; columns are (frame column, header, kind: str|num|int|pct|pre|wrap), wrap
+    being text that may wrap in a table whose cells otherwise do not."""
     head = "".join(f"<th>{_e(h)}</th>" for _, h, _ in columns)
     if frame.empty:
         return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody></tbody></table>'
     cells = []
     for col, _, kind in columns:
-        text = _col_text(frame[col], "str" if kind == "pre" else kind)
+        text = _col_text(frame[col], "str" if kind in ("pre", "wrap") else kind)
         if kind == "pre":
             text = "<pre>" + text + "</pre>"
-        tag = '<td class="n">' if kind in ("num", "int", "pct") else "<td>"
+        tag = ('<td class="n">' if kind in ("num", "int", "pct") else
+               '<td class="w">' if kind == "wrap" else "<td>")
         cells.append(tag + text + "</td>")
     rows = cells[0]
     for c in cells[1:]:
@@ -142,6 +146,8 @@ th,td{border:1px solid #ccc;padding:.2rem .45rem;text-align:left;vertical-align:
 thead th{background:#eef4fa;position:sticky;top:0}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 table.scaling td,table.runs td{white-space:nowrap}
+table td.w{white-space:normal;min-width:11rem}
+.model-error{margin:.4rem 0}
 table.kv th{background:#f6f6f6;font-weight:600;white-space:nowrap}
 pre{margin:0;white-space:pre-wrap;word-break:break-word;max-width:60rem;font-size:.8rem}
 figure{margin:1.2rem 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
@@ -364,32 +370,21 @@ def _sweep_details(s: SweepData) -> str:
     return "".join(parts)
 
 
-def _bottleneck_table(a: Analysis, lay: Layout) -> str:
-    mbit = dict(zip(a.modelled["bandwidth"], a.modelled["bandwidth_mbit"].astype(float),
-                    strict=False))
-
-    def order(b: analysis.Bottleneck) -> tuple:
-        s = b.series
-        rate = mbit.get(s["bandwidth"], math.nan)
-        return (s["sweep_id"], math.isnan(rate), 0.0 if math.isnan(rate) else rate,
-                s["batch_size"], s["procs_per_node"], str(s["model"]), str(s["data"]))
-
-    rows = []
-    for b in sorted(a.bottlenecks, key=order):
-        s = b.series
-        rows.append({"sweep": s["sweep_id"], "series": f"batch {s['batch_size']}/worker, link "
-                     f"{s['bandwidth']}, {s['procs_per_node']} proc/node, {s['model']} "
-                     f"{s['engine']} {s['precision']} {s['data']}",
-                     "n": b.world_size, "eff": b.measured_eff, "pred": b.predicted_eff,
-                     "share": b.comm_share, "kind": b.kind, "why": b.explanation})
-    frame = pd.DataFrame(rows)
+def _bottleneck_section(a: Analysis) -> str:
+    """The model's error, stated once, then each series' verdict at its largest world size."""
+    frame = model.bottleneck_rows(a)
     cols = [("series", "series", "str"), ("n", "at world size", "int"),
             ("eff", "measured efficiency", "pct"), ("pred", "model efficiency", "pct"),
-            ("share", "model comm share", "pct"), ("kind", "bottleneck", "str"),
+            ("exposed_ms", "exposed comm (ms/step)", "num"), ("kind", "bottleneck", "str"),
             ("why", "why", "str")]
+    if model.mixed(a.modelled):
+        cols.insert(4, ("model", "predicted by", "str"))
     if len(a.sweeps) > 1:
         cols.insert(0, ("sweep", "sweep", "str"))
-    return _table(frame, cols, "bottlenecks")
+    return ('<h2 id="bottlenecks">Bottleneck per series</h2>'
+            f'<p class="model-error"><strong>{_e(a.error.sentence())}</strong></p>'
+            f'<p class="note">{_e(model.models_used(a.modelled))}</p>'
+            + _table(frame, cols, "bottlenecks"))
 
 
 def _scaling_table(a: Analysis) -> str:
@@ -407,11 +402,17 @@ def _scaling_table(a: Analysis) -> str:
             ("n", "repeats", "int"), ("thr_mean", "images/s", "num"),
             ("thr_ci", "95% CI", "str"), ("per_worker_mean", "images/s/worker", "num"),
             ("eff_mean", "efficiency", "pct"), ("eff_ci", "95% CI (%)", "str"),
-            ("predicted_eff", "model efficiency", "pct"),
+            ("model_eff", "model efficiency", "pct"),
             ("step_time_mean_s", "step (s)", "num"), ("comm_fraction", "comm fraction", "pct"),
             ("comm_inflight_mean_s", "comm in flight (s)", "num"),
             ("comm_time_mean_s", "comm exposed (s)", "num"), ("hidden", "comm hidden", "pct"),
-            ("link_mbit_model", "model link (Mbit/s)", "num"), ("link_source", "link from", "str")]
+            ("link_mbit_model", "model link (Mbit/s)", "num"), ("link_source", "link from", "str"),
+            ("verdict_text", "verdict", "wrap")]
+    df["verdict_text"] = [model.verdict_label(r) for r in df[list(VERDICT_COLUMNS) + [
+        "model_exposed_s"]].to_dict("records")]
+    if model.mixed(a.modelled):
+        cols.insert(cols.index(("model_eff", "model efficiency", "pct")) + 1,
+                    ("predicted_by", "predicted by", "str"))
     if len(a.sweeps) > 1:
         cols.insert(0, ("sweep_id", "sweep", "str"))
     varying = [c for c in ("model", "engine", "precision", "data") if df[c].nunique() > 1]
@@ -420,63 +421,12 @@ def _scaling_table(a: Analysis) -> str:
     return _table(df, cols, "scaling")
 
 
-def findings(a: Analysis) -> list[str]:
-    """What the sweep found, in numbers, one line per batch size: the efficiency each link rate
-    reached at the largest world size, and from which world size the network is the bottleneck
-    (the first whose efficiency falls below analysis.COMPUTE_BOUND_EFFICIENCY and whose series is
-    judged network-bound)."""
-    df = a.modelled
-    if df.empty:
-        return []
-    kinds = {tuple(b.series[k] for k in analysis.SERIES_KEYS): b.kind for b in a.bottlenecks}
-    lines = []
-    keys = [k for k in analysis.SERIES_KEYS if k not in ("bandwidth",)]
-    for key, grp in df.groupby(keys, dropna=False, sort=True):
-        series = dict(zip(keys, key, strict=True))
-        parts, starts = [], []
-        grp = grp.assign(_bw=grp["bandwidth_mbit"].astype(float).fillna(np.inf))
-        for bw, g in grp.sort_values(["_bw", "world_size"]).groupby("bandwidth", sort=False):
-            last = g.iloc[-1]
-            eff = float(last["eff_mean"])
-            parts.append(f"at {bw}, {int(last['world_size'])} ranks reach "
-                         + (f"{_fmt(eff * 100, 3)}% efficiency" if not math.isnan(eff) else
-                            "an efficiency that could not be measured"))
-            kind = kinds.get(tuple({**series, "bandwidth": bw}[k] for k in analysis.SERIES_KEYS))
-            low = g[(g["eff_mean"].astype(float) < analysis.COMPUTE_BOUND_EFFICIENCY)
-                    & (g["world_size"] > 1)]
-            if kind == "network-bound" and not low.empty:
-                starts.append(f"from N = {int(low.iloc[0]['world_size'])} at {bw}")
-            elif kind == "emulation-bound":
-                starts.append(f"at {bw} the emulation, not the network, limits the largest runs")
-        what = f"{series['model']}, batch {int(series['batch_size'])}"
-        acc = str(grp["accelerator"].iloc[0]) if "accelerator" in grp and grp["accelerator"].iloc[0] else ""
-        if acc:
-            what += f" on emulated {acc}"
-        line = f"{what}: " + "; ".join(parts) + "."
-        net = [x for x in starts if x.startswith("from")]
-        emu = [x for x in starts if not x.startswith("from")]
-        if net:
-            line += " The network is the bottleneck " + ", ".join(net) + "."
-        if emu:
-            line += " " + "; ".join(emu).capitalize() + "."
-        lines.append(line)
-    return lines
-
-
 def _emulation_section(a: Analysis) -> str:
-    """Emulated accelerators: fidelity per point, both models against the measurement, and
+    """Emulated accelerators: fidelity per point, the model against the measurement, and
     predictions beyond the measured points."""
-    df = a.modelled
-    if "accelerator" not in df or not df["accelerator"].astype(bool).any():
+    df = model.emulation_rows(a)
+    if df.empty:
         return ""
-    df = df[df["accelerator"].astype(bool)].copy()
-    df = df.assign(_bw=df["bandwidth_mbit"].astype(float).fillna(np.inf)).sort_values(
-        ["_bw", "batch_size", "world_size"], kind="stable")
-    df["ring_err"] = (df["predicted_eff"] - df["eff_mean"]).abs()
-    if "overlap_eff" not in df:
-        df["overlap_eff"] = np.nan
-    df["overlap_err"] = (df["overlap_eff"] - df["eff_mean"]).abs()
-    df["fidelity_text"] = df["fidelity"].where(df["fidelity"].astype(bool), "faithful")
     src = sorted(set(df["accelerator_source"].astype(str)) - {""})
     parts = ['<h2 id="emulation">Emulated accelerator</h2>',
              '<p class="note">Every rank kept the real model&#39;s parameters and the engine&#39;s real '
@@ -486,47 +436,33 @@ def _emulation_section(a: Analysis) -> str:
              f"time here is divided by k. A point is emulation-bound when in its timed steps the "
              f"host had under {analysis.HOST_IDLE_MIN * 100:.0f}% CPU idle, the compute waits "
              f"stretched over {analysis.COMPUTE_FIDELITY * 100:.0f}% past the profile, or the "
-             f"link gave under {analysis.LINK_FIDELITY * 100:.0f}% of its dilated rate. The ring "
-             f"model adds compute and communication; the overlap model replays the bucket "
-             f"timeline (a bucket's transfer starts when its last gradient is ready and the "
-             f"previous bucket's transfer is done).</p>"]
+             f"link gave under {analysis.LINK_FIDELITY * 100:.0f}% of its dilated rate. The "
+             f"model is the overlap model: it replays the bucket timeline (a bucket&#39;s "
+             f"transfer starts when its last gradient is ready and the previous bucket&#39;s "
+             f"transfer is done); its error is stated once, under Bottleneck per series.</p>"]
     cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "int"),
             ("world_size", "world size", "int"), ("dilation", "k", "num"),
-            ("eff_mean", "measured efficiency", "pct"),
-            ("predicted_eff", "ring model", "pct"), ("ring_err", "error", "pct"),
-            ("overlap_eff", "overlap model", "pct"), ("overlap_err", "error", "pct"),
+            ("eff_mean", "measured efficiency", "pct"), ("model_eff", "model efficiency", "pct"),
             ("profile_step_s", "profile step (s)", "num"),
             ("compute_time_mean_s", "emulated compute (s)", "num"),
             ("host_cpu_idle", "host idle", "pct"), ("link_utilisation", "link busy", "pct"),
             ("fidelity_text", "fidelity", "str")]
+    if model.mixed(df):
+        cols.insert(6, ("predicted_by", "predicted by", "str"))
     parts.append(_table(df, cols, "emulation"))
-    from scalelab import overlap as bucket_model
-
-    rows = []
-    for _, g in df.groupby(["bandwidth", "batch_size"], sort=False):
-        last = g.iloc[-1]
-        nmax = int(last["world_size"])
-        err = float(g["overlap_err"].max())
-        for r in bucket_model.what_if(last, sorted({nmax * 2, 16, 32, 64} - {nmax}), (1.0, 10.0),
-                                      a.alpha_s):
-            # a row is labelled by the link it predicts for, never by the measured series'
-            # (a "10x faster" row of the 1gbit series is a 10gbit row)
-            link = rate_label(float(r["link_mbit"])) if r.get("link_mbit") else "?"
-            rows.append({"from": f"{last['bandwidth']}, batch {int(last['batch_size'])}",
-                         "link": link, **r, "err": err})
-    if rows:
-        wf = pd.DataFrame(rows).sort_values(["from", "link_mbit", "world_size"], kind="stable")
+    wf = model.what_if_rows(a, df)
+    if not wf.empty:
+        wf["link"] = wf["link_mbit"].map(rate_label)
         parts.append('<p class="note"><strong>Predictions, not measurements:</strong> the '
                      "overlap model beyond the measured points (more nodes; the link 10x "
-                     "faster), with the largest error it made on this sweep's measured points "
-                     "beside each.</p>")
+                     "faster). Its error on this sweep&#39;s measured points is the one stated "
+                     "under Bottleneck per series.</p>")
         parts.append(_table(wf, [("from", "from the measured series", "str"),
                                  ("link", "predicted link", "str"),
                                  ("world_size", "world size", "int"),
                                  ("link_mbit", "link (Mbit/s)", "num"),
                                  ("images_per_sec", "predicted images/s", "num"),
-                                 ("eff", "predicted efficiency", "pct"),
-                                 ("err", "model error on this sweep", "pct")], "whatif"))
+                                 ("eff", "predicted efficiency", "pct")], "whatif"))
     return "\n".join(parts)
 
 
@@ -593,15 +529,28 @@ def _method_note(a: Analysis) -> str:
         "<li>95% intervals: Student t over repeats. For efficiency, each repeat's efficiency "
         "against the mean baseline, so the baseline's own noise shows at N0 rather than at every "
         "N. One repeat: no interval.</li>"
-        f"<li>Model: step = {mode}; comm = 2(N-1)/N x S/B + alpha x 2(N-1); S = gradient bytes "
-        "at the run's precision; B = measured link rate, else the requested one, else allreduce "
-        f"busbw; alpha = {a.alpha_s * 1e6:.1f} us ({_e(a.alpha_source)}); compute = measured "
-        "compute time at the smallest world size; ranks on one node do not use the link.</li>"
-        "<li>Bottleneck at the largest world size, first match: input-bound (real data 10% slower "
-        "than synthetic), compute-bound (efficiency at least 90%), emulation-bound (local ranks "
-        "outnumber host cores, or measured link below 80% of requested), network-bound (model "
-        "comm share at least 10% and measured within 15 points of the model), else "
-        "undetermined.</li></ul>")
+        "<li>Model: one prediction per point. Where a per-layer profile gives the times at "
+        "which gradients become ready (emulated accelerators), the overlap model replays the "
+        "engine's buckets: a bucket's ring allreduce starts when its last gradient is ready and "
+        "the previous bucket's is done, and step = forward + max(backward, last allreduce end) "
+        "+ optimizer. Elsewhere the ring model, one allreduce of the whole gradient: step = "
+        f"{mode}. Both: comm = 2(N-1)/N x S/B + alpha x 2(N-1); S = gradient bytes at the "
+        "run's precision; B = measured link rate, else the requested one, else allreduce busbw; "
+        f"alpha = {a.alpha_s * 1e6:.1f} us ({_e(a.alpha_source)}); ranks on one node do not use "
+        "the link. Exposed communication = predicted step - predicted step without "
+        "communication.</li>"
+        "<li>Verdict per point above N0, first match: input-bound (real data, and a step waits "
+        f"{verdict.INPUT_SHARE * 100:.0f}% of its time for input or is "
+        f"{(verdict.INPUT_SLOWDOWN - 1) * 100:.0f}% slower than on synthetic data), "
+        "emulation-bound (the fidelity guard; or local ranks outnumber host cores, compute per "
+        f"rank grew, or the measured link is below {verdict.LINK_SHORTFALL * 100:.0f}% of the "
+        "request), then from the model: network-bound when the exposed communication is at "
+        f"least {verdict.NETWORK_SHARE * 100:.0f}% of the step and the measurement is within "
+        f"{verdict.TRACKING_TOLERANCE * 100:.0f} points of the model, compute-bound when it is "
+        "less; a point the model cannot predict or explain is undetermined, and its verdict "
+        "names the measurement that would settle it. A series' bottleneck is its largest world "
+        "size's verdict. Verdicts are stated plainly when the model's largest error is under "
+        f"{verdict.CONFIDENT_ERROR * 100:.0f} points, else as \"likely\".</li></ul>")
 
 
 def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, str]]) -> str:
@@ -615,7 +564,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
              "bottlenecks</a>, <a href=\"#scaling\">scaling table</a>, <a href=\"#failed\">"
              "failed runs</a>, <a href=\"#runs\">all runs</a>.</p>",
              '<h2 id="summary">Summary</h2>']
-    found = findings(a)
+    found = model.findings(a)
     if found:
         parts.insert(2, '<section class="findings"><h2 id="findings">What this sweep found</h2><ul>'
                      + "".join(f"<li>{_e(x)}</li>" for x in found) + "</ul></section>")
@@ -628,8 +577,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
             (f"s{i}", s.sweep_id, "str") for i, s in enumerate(a.sweeps)], "kv"))
     else:
         parts.append(_kv(_summary_pairs(a.sweeps[0])))
-    parts.append('<h2 id="bottlenecks">Bottleneck per series</h2>')
-    parts.append(_bottleneck_table(a, lay))
+    parts.append(_bottleneck_section(a))
     parts.append('<h2 id="figures">Figures</h2>')
     parts.append('<p class="note">One colour per batch size in every figure except the '
                  "allreduce one (Okabe-Ito palette, colour-blind safe)"
@@ -638,7 +586,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
     for f in figs:
         parts.append(f'<figure><img alt="{_e(f.alt)}" src="data:image/png;base64,{f.png_b64}">'
                      f"<figcaption><strong>{_e(f.title)}.</strong> {_e(f.caption)}</figcaption>"
-                     "</figure>")
+                     f"{_figure_data(f.data, len(a.sweeps) > 1)}</figure>")
     parts.append('<h2 id="scaling">Scaling table</h2>')
     parts.append(_scaling_table(a))
     parts.append(_emulation_section(a))
@@ -647,6 +595,20 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
         parts.append(_sweep_details(s))
     parts.append(_method_note(a))
     return _page(title, "\n".join(parts))
+
+
+def _figure_data(data: pd.DataFrame | None, multi: bool) -> str:
+    """The numbers a figure plots, folded under it: what a screen reader and a test can read."""
+    if data is None or data.empty:
+        return ""
+    cols = [("bandwidth", "link", "str"), ("batch_size", "batch/worker", "int"),
+            ("procs_per_node", "proc/node", "int"), ("world_size", "world size", "int"),
+            ("eff_mean", "measured efficiency", "pct"), ("model_eff", "predicted efficiency", "pct"),
+            ("predicted_by", "predicted by", "str")]
+    if multi:
+        cols.insert(0, ("sweep_id", "sweep", "str"))
+    return ("<details><summary>The numbers in this figure</summary>"
+            + _table(data, cols, "figdata") + "</details>")
 
 
 def _version() -> str:

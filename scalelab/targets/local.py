@@ -280,15 +280,77 @@ class CpuCgroup:
             return []
         return [int(p) for p in text.split()]
 
-    def remove(self) -> None:
-        """Remove the cgroup and its now-empty parents (scalelab/<cluster>)."""
-        for path in (self.path, self.path.parent, self.path.parent.parent):
+    def subtree_pids(self) -> list[int]:
+        """The pids in this node's cgroups and below, in every hierarchy: a node's containers
+        run in child cgroups (the engine's cgroup-parent), in every controller it mounts."""
+        found: set[int] = set()
+        for d in node_cgroup_dirs(self.path):
             try:
-                path.rmdir()
+                found.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except (FileNotFoundError, ValueError):
+                pass
+        return sorted(found)
+
+    def remove(self) -> None:
+        """Remove the cgroup, what is below it in every hierarchy, and its now-empty parents
+        (scalelab/<cluster>)."""
+        for d in node_cgroup_dirs(self.path):  # deepest first
+            try:
+                d.rmdir()
             except FileNotFoundError:
                 pass
-            except OSError:
-                break  # not empty: another node or cluster still lives there
+            except OSError as exc:
+                log.warning("cgroup %s not removed: %s", d, exc)
+        # and the parents, in every hierarchy the node's engine made them in
+        tops = [self.path.parent.parent]
+        for h in cgroup_hierarchies():
+            if h in self.path.parents:
+                tops = [h2 / self.path.parent.parent.relative_to(h)
+                        for h2 in cgroup_hierarchies()]
+                break
+        for top in tops:
+            for path in (top / self.path.parent.name, top):
+                try:
+                    path.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    break  # not empty: another node or cluster still lives there
+
+
+def cgroup_hierarchies(mounts: str | None = None) -> list[Path]:
+    """Every cgroup hierarchy mounted under /sys/fs/cgroup (each v1 controller, v2).
+
+    >>> [str(p) for p in cgroup_hierarchies("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\\n"
+    ...     "tmpfs /sys/fs/cgroup tmpfs rw 0 0\\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\\n")]
+    ['/sys/fs/cgroup/cpu', '/sys/fs/cgroup/unified']
+    """
+    text = Path("/proc/self/mounts").read_text() if mounts is None else mounts
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] in ("cgroup", "cgroup2") \
+                and (parts[1] + "/").startswith("/sys/fs/cgroup/") and Path(parts[1]) not in out:
+            out.append(Path(parts[1]))
+    return out
+
+
+def node_cgroup_dirs(cpu_path: Path) -> list[Path]:
+    """A node's cgroup directories (its path under scalelab/, in every hierarchy, and all
+    below), deepest first, so they can be removed in this order."""
+    rel = None
+    for h in cgroup_hierarchies():
+        if cpu_path == h or h in cpu_path.parents:
+            rel = cpu_path.relative_to(h)
+            break
+    if rel is None:
+        return [cpu_path] if cpu_path.exists() else []
+    out: list[Path] = []
+    for h in cgroup_hierarchies():
+        top = h / rel
+        if top.is_dir():
+            out += [Path(d) for d, _, _ in os.walk(top, topdown=False)]
+    return out
 
 
 # ------------------------------------------------------------------ processes
@@ -507,7 +569,9 @@ class LocalCluster:
 
     def _node_paths(self, name: str) -> dict[str, Path]:
         base = self.dir / "nodes" / name
-        return {k: base / k for k in ("upper", "work", "merged")} | {"base": base}
+        # docker: the node's /var/lib/docker, on the host's own file system (overlay2, the
+        # engine's storage, cannot sit on the node's overlay root)
+        return {k: base / k for k in ("upper", "work", "merged", "docker")} | {"base": base}
 
     def _add_node(self, i: int, net: ipaddress.IPv4Network, cpus: float,
                   rate: float | None) -> tuple[Node, int]:
@@ -576,6 +640,8 @@ class LocalCluster:
             f"mount --rbind /sys {m}/sys",
             *cgroup_mounts(Path("/proc/self/mounts").read_text(), str(m)),
             f"mount -t tmpfs -o mode=755 tmpfs {m}/run",
+            f"mkdir -p {m}/var/lib/docker",
+            f"mount --bind {paths['docker']} {m}/var/lib/docker",
             f"mkdir -p {m}/run/sshd",
             f"mount --bind -o ro {self.shared} {m}/etc/scalelab",
             f"hostname {name}",
@@ -679,14 +745,15 @@ class LocalCluster:
             cg = CpuCgroup.for_node(self.name, name)
         except ClusterError:
             cg = None
-        pids = set(cg.pids() if cg else [])
+        pids = set(cg.subtree_pids() if cg else [])
         if pid:
             pids.add(pid)
-        # only processes we started: sshd (by recorded pid) and everything in the node's cgroup
+        # only processes we started: sshd (by recorded pid) and everything in the node's
+        # cgroups (its engine's containers included)
         end_pids(sorted(pids))
         if cg:
             for _ in range(50):
-                if not cg.pids():
+                if not cg.subtree_pids():
                     break
                 time.sleep(0.02)
             cg.remove()
@@ -826,7 +893,7 @@ class LocalTarget(SshReachable):
         # cluster, and no Docker engine of its own
         return Capabilities(stack_from_host=True, packages_from_host=True, package_index=False,
                             systemd=False, own_clock=False, kernel_nfs=False,
-                            exportable_root=False, ephemeral=True, containers=False,
+                            exportable_root=False, ephemeral=True, containers=True,
                             shares_host_cpus=True, shape_links=True)
 
     def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
@@ -885,7 +952,7 @@ def leftovers(cluster: str) -> dict[str, list[str]]:
     h = short_hash(cluster)
     out["links"] = [ln["ifname"] for ln in links
                     if ln["ifname"] in (f"slb{h}",) or ln["ifname"].startswith(f"slv{h}n")]
-    cg = [p / "scalelab" / cluster for p in (CGROUP_V1_CPU, CGROUP_V2)]
+    cg = [p / "scalelab" / cluster for p in cgroup_hierarchies()]
     out["cgroups"] = [str(p) for p in cg if p.exists()]
     mounts = Path("/proc/mounts").read_text().splitlines()
     cdir = str(cluster_dir(cluster))

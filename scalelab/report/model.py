@@ -1,0 +1,186 @@
+"""The model's part of the report as frames and sentences, no HTML: which model predicted each
+point, each series' verdict, what the sweep found, and predictions beyond the measured points.
+
+Every prediction here is the one per point that scalelab.overlap.add_prediction chose (the
+overlap model where a per-layer profile exists, else the ring model), so the tables, the
+figure and the verdicts cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from scalelab import analysis, verdict
+from scalelab import overlap as bucket_model
+from scalelab.report.data import Analysis
+
+WHAT_IF_SIZES = (16, 32, 64)  # world sizes the what-if table adds beyond twice the largest
+WHAT_IF_LINKS = (1.0, 10.0)  # the measured link, and one 10x faster
+
+
+def models_used(modelled: pd.DataFrame) -> str:
+    """One sentence: which model the page's predictions come from, and for points where the
+    ring model stands in, why.
+
+    >>> df = pd.DataFrame({"predicted_by": ["overlap", "overlap", "ring"],
+    ...     "model_note": ["", "", "no per-layer profile (the ranks computed for real)"]})
+    >>> models_used(df)  # doctest: +NORMALIZE_WHITESPACE
+    'Predictions come from the overlap model (the bucket timeline of a per-layer profile) for 2
+    points, and from the ring model (one whole-gradient ring allreduce, no bucket timeline) for 1
+    point where it cannot be computed: no per-layer profile (the ranks computed for real).'
+    """
+    by = modelled["predicted_by"] if "predicted_by" in modelled else pd.Series(dtype=str)
+    counts = by.value_counts()
+    n_overlap, n_ring = int(counts.get("overlap", 0)), int(counts.get("ring", 0))
+    n_none = int(counts.get("", 0))
+    overlap = "the overlap model (the bucket timeline of a per-layer profile)"
+    ring = "the ring model (one whole-gradient ring allreduce, no bucket timeline)"
+    why = "; ".join(sorted(set(modelled.loc[by == "ring", "model_note"].astype(str)) - {""}))
+    if n_ring == 0 and n_overlap:
+        text = f"Predictions come from {overlap} for every point"
+    elif n_overlap == 0 and n_ring:
+        text = f"Predictions come from {ring} for every point: {why or 'no per-layer profile'}"
+    elif n_overlap and n_ring:
+        text = (f"Predictions come from {overlap} for {_points(n_overlap)}, and from {ring} for "
+                f"{_points(n_ring)} where it cannot be computed: {why}")
+    else:
+        text = "No point has a prediction"
+    if n_none:
+        text += f"; {_points(n_none)} without one (no link rate known)"
+    return text + "."
+
+
+def _points(n: int) -> str:
+    return f"{n} point" if n == 1 else f"{n} points"
+
+
+def mixed(modelled: pd.DataFrame) -> bool:
+    """Whether the page's predictions come from more than one model (then each row says which)."""
+    return "predicted_by" in modelled and modelled["predicted_by"].nunique() > 1
+
+
+def bottleneck_rows(a: Analysis) -> pd.DataFrame:
+    """One row per series: its verdict at its largest world size, ordered by sweep, link rate,
+    batch, procs per node."""
+    mbit = dict(zip(a.modelled["bandwidth"], a.modelled["bandwidth_mbit"].astype(float),
+                    strict=False))
+
+    def order(b: verdict.Bottleneck) -> tuple:
+        s = b.series
+        rate = mbit.get(s["bandwidth"], math.nan)
+        return (s["sweep_id"], math.isnan(rate), 0.0 if math.isnan(rate) else rate,
+                s["batch_size"], s["procs_per_node"], str(s["model"]), str(s["data"]))
+
+    rows = []
+    for b in sorted(a.bottlenecks, key=order):
+        s = b.series
+        rows.append({"sweep": s["sweep_id"], "series": f"batch {s['batch_size']}/worker, link "
+                     f"{s['bandwidth']}, {s['procs_per_node']} proc/node, {s['model']} "
+                     f"{s['engine']} {s['precision']} {s['data']}",
+                     "n": b.world_size, "eff": b.measured_eff, "pred": b.predicted_eff,
+                     "model": b.model, "exposed_ms": _ms_number(b.exposed_s),
+                     "share": b.comm_share,
+                     "kind": b.kind, "why": b.explanation})
+    return pd.DataFrame(rows, columns=["sweep", "series", "n", "eff", "pred", "model",
+                                       "exposed_ms", "share", "kind", "why"])
+
+
+def _ms_number(seconds: float) -> float:
+    """Milliseconds rounded as verdict.ms writes them, so a table cell and its sentence agree.
+
+    >>> _ms_number(0.03629), _ms_number(1.38245), _ms_number(0.00423)
+    (36.0, 1382.0, 4.2)
+    """
+    v = seconds * 1000
+    return float(round(v) if abs(v) >= 10 else round(v, 1))
+
+
+def verdict_label(row: Any) -> str:
+    """A point's verdict as the scaling table shows it: the name, with the exposed
+    communication per step when network-bound and what would settle it when undetermined.
+
+    >>> verdict_label({"verdict": "network-bound", "model_exposed_s": 0.0363, "verdict_settle": ""})
+    'network-bound, 36 ms exposed'
+    >>> verdict_label({"verdict": "", "model_exposed_s": 0.0, "verdict_settle": ""})
+    'baseline'
+    """
+    kind = row["verdict"]
+    if not kind:
+        return "baseline"
+    if kind == "network-bound":
+        return f"{kind}, {verdict.ms(float(row['model_exposed_s']))} exposed"
+    if kind == "undetermined":
+        return f"{kind}: {row['verdict_settle']}"
+    return str(kind)
+
+
+def findings(a: Analysis) -> list[str]:
+    """What the sweep found, in numbers, one line per batch size: the efficiency each link rate
+    reached at the largest world size, and from which world size the network is the bottleneck
+    (the first point below verdict.COMPUTE_BOUND_EFFICIENCY whose verdict is network-bound)."""
+    df = a.modelled
+    if df.empty:
+        return []
+    lines = []
+    keys = [k for k in analysis.SERIES_KEYS if k not in ("bandwidth",)]
+    for key, grp in df.groupby(keys, dropna=False, sort=True):
+        series = dict(zip(keys, key, strict=True))
+        parts, net, emu = [], [], []
+        grp = grp.assign(_bw=grp["bandwidth_mbit"].astype(float).fillna(np.inf))
+        for bw, g in grp.sort_values(["_bw", "world_size"]).groupby("bandwidth", sort=False):
+            last = g.iloc[-1]
+            eff = float(last["eff_mean"])
+            parts.append(f"at {bw}, {int(last['world_size'])} ranks reach "
+                         + (f"{eff * 100:.3g}% efficiency" if not math.isnan(eff) else
+                            "an efficiency that could not be measured"))
+            low = g[(g["eff_mean"].astype(float) < verdict.COMPUTE_BOUND_EFFICIENCY)
+                    & (g["verdict"] == "network-bound")]
+            if not low.empty:
+                net.append(f"from N = {int(low.iloc[0]['world_size'])} at {bw}")
+            if last["verdict"] == "emulation-bound":
+                emu.append(f"at {bw} the emulation, not the network, limits the largest runs")
+        what = f"{series['model']}, batch {int(series['batch_size'])}"
+        acc = str(grp["accelerator"].iloc[0]) if "accelerator" in grp else ""
+        if acc:
+            what += f" on emulated {acc}"
+        line = f"{what}: " + "; ".join(parts) + "."
+        if net:
+            line += " The network is the bottleneck " + ", ".join(net) + "."
+        if emu:
+            line += " " + "; ".join(emu).capitalize() + "."
+        lines.append(line)
+    return lines
+
+
+def emulation_rows(a: Analysis) -> pd.DataFrame:
+    """The points that ran on an emulated accelerator, by link rate, batch and world size, with
+    the fidelity guard's verdict as text ("faithful" when it passed)."""
+    df = a.modelled
+    if "accelerator" not in df or not df["accelerator"].astype(bool).any():
+        return df.iloc[0:0]
+    df = df[df["accelerator"].astype(bool)].copy()
+    df = df.assign(_bw=df["bandwidth_mbit"].astype(float).fillna(np.inf)).sort_values(
+        ["_bw", "batch_size", "world_size"], kind="stable")
+    df["fidelity_text"] = df["fidelity"].where(df["fidelity"].astype(bool), "faithful")
+    return df
+
+
+def what_if_rows(a: Analysis, emulated: pd.DataFrame) -> pd.DataFrame:
+    """The overlap model beyond the measured points of each emulated series (its largest
+    measured row): more nodes, and the link 10x faster. A row is to be labelled by the link it
+    predicts for (link_mbit), never by the measured series' ("from"): a "10x faster" row of
+    the 1gbit series is a 10gbit row."""
+    rows = []
+    for _, g in emulated.groupby(["bandwidth", "batch_size"], sort=False):
+        last = g.iloc[-1]
+        nmax = int(last["world_size"])
+        sizes = sorted({nmax * 2, *WHAT_IF_SIZES} - {nmax})
+        for r in bucket_model.what_if(last, sizes, WHAT_IF_LINKS, a.alpha_s):
+            rows.append({"from": f"{last['bandwidth']}, batch {int(last['batch_size'])}", **r})
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows).sort_values(["from", "link_mbit", "world_size"], kind="stable")

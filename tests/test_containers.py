@@ -1,0 +1,207 @@
+"""Training in containers, for real: the training image built offline (invoke image), Docker
+started on two emulated nodes and the image loaded there (invoke configure --image), DDP and
+Horovod sweeps with --runtime container on a shaped link, a rank killed mid-run, a driver
+killed mid-sweep, and destroy leaving the host as it was."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, have, invoke, needs_root, needs_sshd, unique_name
+from faults import faultlib as fl
+
+from scalelab import image as images
+from scalelab import ssh
+from scalelab.targets import local
+from scalelab.targets.local import CpuCgroup, LocalCluster
+
+pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow,
+              pytest.mark.skipif(not (have("dockerd") and have("mmdebstrap")),
+                                 reason="docker.io and mmdebstrap not installed "
+                                        "(./bootstrap.sh installs them)")]
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The training image, from the cache when its inputs are unchanged."""
+    proc = invoke("image", timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    archive = Path(proc.stdout.strip().splitlines()[-1].split()[1])
+    return archive, images.read_meta(archive)
+
+
+@pytest.fixture(scope="module")
+def dcluster(built):
+    """Two emulated nodes with Docker and the training image; destroyed at the end."""
+    lc = LocalCluster(unique_name("d"))
+    lc.provision(2)
+    try:
+        proc = invoke("configure", "--cluster", lc.name, "--tags", "docker_nvidia", "--image",
+                      str(built[0]), timeout=900)
+        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
+        yield lc
+    finally:
+        lc.destroy()
+
+
+def _docker_ps(lc: LocalCluster) -> dict[str, list[str]]:
+    """Every container on each node, running or not (names)."""
+    rec = lc.load()
+    out = {}
+    for n in lc.nodes():
+        proc = ssh.run(n, rec["known_hosts"], "docker ps -a --format '{{.Names}}'", timeout=30)
+        out[n.name] = proc.stdout.split()
+    return out
+
+
+def _rows(sweep_dir: Path) -> list[dict[str, str]]:
+    with open(sweep_dir / "results.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _sweep(tmp_path: Path, name: str, **values) -> Path:
+    return fl.write_sweep(tmp_path / f"{name}.yml", **values)
+
+
+def test_the_role_converges_twice_and_every_node_holds_the_image(dcluster, built):
+    from scalelab import configure
+
+    archive, meta = built
+    again = configure.run(dcluster.name, tags="docker_nvidia", image=archive)
+    assert again.changed == 0, again.stats
+    rec = dcluster.load()
+    assert rec["image"]["id"] == meta["id"]
+    for n in rec["nodes"]:
+        assert n["facts"]["docker"], n["name"]
+        assert n["facts"]["images"][meta["tag"]] == meta["id"]
+    # the engine stays off the host's network set-up: no bridge, no iptables, containers under
+    # the node's own CPU share
+    settings = json.loads((dcluster.dir / "nodes" / rec["nodes"][0]["name"] / "upper" / "etc"
+                           / "docker" / "daemon.json").read_text())
+    assert settings["bridge"] == "none" and settings["iptables"] is False
+    assert settings["cgroup-parent"] == f"/scalelab/{dcluster.name}/{rec['nodes'][0]['name']}"
+
+
+@pytest.mark.parametrize("engine", ["ddp", "horovod"])
+def test_ranks_run_in_the_image_on_the_shaped_link(dcluster, built, tmp_path, engine):
+    _archive, meta = built
+    reports = tmp_path / "reports"
+    sweep = _sweep(tmp_path, engine, engine=engine, nodes=[2], bandwidth="1gbit", steps=10,
+                   allreduce_probe=engine == "ddp", netprobe=True, timeout_s=300)
+    proc = fl.run_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime", "container",
+                        "--no-report", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep_dir = fl.latest(reports)
+    rows = _rows(sweep_dir)
+    train = [r for r in rows if r["run_id"].startswith("train-")]
+    assert [r["status"] for r in train] == ["ok"], [r["error"] for r in train]
+    for r in rows:
+        assert r["runtime"] == "container" and r["image_id"] == meta["id"], r
+        # the link the containers used is the shaped one (host networking): the probe saw it
+        assert 800 <= float(r["link_mbit_measured"]) <= 1000, r["link_mbit_measured"]
+    if engine == "ddp":
+        # and so did the collective (the allreduce probe, in containers too): bus bandwidth
+        # below 1 Gbit/s, but most of it
+        assert 60 <= float(train[0]["busbw_mb_s"]) <= 125, train[0]["busbw_mb_s"]
+    recs = fl.records(sweep_dir)
+    for rec in recs:
+        assert rec["env"]["image"]["id"] == meta["id"]
+        if rec["kind"] == "train":
+            # the ranks' own interpreter is the image's Debian Python, not the host's
+            assert rec["env"]["python"] != ".".join(map(str, sys.version_info[:3])), rec["env"]
+    assert recs[-1]["env"]["launcher"] == ("hvdrank" if engine == "horovod" else "direct")
+    assert all(not names for names in _docker_ps(dcluster).values())
+
+
+def _container_rank(lc: LocalCluster, index: int) -> int | None:
+    """The rank on a node that runs in a container: in a cgroup below the node's own."""
+    cg = CpuCgroup.for_node(lc.name, local.node_name(lc.name, index))
+    inside = set(cg.subtree_pids()) - set(cg.pids())
+    for pid in sorted(inside):
+        argv = fl.cmdline(pid).split()
+        if len(argv) > 1 and "python" in argv[0] and argv[1].endswith("resnet.py"):
+            return pid
+    return None
+
+
+def test_a_killed_rank_leaves_no_container(dcluster, tmp_path):
+    reports = tmp_path / "reports"
+    sweep = _sweep(tmp_path, "kill", nodes=[2], repeats=2, steps=80, timeout_s=240)
+    proc = fl.start_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime",
+                          "container", "--no-report")
+    try:
+        pid = fl.wait_for(lambda: _container_rank(dcluster, 1), 120, "the rank in a container")
+        time.sleep(3)  # into its steps
+        of_run = {c for names in _docker_ps(dcluster).values() for c in names}
+        assert len(of_run) == 2, of_run  # one per node
+        fl.kill_pid(pid)  # the resnet.py rank this sweep started on node 1, in its container
+        sweep_dir = fl.wait_for(lambda: fl.latest(reports), 10, "the sweep directory")
+        fl.wait_for(lambda: fl.records(sweep_dir), 240, "the failed run's record")
+        # once the failed run is recorded, its containers are gone from both nodes (the
+        # next run's may have started)
+        left = {c for names in _docker_ps(dcluster).values() for c in names}
+        assert not left & of_run, left
+        out, err = fl.finish(proc, 400)
+    finally:
+        if proc.poll() is None:
+            fl.kill_pid(proc.pid)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    failed, ok = fl.records(sweep_dir)
+    # the node and the signal, as for host ranks (docker run exits 128 + 9 for its rank)
+    assert failed["status"] == "failed", failed
+    assert f"{dcluster.name}-n1: exit 137: killed by SIGKILL" in failed["error"], failed["error"]
+    assert ok["status"] == "ok", ok["error"]
+    assert not any(_docker_ps(dcluster).values())
+
+
+def test_containers_a_killed_driver_left_are_ended_by_the_next_bench(dcluster, tmp_path):
+    reports = tmp_path / "reports"
+    sweep = _sweep(tmp_path, "long", nodes=[2], steps=400, timeout_s=600)
+    proc = fl.start_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime",
+                          "container", "--no-report")
+    try:
+        fl.wait_for(lambda: _container_rank(dcluster, 1), 120, "the rank in a container")
+        proc.send_signal(signal.SIGKILL)  # the driver this test started, no cleanup
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            fl.kill_pid(proc.pid)
+            proc.wait(timeout=30)
+    running = _docker_ps(dcluster)
+    assert all(running.values()), running  # the dead driver's ranks go on in their containers
+    short = _sweep(tmp_path, "short", nodes=[1], steps=2, timeout_s=120)
+    done = fl.run_bench(dcluster.name, reports, "--sweep", str(short), "--runtime",
+                        "container", "--no-report", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not any(_docker_ps(dcluster).values()), _docker_ps(dcluster)
+
+
+def test_destroy_leaves_no_engine_mount_or_namespace(built):
+    lc = LocalCluster(unique_name("d"))
+    lc.provision(1)
+    try:
+        proc = invoke("configure", "--cluster", lc.name, "--tags", "docker_nvidia", "--image",
+                      str(built[0]), timeout=900)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        name = local.node_name(lc.name, 0)
+        engine = [p for p in CpuCgroup.for_node(lc.name, name).subtree_pids()
+                  if fl.cmdline(p).startswith(("dockerd", "/usr/sbin/dockerd", "containerd"))]
+        assert engine, "no engine ran on the node"
+        data_root = lc.dir / "nodes" / name / "docker"
+        assert (data_root / "overlay2").is_dir()
+    finally:
+        subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", lc.name],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert local.leftovers(lc.name) == {"netns": [], "links": [], "cgroups": [], "mounts": [],
+                                        "state": []}
+    assert not [p for p in engine if local._state(p) not in ("X", "Z")]
+    assert not data_root.exists()
+    assert str(lc.dir) not in Path("/proc/mounts").read_text()
