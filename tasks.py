@@ -199,6 +199,9 @@ def _print_nodes(result) -> None:
     "partition": "with --launcher slurm: the partition (default: the cluster's default one)",
     "timeout": "seconds a run may take, launch to exit, before it is ended (and its Slurm "
                "job cancelled)",
+    "warm_start": "on nodes that share one host's cores, fork ranks from warm-start servers "
+                  "with torch imported (default); --no-warm-start: every rank starts its own "
+                  "interpreter",
     "runtime": "host (ranks on the nodes) or container (every rank in a container of the "
                "training image: invoke image, then invoke configure --image)",
 })
@@ -207,7 +210,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
           launcher="", partition="", timeout="", device="", fabric="", channels_last=False,
-          loader_workers="", pin_memory="", allreduce_sizes="", runtime=""):
+          loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -223,6 +226,13 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
     else:
         if not (sweep or nodes):
             sweep = "demo"
+        elif not (sweep or batch_size):
+            # the mission's own first line, invoke bench --nodes 1-10: the reference's batches
+            batch_size = sweepfile.reference_batch_sizes()
+            print(f"--batch-size not given: {batch_size} per worker, from the reference "
+                  f"experiment (bench/sweeps/{sweepfile.REFERENCE}.yml)"
+                  + ("" if bandwidth else "; links at their current rate (its rates: "
+                     "--bandwidth 1gbit,10gbit)"), flush=True)
         spec = sweepfile.spec_from_options(
             nodes=nodes or None, batch_size=batch_size or None, bandwidth=bandwidth or None,
             procs_per_node=procs_per_node or None, model=model or None, engine=engine or None,
@@ -232,6 +242,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             device=device or None, fabric=fabric or None, channels_last=channels_last or None,
             loader_workers=loader_workers or None, pin_memory=pin_memory or None,
             allreduce_sizes=allreduce_sizes or None, runtime=runtime or None,
+            warm_start=None if warm_start else False,
             sweep_file=sweep or None)
         prep = driver.prepare(cluster, spec)
     if dry_run:

@@ -274,21 +274,22 @@ def _warm(caps: targets.Capabilities, spec) -> bool:
     """Whether runs that start without a launcher are forked from warm-start servers (on the
     host: a container starts its own interpreter)."""
     return caps.shares_host_cpus and spec.launcher != "slurm" \
-        and getattr(spec, "runtime", "host") == "host"
+        and getattr(spec, "runtime", "host") == "host" and getattr(spec, "warm_start", True)
 
 
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             on_progress: Callable[[Progress], None] | None = None,
             stop: threading.Event | None = None, netprobe: bool = True,
             launcher: str = "ssh", partition: str | None = None,
-            runtime: str = "host") -> dict[str, int]:
+            runtime: str = "host", warm_start: bool = True) -> dict[str, int]:
     """Run the given plan entries in order, committing each record as soon as it finishes.
 
     stop (an Event, set by the signal handler of start/resume): no new run starts, the run
     in flight is ended and recorded as interrupted, link rates are restored, then
     KeyboardInterrupt is raised. launcher: ssh, or slurm (every run a job on the head node's
     Slurm, in partition, or the default one). runtime: host, or container (every rank in a
-    container of the cluster's training image, recorded by configure --image).
+    container of the cluster's training image, recorded by configure --image). warm_start:
+    fork directly started ranks from warm-start servers where the nodes share one host.
     """
     rec = load_cluster(cluster)
     all_nodes = nodes_of(rec)
@@ -318,7 +319,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
         return stop is not None and stop.is_set()
 
     # ranks started directly on shared cores are forked from a warm-start server per node
-    direct = [r for r in runs if launcher != "slurm" and container is None
+    direct = [r for r in runs if launcher != "slurm" and container is None and warm_start
               and launch.run_starts_directly(r, caps.shares_host_cpus)]
     warm = (WarmPool(all_nodes[: max(r.params["nodes"] for r in direct)], rt, sweep_dir / WARM)
             if direct else None)
@@ -645,7 +646,8 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
                              netprobe=getattr(spec, "netprobe", True),
                              launcher=getattr(spec, "launcher", None) or "ssh",
                              partition=getattr(spec, "partition", None),
-                             runtime=getattr(spec, "runtime", "host"))
+                             runtime=getattr(spec, "runtime", "host"),
+                             warm_start=getattr(spec, "warm_start", True))
             store.finish_sweep(sweep_dir, utcnow())
         ended = True
         return counts

@@ -258,6 +258,31 @@ def to_frame(records: Sequence[dict[str, Any]],
     return frame[CSV_COLUMNS + EXTRA_COLUMNS]
 
 
+RANK_COLUMNS = ["sweep_id", "run_id", "rank", "host", "compute_time_mean_s"]
+
+
+def rank_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per rank of every train run, as the ranks reported them (RANK_COLUMNS; the
+    compute time NaN where a rank did not give one): what scalelab.stragglers compares.
+
+    >>> rank_frame([{"sweep_id": "s", "run_id": "r", "ranks": [
+    ...     {"rank": 0, "host": "n0", "compute_time_mean_s": 0.2}, {"rank": 1, "host": "n1"}]}])
+      sweep_id run_id  rank host  compute_time_mean_s
+    0        s      r     0   n0                  0.2
+    1        s      r     1   n1                  NaN
+    """
+    rows = [(str(rec.get("sweep_id", "")), str(rec.get("run_id", "")), rk.get("rank"),
+             str(rk.get("host") or ""), rk.get("compute_time_mean_s"))
+            for rec in records if rec.get("kind", "train") == "train"
+            and isinstance(rec.get("ranks"), list)
+            for rk in rec["ranks"] if isinstance(rk, dict)]
+    frame = pd.DataFrame(rows, columns=RANK_COLUMNS)
+    for col in ("rank", "compute_time_mean_s"):
+        frame[col] = pd.to_numeric(frame[col].where(
+            frame[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
+    return frame
+
+
 def allreduce_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """One row per (allreduce probe run, message size)."""
     rows: list[tuple] = []

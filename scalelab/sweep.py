@@ -98,6 +98,9 @@ class SweepSpec:
     timeout_s: float = 900.0  # per run, launch to exit
     allreduce_probe: bool = True  # one allreduce probe per (bandwidth, nodes, procs_per_node)
     netprobe: bool = True  # measure each link rate once it is set (link_mbit_measured)
+    # on nodes that share one host's cores: ranks started directly are forked from a warm-start
+    # server with torch imported (scalelab.warmstart); off: every rank starts its interpreter
+    warm_start: bool = True
     allreduce_sizes: list[int] = field(
         # up to 256 MB: NCCL reaches its bus bandwidth only with messages this large
         default_factory=lambda: [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20])

@@ -180,6 +180,7 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "timeout_s": ("timeout_s", _seconds),
     "allreduce_probe": ("allreduce_probe", _flag),
     "netprobe": ("netprobe", _flag),
+    "warm_start": ("warm_start", _flag),
     "allreduce_sizes": ("allreduce_sizes", _sizes),
     "allreduce_iters": ("allreduce_iters", lambda v, w: _one_int(v, w, 1)),
     "description": ("description", lambda v, w: str(v).strip()),
@@ -243,6 +244,20 @@ def _mapping_no_dupes(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_dupes)
+
+
+REFERENCE = "slices"  # bench/sweeps/slices.yml: the reference experiment
+
+
+def reference_batch_sizes() -> str:
+    """The reference experiment's batch sizes per worker, as --batch-size takes them: what a
+    command line that gives nodes but no batch size sweeps.
+
+    >>> reference_batch_sizes()
+    '32,64,96'
+    """
+    value = _file_fields(find_sweep_file(REFERENCE))["batch_sizes"]
+    return ",".join(str(v) for v in value)
 
 
 def find_sweep_file(name_or_path: str | Path, sweeps_dir: Path = SWEEPS_DIR) -> Path:
@@ -340,6 +355,7 @@ def spec_from_options(
     loader_workers: str | int | None = None,
     pin_memory: str | None = None,
     runtime: str | None = None,
+    warm_start: bool | str | None = None,
     sweep_file: str | Path | None = None,
 ) -> SweepSpec:
     """Build a spec from CLI strings; None or "" means not given.

@@ -29,7 +29,8 @@ def synthetic_sweep(root: Path | str, sweep_id: str = "synthetic", *,
                     target: str = DEFAULT_TARGET, host_cpus: int = 16, cpus_per_node: float = 4.0,
                     compute_s_per_image: float = 0.004, compute_overhead_s: float = 0.02,
                     failed: Sequence[str] = (), missing: int = 0, allreduce: bool = True,
-                    seed: int = 0, cluster: str = "demo") -> Path:
+                    seed: int = 0, cluster: str = "demo",
+                    slow_nodes: dict[str, float] | None = None) -> Path:
     """Write a synthetic but realistic sweep (sweep.json + runs.jsonl) under root/sweep_id.
 
     For tests, the report benchmark and the example report; sweep.json says ``synthetic``
@@ -37,6 +38,10 @@ def synthetic_sweep(root: Path | str, sweep_id: str = "synthetic", *,
     ring allreduce over ~95 % of the requested link, with 3 % lognormal noise per rank.
     ``failed`` lists error texts, each given to one run (its status failed, no ranks);
     ``missing`` leaves that many planned runs without a record (an interrupted sweep).
+    ``slow_nodes`` maps node names (``<cluster>-n<i>``) to a compute factor, e.g.
+    {"demo-n2": 1.3}: that node's ranks compute 30 % longer per step, and since every step is
+    synchronous every rank's step then waits for the slowest, the others' wait counted in their
+    exposed communication (without it, ranks are independent as before).
     """
     rng = np.random.default_rng(seed)
     sweep_dir = Path(root) / sweep_id
@@ -101,14 +106,19 @@ def synthetic_sweep(root: Path | str, sweep_id: str = "synthetic", *,
                         comm = float(analysis.ring_allreduce_time_s(
                             ws, gradient_bytes, link if n > 1 else 200000.0, alpha))
                         ranks = []
-                        for r in range(ws):
-                            c = compute * rng.lognormal(0, 0.03)
-                            m = comm * rng.lognormal(0, 0.03)
+                        draws = [(compute * rng.lognormal(0, 0.03)
+                                  * (slow_nodes or {}).get(node_names[r // ppn], 1.0),
+                                  comm * rng.lognormal(0, 0.03), rng.uniform(1.04, 1.12))
+                                 for r in range(ws)]
+                        gate = max(c for c, _, _ in draws)
+                        for r, (c, m, p95) in enumerate(draws):
+                            if slow_nodes:  # everyone waits for the slowest rank's gradients
+                                m += gate - c
                             step = c + m
                             ranks.append({"rank": r, "host": node_names[r // ppn],
                                           "images_per_sec": round(batch / step, 4),
                                           "step_time_mean_s": round(step, 6),
-                                          "step_time_p95_s": round(step * rng.uniform(1.04, 1.12), 6),
+                                          "step_time_p95_s": round(step * p95, 6),
                                           "compute_time_mean_s": round(c, 6),
                                           "comm_time_mean_s": round(m, 6),
                                           # generated without overlap: all of it exposed

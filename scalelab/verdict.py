@@ -30,12 +30,15 @@ INPUT_SHARE = 0.10  # real data: waiting for the loader this share of a step or 
 COMPUTE_INFLATION = 1.25  # compute per step this much above the smallest size's: contention
 CONFIDENT_ERROR = 0.03  # the model's largest error under this (3 points): plain statements
 
-BOTTLENECKS = ("network-bound", "compute-bound", "input-bound", "emulation-bound", "undetermined")
+BOTTLENECKS = ("network-bound", "compute-bound", "input-bound", "straggler-bound", "emulation-bound",
+               "undetermined")
 VERDICT_COLUMNS = ("verdict", "verdict_why", "verdict_settle")
 
 _SETTLE_RERUN = ("Repeating the run (--repeats 3) to tell noise from a real gap, and comparing "
                  "each rank's compute time per step (ranks in runs.jsonl) to find a slow rank, "
                  "would settle it.")
+_SETTLE_REPEAT = ("Repeating the run (--repeats 3) to tell noise from a real gap would settle "
+                  "it.")
 _SETTLE_LINK = ("Measuring the link (invoke check --links, or a sweep with the allreduce probe) "
                 "would settle it.")
 
@@ -129,13 +132,20 @@ def add_verdicts(modelled: pd.DataFrame, limits: dict[str, dict[str, Any]] | Non
        loader, or it is INPUT_SLOWDOWN x slower than the matching synthetic-data point;
     2. emulation-bound: an emulated accelerator's run failed the fidelity guard; or, for runs
        that compute for real below COMPUTE_BOUND_EFFICIENCY, on emulated nodes the ranks
-       outnumber the host cores or a node's CPU share, or compute per rank grew by
-       COMPUTE_INFLATION over the smallest size's, or the link gave under LINK_SHORTFALL of its
-       rate;
-    3. from the model: no prediction (no link rate) or a gap over TRACKING_TOLERANCE is
+       outnumber the host cores or a node's CPU share;
+    3. straggler-bound (see straggler_bound): half or more of the point's runs have a rank
+       that scalelab.stragglers flagged, the model with the others' wait for it added to each
+       step lands within TRACKING_TOLERANCE of the measured efficiency and closer than the
+       model alone, and the wait is at least the communication the model leaves exposed;
+    4. emulation-bound, as in 2: compute per rank grew by COMPUTE_INFLATION over the smallest
+       size's, or the link gave under LINK_SHORTFALL of its rate;
+    5. from the model: no prediction (no link rate) or a gap over TRACKING_TOLERANCE is
        undetermined (compute-bound if efficiency is still COMPUTE_BOUND_EFFICIENCY or more);
        else network-bound when the exposed communication is NETWORK_SHARE of the step or more,
        with that time per step, and compute-bound when it is less.
+
+    Where the ranks' compute times were compared (the stragglers columns), an "undetermined"
+    verdict states what that comparison found instead of asking for it.
     """
     out = modelled.copy()
     for col in VERDICT_COLUMNS:
@@ -181,11 +191,13 @@ def _judge_point(row: pd.Series, base: pd.Series, synth: pd.Series, lim: dict[st
         return "emulation-bound", (
             f"At {n} ranks the emulation fell short ({row['fidelity']}), so the "
             f"{_eff(eff)} efficiency reflects the host, not the emulated cluster."), ""
-    if not row.get("accelerator") and eff < COMPUTE_BOUND_EFFICIENCY:
-        found = _emulation_bound(row, base, lim, n, eff)
-        if found:
-            return found
-    return _judge_model(row, n, eff, sure)
+    real = not row.get("accelerator") and eff < COMPUTE_BOUND_EFFICIENCY
+    found = (_oversubscribed(row, lim, n, eff) if real else None) or straggler_bound(row, sure) \
+        or (_emulation_bound(row, base, lim, n, eff) if real else None)
+    kind, why, settle = found or _judge_model(row, n, eff, sure)
+    if kind in ("network-bound", "compute-bound") and _num(row, "straggler_runs") > 0:
+        why += f" {slow_ranks_said(row)}."  # a slow rank beside what sets the pace: said too
+    return kind, why, settle
 
 
 def _input_bound(row: pd.Series, synth: pd.Series, n: int, sure: bool
@@ -211,8 +223,100 @@ def _input_bound(row: pd.Series, synth: pd.Series, n: int, sure: bool
     return None
 
 
-def _emulation_bound(row: pd.Series, base: pd.Series, lim: dict[str, Any], n: int,
-                     eff: float) -> tuple[str, str, str] | None:
+# ---------------------------------------------------------------------------- slow ranks
+
+def _num(row: Any, key: str) -> float:
+    value = row.get(key) if hasattr(row, "get") else None
+    try:
+        return math.nan if value is None else float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _with_wait(row: Any) -> float:
+    """The model's efficiency with the others' wait for the slow rank added to every step:
+    model_eff x step / (step + wait), the baseline's step being unchanged.
+
+    >>> round(_with_wait({"model_eff": 0.97, "model_step_s": 0.206, "straggler_wait_s": 0.06}), 3)
+    0.751
+    """
+    step, wait = _num(row, "model_step_s"), _num(row, "straggler_wait_s")
+    return _num(row, "model_eff") * step / (step + wait) if step > 0 and wait >= 0 else math.nan
+
+
+def _slow_nodes(row: Any) -> str:
+    """The flagged nodes of a point and the others' wait for them, e.g. 'node n2 held a rank
+    that computed 30% longer per step than its peers in 3 of 3 runs, so the others waited 60 ms
+    per step for it (mean over the runs)'."""
+    hosts = [h for h in str(row.get("straggler_hosts") or "").split(", ") if h]
+    which = f"node {hosts[0]}" if len(hosts) == 1 else f"nodes {', '.join(hosts)}"
+    return (f"{which} held a rank that computed {_num(row, 'straggler_excess') * 100:.0f}% "
+            f"longer per step than its peers in {int(row['straggler_runs'])} of "
+            f"{int(row['straggler_runs_checked'])} runs, so the others waited "
+            f"{ms(_num(row, 'straggler_wait_s'))} per step for it (mean over the runs)")
+
+
+def slow_ranks_said(row: Any) -> str:
+    """What comparing the ranks' compute times found at a point, as one sentence without its
+    full stop; "" where they were not compared (no run with two ranks that gave compute times).
+
+    >>> slow_ranks_said({"straggler_runs_checked": 3, "straggler_runs": 0,
+    ...                  "straggler_threshold": 0.05})
+    "No rank computed more than 5.0% longer per step than its run's other ranks (the noise threshold), so a slow rank does not explain it"
+    """
+    if not _num(row, "straggler_runs_checked") > 0:
+        return ""
+    if not _num(row, "straggler_runs") > 0:
+        return (f"No rank computed more than {_num(row, 'straggler_threshold') * 100:.1f}% "
+                "longer per step than its run's other ranks (the noise threshold), so a slow "
+                "rank does not explain it")
+    said = _slow_nodes(row)
+    with_wait = _with_wait(row)
+    if with_wait == with_wait:
+        said += f"; with that wait in every step the model predicts {_eff(with_wait)}"
+    return said[0].upper() + said[1:]
+
+
+def straggler_bound(row: Any, sure: bool) -> tuple[str, str, str] | None:
+    """straggler-bound when at least half of the point's runs have a flagged rank and the
+    others' wait for it explains the measured efficiency better than the network does: the
+    model with the wait added (_with_wait, the wait averaged over all the point's runs) is
+    within TRACKING_TOLERANCE of the measurement and closer than the model alone, and the wait
+    per step is at least the communication the model leaves exposed.
+
+    >>> row = {"world_size": 4, "eff_mean": 0.78, "model_eff": 0.97, "model_step_s": 0.206,
+    ...     "model_exposed_s": 0.006, "predicted_by": "ring", "straggler_runs_checked": 3,
+    ...     "straggler_runs": 3, "straggler_wait_s": 0.06, "straggler_hosts": "n2",
+    ...     "straggler_excess": 0.3, "straggler_threshold": 0.05}
+    >>> kind, why, _ = straggler_bound(row, True); kind
+    'straggler-bound'
+    >>> why  # doctest: +NORMALIZE_WHITESPACE
+    'At 4 ranks node n2 held a rank that computed 30% longer per step than its peers in 3 of 3
+    runs, so the others waited 60 ms per step for it (mean over the runs), more than the 6.0 ms
+    of communication the link leaves exposed: the ring model predicts 97.0% without that wait
+    and 75.1% with it, against 78.0% measured, so the slow rank sets the pace.'
+    >>> straggler_bound({**row, "model_exposed_s": 0.08}, True) is None  # the network costs more
+    True
+    """
+    wait, eff, pred = _num(row, "straggler_wait_s"), _num(row, "eff_mean"), _num(row, "model_eff")
+    flagged, checked = _num(row, "straggler_runs"), _num(row, "straggler_runs_checked")
+    if not (flagged > 0 and 2 * flagged >= checked and wait > 0):
+        return None  # a slow rank in a minority of the repeats is an incident, not the limit
+    with_wait, exposed = _with_wait(row), _num(row, "model_exposed_s")
+    off = abs(eff - with_wait)
+    if not (off <= TRACKING_TOLERANCE and off < abs(eff - pred) and wait >= exposed):
+        return None
+    model = f"the {row['predicted_by']} model" if row.get("predicted_by") else "the model"
+    likely = "" if sure else "likely "
+    return "straggler-bound", (
+        f"At {int(row['world_size'])} ranks {_slow_nodes(row)}, more than the {ms(exposed)} of "
+        f"communication the link leaves exposed: {model} predicts {_eff(pred)} without that "
+        f"wait and {_eff(with_wait)} with it, against {_eff(eff)} measured, so the slow rank "
+        f"{likely}sets the pace."), ""
+
+
+def _oversubscribed(row: pd.Series, lim: dict[str, Any], n: int,
+                    eff: float) -> tuple[str, str, str] | None:
     host = float(lim.get("host_cpus") or math.nan)
     node_cpus = float(lim.get("node_cpus") or math.nan)
     ppn = int(row["procs_per_node"])
@@ -224,6 +328,11 @@ def _emulation_bound(row: pd.Series, base: pd.Series, lim: dict[str, Any], n: in
         return "emulation-bound", (
             f"{ppn} processes per node share a {node_cpus:g}-CPU node, so they compete for CPU "
             f"and the {_eff(eff)} efficiency reflects the emulation, not the network."), ""
+    return None
+
+
+def _emulation_bound(row: pd.Series, base: pd.Series, lim: dict[str, Any], n: int,
+                     eff: float) -> tuple[str, str, str] | None:
     grew = float(row["compute_time_mean_s"]) / float(base["compute_time_mean_s"])
     if grew > COMPUTE_INFLATION:
         what = (f"Each rank's compute per step grew from {float(base['compute_time_mean_s']):.3g}"
@@ -233,8 +342,10 @@ def _emulation_bound(row: pd.Series, base: pd.Series, lim: dict[str, Any], n: in
             return "emulation-bound", (
                 f"{what}: the emulated nodes compete for the host's CPU cores, so the "
                 f"{_eff(eff)} efficiency reflects the emulation, not the network."), ""
+        said = slow_ranks_said(row)  # where the ranks were compared: what that found
         return "undetermined", (f"{what}, so the {_eff(eff)} efficiency is lost in compute, "
                                 "not communication."), (
+            f"{said}. The hosts' CPU load during the run would settle it." if said else
             "Comparing each rank's compute time per step (ranks in runs.jsonl) to find a slow "
             "rank, and the host's CPU load during the run, would settle it.")
     measured = float(row["link_mbit_measured"])
@@ -263,10 +374,11 @@ def _judge_model(row: pd.Series, n: int, eff: float, sure: bool) -> tuple[str, s
             return "compute-bound", (
                 f"At {n} ranks efficiency is {_eff(eff)}, so little is lost and compute "
                 f"{likely}sets the pace; {model} predicts {_eff(pred)}{hint}."), ""
+        said = slow_ranks_said(row)  # where the ranks were compared: what that found
         return "undetermined", (
             f"At {n} ranks efficiency is {_eff(eff)} but {model} predicts {_eff(pred)}: a gap "
             f"of {abs(eff - pred) * 100:.0f} points that the link rate does not explain."), \
-            _SETTLE_RERUN
+            f"{said}. {_SETTLE_REPEAT}" if said else _SETTLE_RERUN
     said = f"{model} predicts {_eff(pred)} against {_eff(eff)} measured"
     if share >= NETWORK_SHARE:
         measured = float(row.get("comm_time_mean_s", math.nan))

@@ -36,3 +36,22 @@ def test_help_runs_and_every_task_is_in_the_readme(name):
     assert proc.returncode == 0, proc.stderr
     readme = (ROOT / "README.md").read_text()
     assert re.search(rf"`{name}`", readme), f"README does not mention invoke {name}"
+
+
+def test_bench_with_nodes_only_sweeps_the_reference_batch_sizes(tmp_path):
+    """The mission's first line, `invoke bench --nodes 1-2`: no "give --batch-size", but the
+    reference experiment's batch sizes, named in one line before the plan."""
+    from test_bad_inputs import FAKE, _fake_cluster
+
+    state = tmp_path / "state"
+    _fake_cluster(state, "local")
+    proc = invoke("bench", "--cluster", FAKE, "--nodes", "1-2", "--model", "resnet20",
+                  "--dry-run", env={"SCALELAB_HOME": str(state),
+                                    "SCALELAB_REPORTS": str(tmp_path / "reports")})
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("--batch-size not given: 32,64,96 per worker, from the reference "
+                            "experiment (bench/sweeps/slices.yml)"), first
+    planned = re.findall(r"train-n0\d-p1-b(\d+)-native-r0", proc.stdout)
+    assert sorted({int(b) for b in planned}) == [32, 64, 96]
+    assert not (tmp_path / "reports").exists()  # a dry run writes nothing

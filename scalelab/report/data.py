@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalelab import analysis, results, store, verdict
+from scalelab import analysis, results, store, stragglers, verdict
 from scalelab import overlap as bucket_model
 from scalelab.results import ReportError
 from scalelab.state import reports_dir
@@ -48,6 +48,9 @@ class SweepData:
     probes: pd.DataFrame  # one row per allreduce probe: run_id, status, error, duration_s
     env_fingerprints: int  # distinct environment fingerprints over all records
     missing: list[str] = field(default_factory=list)  # planned run ids without a record
+    # one row per rank of every train run: scalelab.results.rank_frame
+    ranks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=results.RANK_COLUMNS))
 
     @property
     def synthetic(self) -> bool:
@@ -105,7 +108,7 @@ def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
     # The raw records are not kept: a million live dicts make every garbage collection
     # during figure drawing slow.
     return SweepData(path, sweep_id, meta, runs, results.allreduce_frame(records), probes,
-                     envs, missing)
+                     envs, missing, results.rank_frame(records))
 
 
 # ---------------------------------------------------------------------------- analysis bundle
@@ -121,6 +124,7 @@ class Analysis:
     alpha_source: str
     overlap: bool
     error: verdict.ModelError
+    stragglers: stragglers.Stragglers  # each run's slow ranks, and each sweep's noise
 
 
 def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> Analysis:
@@ -136,6 +140,9 @@ def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> An
     ring = analysis.add_model(analysis.summarize(runs), alpha, overlap)
     # one prediction per point: the overlap model where a profile exists, else the ring model
     modelled = bucket_model.add_prediction(ring, alpha)
+    # each rank's compute against its peers': the slow ranks, and each point's wait for them
+    slow = stragglers.find(pd.concat([s.ranks for s in sweeps], ignore_index=True), runs)
+    modelled = stragglers.add_to_points(modelled, slow)
     limits = {s.sweep_id: analysis.host_limits(s.meta) for s in sweeps}
     judged, error, bottlenecks = verdict.judge(modelled, limits)
-    return Analysis(sweeps, runs, ar, judged, bottlenecks, alpha, source, overlap, error)
+    return Analysis(sweeps, runs, ar, judged, bottlenecks, alpha, source, overlap, error, slow)

@@ -29,7 +29,8 @@ OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "
 LINESTYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 SHORT_KIND = {"network-bound": "network", "compute-bound": "compute", "input-bound": "input",
-              "emulation-bound": "emulation", "undetermined": "?"}
+              "emulation-bound": "emulation", "straggler-bound": "straggler",
+              "undetermined": "?"}
 DPI = 100
 STEP_SPLIT_MAX_SIZES = 8  # world sizes shown as bar groups in the step-time figure
 BUSBW_MAX_SIZES = 8  # world sizes drawn in the allreduce figure

@@ -86,7 +86,8 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]], cls: str = 
     being text that may wrap in a table whose cells otherwise do not."""
     head = "".join(f"<th>{_e(h)}</th>" for _, h, _ in columns)
     if frame.empty:
-        return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody></tbody></table>'
+        return (f'<div class="fit"><table class="{cls}"><thead><tr>{head}</tr></thead>'
+                "<tbody></tbody></table></div>")
     cells = []
     for col, _, kind in columns:
         text = _col_text(frame[col], "str" if kind in ("pre", "wrap") else kind)
@@ -99,8 +100,9 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]], cls: str = 
     for c in cells[1:]:
         rows = rows + c
     body = "<tr>" + rows + "</tr>"
-    return (f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>'
-            + "\n".join(body.tolist()) + "</tbody></table>")
+    # in a box of the page's width: a table wider than the window scrolls in it, never the page
+    return (f'<div class="fit"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>'
+            + "\n".join(body.tolist()) + "</tbody></table></div>")
 
 
 def _kv(pairs: Sequence[tuple[str, Any]]) -> str:
@@ -145,8 +147,12 @@ table{border-collapse:collapse;margin:.5rem 0;font-size:.85rem}
 th,td{border:1px solid #ccc;padding:.2rem .45rem;text-align:left;vertical-align:top}
 thead th{background:#eef4fa;position:sticky;top:0}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
-table.scaling td,table.runs td{white-space:nowrap}
-table td.w{white-space:normal;min-width:11rem}
+.fit{max-width:100%;overflow-x:auto}
+table.scaling{font-size:.8rem}
+th{font-weight:600}
+table.runs td{white-space:nowrap}
+table td.n{white-space:nowrap}
+table td.w{white-space:normal;min-width:9rem}
 .model-error{margin:.4rem 0}
 table.kv th{background:#f6f6f6;font-weight:600;white-space:nowrap}
 pre{margin:0;white-space:pre-wrap;word-break:break-word;max-width:60rem;font-size:.8rem}
@@ -247,6 +253,22 @@ def _transport_text(runs: Any) -> str:
     return ", ".join(f"{t} ({b}, {n} runs)" for (b, t), n in pairs.items()) or "not recorded"
 
 
+def _runtime_text(runs: Any) -> str:
+    """Where the ranks ran: on the nodes, or in containers of which image (its digest).
+
+    >>> import pandas as pd
+    >>> _runtime_text(pd.DataFrame({"runtime": ["container"], "image_id": ["sha256:ab"]}))
+    'in containers of image sha256:ab (1 runs)'
+    """
+    if "runtime" not in runs or not (runs["runtime"] == "container").any():
+        return "on the nodes (no container)"
+    inside = runs[runs["runtime"] == "container"].groupby("image_id").size()
+    text = ", ".join(f"in containers of image {i or 'unknown'} ({n} runs)"
+                     for i, n in inside.items())
+    host = int((runs["runtime"] != "container").sum())
+    return text + (f"; on the nodes ({host} runs)" if host else "")
+
+
 def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
     meta, runs, ar = s.meta, s.runs, s.allreduce
     nodes = [n for n in meta.get("nodes") or [] if isinstance(n, dict)]
@@ -295,6 +317,7 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
         ("transport (from the ranks)", _transport_text(runs)),
         ("allreduce busbw at largest message", busbw_txt),
         ("launcher", _launchers(runs, s.probes)),
+        ("ranks ran", _runtime_text(runs)),
         ("date and duration", when),
         ("training runs", f"{len(runs)} recorded: {status_txt}"),
         ("training run time by phase", _time_split(runs)),
@@ -397,19 +420,23 @@ def _scaling_table(a: Analysis) -> str:
     inflight = df["comm_inflight_mean_s"].astype(float)
     df["hidden"] = ((inflight - df["comm_time_mean_s"].astype(float)).clip(lower=0)
                     / inflight.where(inflight > 0))
+    # to fit a 1280-px window: no column that another one implies (comm fraction is exposed
+    # over step; where the model's link rate came from is said under Bottleneck per series)
     cols = [("bandwidth", "link", "str"), ("batch_size", "batch/worker", "int"),
-            ("procs_per_node", "proc/node", "int"), ("world_size", "world size", "int"),
+            ("world_size", "world size", "int"),
             ("n", "repeats", "int"), ("thr_mean", "images/s", "num"),
-            ("thr_ci", "95% CI", "str"), ("per_worker_mean", "images/s/worker", "num"),
+            ("thr_ci", "95% CI", "str"), ("per_worker_mean", "per worker", "num"),
             ("eff_mean", "efficiency", "pct"), ("eff_ci", "95% CI (%)", "str"),
             ("model_eff", "model efficiency", "pct"),
-            ("step_time_mean_s", "step (s)", "num"), ("comm_fraction", "comm fraction", "pct"),
+            ("step_time_mean_s", "step (s)", "num"),
             ("comm_inflight_mean_s", "comm in flight (s)", "num"),
             ("comm_time_mean_s", "comm exposed (s)", "num"), ("hidden", "comm hidden", "pct"),
-            ("link_mbit_model", "model link (Mbit/s)", "num"), ("link_source", "link from", "str"),
+            ("link_mbit_model", "model link (Mbit/s)", "num"),
             ("verdict_text", "verdict", "wrap")]
+    if df["procs_per_node"].nunique() > 1 or (df["procs_per_node"] != 1).any():
+        cols.insert(2, ("procs_per_node", "proc/node", "int"))
     df["verdict_text"] = [model.verdict_label(r) for r in df[list(VERDICT_COLUMNS) + [
-        "model_exposed_s"]].to_dict("records")]
+        "model_exposed_s", "straggler_hosts", "straggler_wait_s"]].to_dict("records")]
     if model.mixed(a.modelled):
         cols.insert(cols.index(("model_eff", "model efficiency", "pct")) + 1,
                     ("predicted_by", "predicted by", "str"))
@@ -419,6 +446,29 @@ def _scaling_table(a: Analysis) -> str:
     for c in reversed(varying):
         cols.insert(1, (c, c, "str"))
     return _table(df, cols, "scaling")
+
+
+def _slow_ranks_section(a: Analysis) -> str:
+    """Each run's ranks against their peers: the flagged ones with their node and the others'
+    wait, or one sentence that none was, with the threshold either way."""
+    frame = model.slow_rank_rows(a)
+    parts = ['<h2 id="slow-ranks">Slow ranks</h2>']
+    parts += [f'<p class="note">{_e(x)}</p>' for x in model.slow_rank_notes(a)]
+    if not frame.empty:
+        cols = [("run", "run", "str"), ("node", "node", "str"), ("rank", "rank", "int"),
+                ("world_size", "world size", "int"), ("batch_size", "batch/worker", "int"),
+                ("link", "link", "str"), ("compute_ms", "its compute (ms/step)", "num"),
+                ("others_ms", "others' median (ms/step)", "num"),
+                ("excess", "slower by", "pct"), ("wait_ms", "others wait (ms/step)", "num")]
+        if len(a.sweeps) > 1:
+            cols.insert(0, ("sweep", "sweep", "str"))
+        open_attr = " open" if len(frame) <= ALL_RUNS_OPEN_MAX else ""
+        parts.append(f"<details{open_attr}><summary>{len(frame):,} flagged ranks (the others' "
+                     "wait is the rank's compute minus their median: their exposed "
+                     "communication grows by it)</summary>"
+                     + _table(frame, cols, "slowranks") + "</details>")
+    parts.append(f'<p class="note">{_e(model.LINK_PAIRS_NOTE)}</p>')
+    return "\n".join(parts)
 
 
 def _emulation_section(a: Analysis) -> str:
@@ -542,9 +592,14 @@ def _method_note(a: Analysis) -> str:
         "<li>Verdict per point above N0, first match: input-bound (real data, and a step waits "
         f"{verdict.INPUT_SHARE * 100:.0f}% of its time for input or is "
         f"{(verdict.INPUT_SLOWDOWN - 1) * 100:.0f}% slower than on synthetic data), "
-        "emulation-bound (the fidelity guard; or local ranks outnumber host cores, compute per "
-        f"rank grew, or the measured link is below {verdict.LINK_SHORTFALL * 100:.0f}% of the "
-        "request), then from the model: network-bound when the exposed communication is at "
+        "emulation-bound (the fidelity guard, or local ranks outnumber host cores), "
+        "straggler-bound (a rank flagged under Slow ranks in half or more of the point's runs, "
+        "and the model with the others' wait "
+        f"for it added to every step lands within {verdict.TRACKING_TOLERANCE * 100:.0f} points "
+        "of the measurement and nearer than without it, the wait being at least the exposed "
+        "communication), emulation-bound (compute per rank grew, or the measured link is below "
+        f"{verdict.LINK_SHORTFALL * 100:.0f}% of the request), then from the model: "
+        "network-bound when the exposed communication is at "
         f"least {verdict.NETWORK_SHARE * 100:.0f}% of the step and the measurement is within "
         f"{verdict.TRACKING_TOLERANCE * 100:.0f} points of the model, compute-bound when it is "
         "less; a point the model cannot predict or explain is undetermined, and its verdict "
@@ -561,7 +616,8 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
              f"scalelab {_e(_version())}. Results: "
              + ", ".join(f'<a href="{_e(href)}">{_e(name)}</a>' for name, href in csv_links)
              + ". Sections: <a href=\"#figures\">figures</a>, <a href=\"#bottlenecks\">"
-             "bottlenecks</a>, <a href=\"#scaling\">scaling table</a>, <a href=\"#failed\">"
+             "bottlenecks</a>, <a href=\"#scaling\">scaling table</a>, <a href=\"#slow-ranks\">"
+             "slow ranks</a>, <a href=\"#failed\">"
              "failed runs</a>, <a href=\"#runs\">all runs</a>.</p>",
              '<h2 id="summary">Summary</h2>']
     found = model.findings(a)
@@ -589,6 +645,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
                      f"{_figure_data(f.data, len(a.sweeps) > 1)}</figure>")
     parts.append('<h2 id="scaling">Scaling table</h2>')
     parts.append(_scaling_table(a))
+    parts.append(_slow_ranks_section(a))
     parts.append(_emulation_section(a))
     parts.append(_runs_tables(a))
     for s in a.sweeps:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab import analysis, verdict
+from scalelab import analysis, stragglers, verdict
 from scalelab import overlap as bucket_model
 from scalelab.report.data import Analysis
 
@@ -101,10 +101,14 @@ def _ms_number(seconds: float) -> float:
 
 def verdict_label(row: Any) -> str:
     """A point's verdict as the scaling table shows it: the name, with the exposed
-    communication per step when network-bound and what would settle it when undetermined.
+    communication per step when network-bound, the slow node and the others' wait for it per
+    step when straggler-bound, and what would settle it when undetermined.
 
     >>> verdict_label({"verdict": "network-bound", "model_exposed_s": 0.0363, "verdict_settle": ""})
     'network-bound, 36 ms exposed'
+    >>> verdict_label({"verdict": "straggler-bound", "straggler_hosts": "n2",
+    ...                "straggler_wait_s": 0.0781})
+    'straggler-bound, n2, 78 ms wait'
     >>> verdict_label({"verdict": "", "model_exposed_s": 0.0, "verdict_settle": ""})
     'baseline'
     """
@@ -113,6 +117,9 @@ def verdict_label(row: Any) -> str:
         return "baseline"
     if kind == "network-bound":
         return f"{kind}, {verdict.ms(float(row['model_exposed_s']))} exposed"
+    if kind == "straggler-bound":
+        return (f"{kind}, {row['straggler_hosts']}, "
+                f"{verdict.ms(float(row['straggler_wait_s']))} wait")
     if kind == "undetermined":
         return f"{kind}: {row['verdict_settle']}"
     return str(kind)
@@ -121,7 +128,8 @@ def verdict_label(row: Any) -> str:
 def findings(a: Analysis) -> list[str]:
     """What the sweep found, in numbers, one line per batch size: the efficiency each link rate
     reached at the largest world size, and from which world size the network is the bottleneck
-    (the first point below verdict.COMPUTE_BOUND_EFFICIENCY whose verdict is network-bound)."""
+    (the first point below verdict.COMPUTE_BOUND_EFFICIENCY whose verdict is network-bound);
+    then one line per node that held a slow rank (stragglers.node_findings)."""
     df = a.modelled
     if df.empty:
         return []
@@ -129,7 +137,7 @@ def findings(a: Analysis) -> list[str]:
     keys = [k for k in analysis.SERIES_KEYS if k not in ("bandwidth",)]
     for key, grp in df.groupby(keys, dropna=False, sort=True):
         series = dict(zip(keys, key, strict=True))
-        parts, net, emu = [], [], []
+        parts, net, emu, slow = [], [], [], []
         grp = grp.assign(_bw=grp["bandwidth_mbit"].astype(float).fillna(np.inf))
         for bw, g in grp.sort_values(["_bw", "world_size"]).groupby("bandwidth", sort=False):
             last = g.iloc[-1]
@@ -141,6 +149,9 @@ def findings(a: Analysis) -> list[str]:
                     & (g["verdict"] == "network-bound")]
             if not low.empty:
                 net.append(f"from N = {int(low.iloc[0]['world_size'])} at {bw}")
+            stuck = g[g["verdict"] == "straggler-bound"]
+            if not stuck.empty:
+                slow.append(f"from N = {int(stuck.iloc[0]['world_size'])} at {bw}")
             if last["verdict"] == "emulation-bound":
                 emu.append(f"at {bw} the emulation, not the network, limits the largest runs")
         what = f"{series['model']}, batch {int(series['batch_size'])}"
@@ -150,10 +161,12 @@ def findings(a: Analysis) -> list[str]:
         line = f"{what}: " + "; ".join(parts) + "."
         if net:
             line += " The network is the bottleneck " + ", ".join(net) + "."
+        if slow:
+            line += " A slow rank, not the network, is the bottleneck " + ", ".join(slow) + "."
         if emu:
             line += " " + "; ".join(emu).capitalize() + "."
         lines.append(line)
-    return lines
+    return lines + stragglers.node_findings(a.stragglers)
 
 
 def emulation_rows(a: Analysis) -> pd.DataFrame:
@@ -184,3 +197,57 @@ def what_if_rows(a: Analysis, emulated: pd.DataFrame) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame()
     return pd.DataFrame(rows).sort_values(["from", "link_mbit", "world_size"], kind="stable")
+
+
+# ---------------------------------------------------------------------------- slow ranks
+
+SLOW_RANK_COLUMNS = ["sweep", "run", "node", "rank", "world_size", "batch_size", "link",
+                     "compute_ms", "others_ms", "excess", "wait_ms"]
+# what the sweep store holds of the link probe: one pair per run, never every pair
+LINK_PAIRS_NOTE = (
+    "Per-pair link rates are not in a sweep's store: a sweep measures one link per run, the "
+    "head node to the second (link_mbit_measured, the scaling table's model link). "
+    "invoke check --links measures every pair of nodes and names the slow ones, but does not "
+    "store its rates with a sweep, so a slow node's NIC cannot be shown here beside its rank.")
+
+
+def slow_rank_rows(a: Analysis) -> pd.DataFrame:
+    """One row per flagged rank (scalelab.stragglers): its run, node, compute per step, the
+    median of the run's other ranks, how much longer it computed, and the others' wait per
+    step, in milliseconds rounded as the sentences write them; ordered by sweep, link rate,
+    batch, world size, run and rank."""
+    f = a.stragglers.flagged
+    if f.empty:
+        return pd.DataFrame(columns=SLOW_RANK_COLUMNS)
+    rate = a.runs.drop_duplicates(["sweep_id", "run_id"]).set_index(
+        ["sweep_id", "run_id"])["bandwidth_mbit"].astype(float)
+    f = f.assign(_bw=[rate.get(k, np.nan) for k in zip(f["sweep_id"], f["run_id"],
+                                                        strict=True)])
+    f = f.assign(_bw=f["_bw"].fillna(np.inf)).sort_values(
+        ["sweep_id", "_bw", "batch_size", "world_size", "run_id", "rank"], kind="stable")
+    return pd.DataFrame({
+        "sweep": f["sweep_id"], "run": f["run_id"], "node": f["host"], "rank": f["rank"],
+        "world_size": f["world_size"], "batch_size": f["batch_size"], "link": f["bandwidth"],
+        "compute_ms": f["compute_s"].map(_ms_number), "others_ms": f["others_s"].map(_ms_number),
+        "excess": f["excess"], "wait_ms": f["wait_s"].map(_ms_number)},
+        columns=SLOW_RANK_COLUMNS)
+
+
+def slow_rank_notes(a: Analysis) -> list[str]:
+    """How each sweep's threshold was set, and one sentence when no rank was flagged."""
+    s = a.stragglers
+    multi = len(a.sweeps) > 1
+    notes = []
+    for d in a.sweeps:
+        noise = s.noise.get(d.sweep_id)
+        prefix = f"{d.sweep_id}: " if multi else ""
+        notes.append(prefix + (noise.sentence() if noise else
+                               "No ok run had two ranks that reported a compute time per step, "
+                               "so no rank could be compared with its peers."))
+    if s.flagged.empty and not s.ranks.empty:
+        runs = s.ranks.groupby(["sweep_id", "run_id"]).ngroups
+        limits = sorted({n.threshold for n in s.noise.values()})
+        said = " or ".join(f"{x * 100:.1f}%" for x in limits)
+        notes.append(f"No slow rank: in the {runs:,} runs compared, no rank's compute time per "
+                     f"step was more than {said} above the median of its run's other ranks.")
+    return notes
