@@ -202,6 +202,8 @@ def _print_nodes(result) -> None:
     "warm_start": "on nodes that share one host's cores, fork ranks from warm-start servers "
                   "with torch imported (default); --no-warm-start: every rank starts its own "
                   "interpreter",
+    "price_per_node_hour": "what a node-hour costs (any currency): the report adds the cost "
+                           "per million images across node count x link rate",
     "runtime": "host (ranks on the nodes) or container (every rank in a container of the "
                "training image: invoke image, then invoke configure --image)",
 })
@@ -210,7 +212,8 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
           launcher="", partition="", timeout="", device="", fabric="", channels_last=False,
-          loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True):
+          loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True,
+          price_per_node_hour=""):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -243,6 +246,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             loader_workers=loader_workers or None, pin_memory=pin_memory or None,
             allreduce_sizes=allreduce_sizes or None, runtime=runtime or None,
             warm_start=None if warm_start else False,
+            price_per_node_hour=price_per_node_hour or None,
             sweep_file=sweep or None)
         prep = driver.prepare(cluster, spec)
     if dry_run:
@@ -455,12 +459,17 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
     "sweep": "sweep id, or latest",
     "compare": "several sweep ids, comma-separated, drawn on shared axes",
     "out": "directory to write index.html into (default reports/<id>/)",
+    "example": "regenerate the README's example report (reports/example/, from the demo sweep "
+               "stored there) and its picture",
 })
 @friendly
-def report(c, sweep="latest", compare="", out=""):
+def report(c, sweep="latest", compare="", out="", example=False):
     """Write a self-contained HTML report of a sweep and print its path."""
     from scalelab import report as reports
 
+    if example:
+        print(f"report: {reports.build_example()}")
+        return
     ids = [s.strip() for s in compare.split(",") if s.strip()] if compare else [sweep]
     for path in reports.build(ids, out_dir=out or None, compare=bool(compare)):
         print(f"report: {path}")

@@ -117,6 +117,9 @@ class SweepSpec:
     loader_workers: int = 2  # real data: DataLoader worker processes per rank
     pin_memory: str = "auto"  # real data: on | off | auto (on when the ranks train on GPUs)
     runtime: str = "host"  # host: ranks on the nodes; container: in the training image
+    # what a node-hour costs (any currency): the report then tables the cost per million
+    # images across node count x link rate
+    price_per_node_hour: float | None = None
 
 
 @dataclass(frozen=True)

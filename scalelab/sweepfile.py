@@ -58,6 +58,26 @@ def _seconds(value: Any, what: str) -> float:
     return s
 
 
+def _price(value: Any, what: str) -> float:
+    """A price per node-hour: a finite number above 0.
+
+    >>> _price("2.5", "--price-per-node-hour")
+    2.5
+    >>> _price("-1", "--price-per-node-hour")
+    Traceback (most recent call last):
+    ...
+    scalelab.errors.InputError: --price-per-node-hour: -1 must be a number above 0, e.g. 2.5 for 2.50 per node and hour
+    """
+    try:
+        price = float(value)
+    except (TypeError, ValueError):
+        price = float("nan")
+    if isinstance(value, bool) or not (math.isfinite(price) and price > 0):
+        raise InputError(f"{what}: {value} must be a number above 0, e.g. 2.5 for 2.50 per node "
+                         "and hour")
+    return price
+
+
 def _flag(value: Any, what: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -194,6 +214,7 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "loader_workers": ("loader_workers", lambda v, w: _one_int(v, w, 0)),
     "pin_memory": ("pin_memory", lambda v, w: _choice(v, w, ("auto", "on", "off"))),
     "runtime": ("runtime", lambda v, w: _choice(v, w, RUNTIMES)),
+    "price_per_node_hour": ("price_per_node_hour", lambda v, w: _price(v, w)),
 }
 SWEEP_KEYS = tuple(_KEYS)
 
@@ -356,6 +377,7 @@ def spec_from_options(
     pin_memory: str | None = None,
     runtime: str | None = None,
     warm_start: bool | str | None = None,
+    price_per_node_hour: str | float | None = None,
     sweep_file: str | Path | None = None,
 ) -> SweepSpec:
     """Build a spec from CLI strings; None or "" means not given.

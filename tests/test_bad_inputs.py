@@ -258,6 +258,10 @@ CASES = [
     # ---- configure (checked once the task is wired into tasks.py)
     ("configure-unknown", "none", ["configure", "--cluster", "nosuch"], "not found"),
     ("configure-name", "none", ["configure", "--cluster", "Bad_Name"], "is not a valid name"),
+    ("bench-price-neg", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                  "--price-per-node-hour", "-2"], "must be a number above 0"),
+    ("bench-price-word", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                   "--price-per-node-hour", "cheap"], "must be a number above 0"),
     # ---- the training image and ranks in containers
     ("image-no-wheel-dir", "none", ["image", "--wheel-dir", "{dir}/no-such-wheels"],
      "does not exist"),

@@ -379,7 +379,7 @@ def test_step_split_shows_hidden_and_exposed_communication(built):
 
 # ------------------------------------------------------------------------------ one model, one verdict
 
-DEMO = Path(__file__).parent / "data" / "demo-v100"  # `invoke demo`'s sweep: 16 runs, as recorded
+DEMO = Path(__file__).resolve().parents[1] / "reports" / "example"  # `invoke demo`'s sweep: 16 runs, as recorded (the README's example report)
 DEMO_ID = json.loads((DEMO / "sweep.json").read_text())["sweep_id"]
 
 
@@ -592,3 +592,42 @@ def test_the_demo_report_fits_a_1280_px_window(demo_page, browser, tmp_path):
     assert not [t for t in wide if t["cls"] in ("scaling", "bottlenecks", "slowranks",
                                                  "emulation", "kv")], wide
     assert any(t["cls"] == "scaling" for t in info["tables"])
+
+
+def test_the_readme_example_report_is_current(tmp_path):
+    """reports/example/index.html is what this code makes of the demo sweep stored beside it:
+    when the report changes, `invoke report --example` must be run (this fails until it is)."""
+    work = tmp_path / "example"
+    shutil.copytree(report.EXAMPLE, work)
+    page = report.build_example(work, screenshot=False).read_text()
+    committed = (report.EXAMPLE / "index.html").read_text()
+    assert report.comparable(committed) != committed  # the build line was there to take out
+    assert report.comparable(page) == report.comparable(committed), (
+        "reports/example is stale: regenerate it with invoke report --example")
+    stale = committed.replace("What this sweep found", "What this sweep found once")
+    assert report.comparable(page) != report.comparable(stale)  # the check sees a change
+
+
+def test_a_price_per_node_hour_gives_the_cost_per_million_images(tmp_path):
+    """With price_per_node_hour in the plan: one row per (link, batch, node count), the cost
+    the measured throughput implies, the cheapest node count marked; without it, no table."""
+    d = synthetic.synthetic_sweep(tmp_path, "cost", nodes=(1, 2, 4), batch_sizes=(64,),
+                                  bandwidths=(100.0, 10000.0), repeats=2, allreduce=False)
+    assert '<table class="cost">' not in report.build("cost", root=tmp_path)[0].read_text()
+    meta = json.loads((d / "sweep.json").read_text())
+    meta["plan"]["price_per_node_hour"] = 3.0
+    (d / "sweep.json").write_text(json.dumps(meta))
+    page = report.build("cost", root=tmp_path)[0].read_text()
+    assert "At 3.00 per node-hour" in page
+    rows = _rows(page, "cost")
+    assert len(rows) == 2 * 3
+    for r in rows:
+        nodes, ips = _num(r["nodes"]), _num(r["images/s"])
+        expected = 3.0 * nodes / (ips * 3600) * 1e6
+        assert abs(_num(r["cost per million images"]) - expected) <= 0.01 * expected + 0.01, r
+    for link in ("100mbit", "10gbit"):
+        mine = [r for r in rows if r["link"] == link]
+        best = min(mine, key=lambda r: _num(r["cost per million images"]))
+        assert [r[""] for r in mine].count("cheapest") == 1 and best[""] == "cheapest"
+    # scaling below 100 %: one node is the cheapest per image on the slow link
+    assert next(r for r in rows if r["link"] == "100mbit" and r[""] == "cheapest")["nodes"] == "1"

@@ -471,6 +471,26 @@ def _slow_ranks_section(a: Analysis) -> str:
     return "\n".join(parts)
 
 
+def _cost_section(a: Analysis) -> str:
+    """Cost per million images across node count x link rate, where the sweep set a price."""
+    price, frame = model.cost_rows(a)
+    if price is None:
+        return ""
+    parts = ['<h2 id="cost">Cost per million images</h2>',
+             f'<p class="note">At {price:,.2f} per node-hour (the sweep&#39;s '
+             "price_per_node_hour): price x nodes / images per hour, from each point&#39;s mean "
+             "throughput; the cheapest node count per link and batch is marked. More nodes cost "
+             "more per image wherever scaling efficiency is below 100%.</p>"]
+    cols = [("link", "link", "str"), ("batch_size", "batch/worker", "int"),
+            ("nodes", "nodes", "int"), ("world_size", "world size", "int"),
+            ("thr_mean", "images/s", "num"), ("cost", "cost per million images", "num"),
+            ("cheapest", "", "str")]
+    if len(a.sweeps) > 1:
+        cols.insert(0, ("sweep_id", "sweep", "str"))
+    parts.append(_table(frame, cols, "cost"))
+    return "\n".join(parts)
+
+
 def _emulation_section(a: Analysis) -> str:
     """Emulated accelerators: fidelity per point, the model against the measurement, and
     predictions beyond the measured points."""
@@ -646,6 +666,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
     parts.append('<h2 id="scaling">Scaling table</h2>')
     parts.append(_scaling_table(a))
     parts.append(_slow_ranks_section(a))
+    parts.append(_cost_section(a))
     parts.append(_emulation_section(a))
     parts.append(_runs_tables(a))
     for s in a.sweeps:

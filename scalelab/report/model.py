@@ -211,6 +211,32 @@ LINK_PAIRS_NOTE = (
     "store its rates with a sweep, so a slow node's NIC cannot be shown here beside its rank.")
 
 
+def cost_rows(a: Analysis) -> tuple[float | None, pd.DataFrame]:
+    """Cost per million images for each (link, batch, node count) a sweep measured, from its
+    plan's price_per_node_hour: price x nodes / (images/s x 3600) x 1e6. (None, empty) when
+    no sweep has a price. With emulated accelerators, images/s are in the device's time."""
+    prices = {s.sweep_id: (s.meta.get("plan") or {}).get("price_per_node_hour")
+              for s in a.sweeps}
+    prices = {k: float(v) for k, v in prices.items() if isinstance(v, int | float) and v > 0}
+    if not prices:
+        return None, pd.DataFrame()
+    df = a.modelled[a.modelled["sweep_id"].isin(prices)].copy()
+    df = df[df["thr_mean"].astype(float) > 0]
+    if df.empty:
+        return next(iter(prices.values())), pd.DataFrame()
+    price = df["sweep_id"].map(prices).astype(float)
+    df["nodes"] = (df["world_size"].astype(int) // df["procs_per_node"].astype(int)).clip(lower=1)
+    df["cost"] = price * df["nodes"] / (df["thr_mean"].astype(float) * 3600) * 1e6
+    df["link"] = df["bandwidth"].astype(str)
+    cheapest = df.groupby(["sweep_id", "link", "batch_size"])["cost"].transform("min")
+    df["cheapest"] = np.where(np.isclose(df["cost"], cheapest), "cheapest", "")
+    keep = ["sweep_id", "link", "batch_size", "nodes", "world_size", "thr_mean", "cost",
+            "cheapest"]
+    order = df.assign(_bw=df["bandwidth_mbit"].astype(float).fillna(np.inf)).sort_values(
+        ["sweep_id", "_bw", "batch_size", "nodes"], kind="stable")
+    return next(iter(prices.values())), order[keep].reset_index(drop=True)
+
+
 def slow_rank_rows(a: Analysis) -> pd.DataFrame:
     """One row per flagged rank (scalelab.stragglers): its run, node, compute per step, the
     median of the run's other ranks, how much longer it computed, and the others' wait per
