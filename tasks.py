@@ -206,6 +206,14 @@ def _print_nodes(result) -> None:
                            "per million images across node count x link rate",
     "runtime": "host (ranks on the nodes) or container (every rank in a container of the "
                "training image: invoke image, then invoke configure --image)",
+    "bucket_cap_mb": "DDP gradient bucket sizes in MB to sweep, e.g. 10,25,50 (default 25, "
+                     "torch's own)",
+    "fusion_threshold_mb": "Horovod fusion thresholds in MB to sweep, e.g. 32,128 "
+                           "(HOROVOD_FUSION_THRESHOLD; default 128, Horovod's own)",
+    "cycle_time_ms": "Horovod cycle times in ms to sweep, e.g. 1,5 (HOROVOD_CYCLE_TIME; "
+                     "default 1, Horovod's own)",
+    "compression": "gradient compression to sweep: none, fp16 or none,fp16 (DDP: the fp16 "
+                   "compress hook's cast; Horovod: hvd.Compression.fp16)",
 })
 @friendly
 def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
@@ -213,7 +221,8 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
           launcher="", partition="", timeout="", device="", fabric="", channels_last=False,
           loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True,
-          price_per_node_hour=""):
+          price_per_node_hour="", bucket_cap_mb="", fusion_threshold_mb="", cycle_time_ms="",
+          compression=""):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
     import datetime as dt
     import threading
@@ -247,6 +256,9 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             allreduce_sizes=allreduce_sizes or None, runtime=runtime or None,
             warm_start=None if warm_start else False,
             price_per_node_hour=price_per_node_hour or None,
+            bucket_cap_mb=bucket_cap_mb or None,
+            fusion_threshold_mb=fusion_threshold_mb or None,
+            cycle_time_ms=cycle_time_ms or None, compression=compression or None,
             sweep_file=sweep or None)
         prep = driver.prepare(cluster, spec)
     if dry_run:

@@ -35,8 +35,10 @@ import pandas as pd
 
 from scalelab.errors import InputError
 
+# comm_setting: the communication settings that differ from the engine's defaults ("" for
+# none; scalelab.results.comm_setting), so runs of other settings are separate series
 SERIES_KEYS = ("sweep_id", "model", "engine", "precision", "data", "batch_size", "bandwidth",
-               "procs_per_node")
+               "procs_per_node", "comm_setting")
 
 # Per-hop latency of one ring step (software + wire) for TCP transports (gloo) on Ethernet,
 # used when no allreduce probe gives a fit. 50 us is the order measured for small-message
@@ -202,6 +204,18 @@ def fidelity(frame: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=frame.index, dtype=object)
 
 
+def with_series_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with every SERIES_KEYS column: a frame from before comm_setting (or made by
+    hand) gets it as "" (the engine's defaults).
+
+    >>> list(with_series_columns(pd.DataFrame({"model": ["m"]}))["comm_setting"])
+    ['']
+    """
+    if "comm_setting" in frame.columns:
+        return frame
+    return frame.assign(comm_setting="")
+
+
 def baseline_world_size(frame: pd.DataFrame,
                         min_nodes: Mapping[str, int] | None = None) -> pd.Series:
     """The world size each run's efficiency is measured against: its series' planned smallest.
@@ -217,6 +231,7 @@ def baseline_world_size(frame: pd.DataFrame,
     >>> baseline_world_size(df).tolist(), baseline_world_size(df, {"s": 1}).tolist()
     ([4.0, 4.0], [2.0, 2.0])
     """
+    frame = with_series_columns(frame)
     if frame.empty:
         return pd.Series(np.nan, index=frame.index, dtype=float)
     keys = list(SERIES_KEYS)
@@ -245,6 +260,7 @@ def add_efficiency(frame: pd.DataFrame, base_ws: pd.Series | None = None) -> pd.
     >>> add_efficiency(df).tolist()
     [nan, nan, nan, nan]
     """
+    frame = with_series_columns(frame)
     out = pd.Series(np.nan, index=frame.index, dtype=float)
     ok = _ok_mask(frame)
     if not ok.any():
@@ -272,6 +288,7 @@ def missing_baselines(frame: pd.DataFrame) -> pd.DataFrame:
     cols = [*SERIES_KEYS, "baseline_world_size"]
     if frame.empty or "baseline_world_size" not in frame:
         return pd.DataFrame(columns=cols)
+    frame = with_series_columns(frame)
     ok = _ok_mask(frame)
     at_base = ok & (frame["world_size"].astype(float) == frame["baseline_world_size"])
     keys = list(SERIES_KEYS)
@@ -291,6 +308,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     data_time_mean_s (time a rank waited for its input batch), comm_fraction, link_mbit_measured, busbw_mb_s, gradient_bytes and
     bandwidth_mbit. Rows are sorted by series then world size.
     """
+    frame = with_series_columns(frame)
     keys = [*SERIES_KEYS, "world_size"]
     ok = frame[_ok_mask(frame)]
     if ok.empty:
@@ -450,7 +468,7 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
     These are the ring model's; the report's one prediction per point is
     scalelab.overlap.add_prediction's, which falls back to them where no profile exists.
     """
-    out = summary.copy()
+    out = with_series_columns(summary).copy()
     if out.empty:
         for col in ("link_mbit_model", "link_source", "predicted_comm_s", "predicted_compute_s",
                     "predicted_step_s", "predicted_comm_share", "predicted_eff"):

@@ -180,6 +180,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
         measured["accelerator"] = result["accelerator"]
     if result:
         measured["placement"] = placement(result, res)
+    if isinstance(result.get("comm"), dict):  # the communication settings the ranks used
+        measured["comm"] = result["comm"]
     if job is not None:
         measured["slurm"] = job
     if run.kind == "allreduce":

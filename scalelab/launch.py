@@ -110,6 +110,33 @@ def workload_args(params: dict[str, Any], profile: str | None = None) -> list[st
                  "--pin-memory", str(params.get("pin_memory") or "auto")]
     if profile:
         args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
+    return args + comm_args(params)
+
+
+def comm_args(params: dict[str, Any]) -> list[str]:
+    """The communication settings of a run's params as resnet.py's flags; none at the
+    engines' defaults (resnet.py's own), so the command of a default run is as before.
+    Horovod's two settings reach Horovod as HOROVOD_FUSION_THRESHOLD (bytes) and
+    HOROVOD_CYCLE_TIME, which resnet.py sets in its own environment before hvd.init(): that
+    way they reach every rank under every launcher (horovodrun, hvdrank, Slurm, containers),
+    whose ways of forwarding an environment differ.
+
+    >>> comm_args({"engine": "ddp", "bucket_cap_mb": 50.0, "compression": "fp16"})
+    ['--bucket-cap-mb', '50', '--compression', 'fp16']
+    >>> comm_args({"engine": "horovod", "fusion_threshold_mb": 64.0, "cycle_time_ms": 1.0})
+    ['--fusion-threshold-mb', '64']
+    >>> comm_args({"engine": "ddp", "bucket_cap_mb": 25.0, "compression": "none"})
+    []
+    """
+    from scalelab.sweep import COMM_DEFAULTS, COMM_KEYS
+
+    args: list[str] = []
+    for key in COMM_KEYS:
+        value = params.get(key)
+        if value is None or value == COMM_DEFAULTS[key]:
+            continue
+        text = value if isinstance(value, str) else f"{float(value):g}"
+        args += [f"--{key.replace('_', '-')}", text]
     return args
 
 

@@ -3,7 +3,7 @@
 With per-layer backward times (a device profile), gradients become ready one layer at a time,
 last layer first. The engine groups them (DDP: buckets of 25 MiB, the first 1 MiB, in the order
 gradients become ready; Horovod: whatever is ready when its background thread is next free,
-fused up to 64 MiB) and reduces one group after another over the link. A group's transfer starts when its last
+fused up to its fusion threshold, 128 MiB by default) and reduces one group after another over the link. A group's transfer starts when its last
 gradient is ready and the previous group's transfer is done; its per-hop latencies are not
 link time and overlap the previous group's transfer:
 
@@ -30,7 +30,7 @@ from scalelab import analysis
 MIB = 1 << 20
 DDP_FIRST_BUCKET = 1 * MIB  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET = 25 * MIB  # DDP's bucket_cap_mb default
-HOROVOD_FUSION = 64 * MIB  # HOROVOD_FUSION_THRESHOLD default
+HOROVOD_FUSION = 128 * MIB  # HOROVOD_FUSION_THRESHOLD default since Horovod 0.21 (was 64)
 
 
 def ready_times(doc: dict[str, Any], bytes_per_elem: int) -> list[tuple[float, int]]:
@@ -44,31 +44,36 @@ def ready_times(doc: dict[str, Any], bytes_per_elem: int) -> list[tuple[float, i
     return out
 
 
-def ddp_groups(ready: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
-    """DDP's buckets: filled in ready order, closed once they reach their cap.
+def ddp_groups(ready: Sequence[tuple[float, int]],
+               bucket_bytes: int = DDP_BUCKET) -> list[tuple[float, int]]:
+    """DDP's buckets: filled in ready order, closed once they reach their cap (bucket_cap_mb;
+    the first bucket is 1 MiB whatever the cap).
 
     >>> ddp_groups([(1.0, MIB), (2.0, 10 * MIB), (3.0, 20 * MIB), (4.0, 1)])
     [(1.0, 1048576), (3.0, 31457280), (4.0, 1)]
+    >>> ddp_groups([(1.0, MIB), (2.0, 10 * MIB), (3.0, 20 * MIB), (4.0, 1)], 5 * MIB)
+    [(1.0, 1048576), (2.0, 10485760), (3.0, 20971520), (4.0, 1)]
     """
     groups, size, cap = [], 0, DDP_FIRST_BUCKET
     for t, b in ready:
         size += b
         if size >= cap:
             groups.append((t, size))
-            size, cap = 0, DDP_BUCKET
+            size, cap = 0, bucket_bytes
     if size:
         groups.append((ready[-1][0], size))
     return groups
 
 
 def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, link_mbit: float,
-                 alpha_s: float) -> float:
+                 alpha_s: float, group_bytes: int | None = None) -> float:
     """When the last allreduce ends, in seconds after backward starts.
 
     Groups share the link one after another, but a group's per-hop latencies (alpha x 2(N-1))
     are not link time: the engine has it in flight while the previous group still holds the
     link (gloo and NCCL run several collectives at once), so a group ends at
-    max(previous end + its transfer, its ready time + its whole ring time).
+    max(previous end + its transfer, its ready time + its whole ring time). group_bytes: DDP's
+    bucket cap or Horovod's fusion threshold (None: the engine's default).
     """
     def transfer(nbytes: int) -> float:
         return float(analysis.ring_allreduce_time_s(world, nbytes, link_mbit, 0.0))
@@ -76,23 +81,28 @@ def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, li
     latency = float(analysis.ring_allreduce_time_s(world, 0, link_mbit, alpha_s))
     end = 0.0
     if engine == "horovod":
+        fusion = HOROVOD_FUSION if group_bytes is None else group_bytes
         i = 0
         while i < len(ready):
             start = max(end, ready[i][0])
             size = 0
-            while i < len(ready) and ready[i][0] <= start and size + ready[i][1] <= max(HOROVOD_FUSION, ready[i][1]):
+            while i < len(ready) and ready[i][0] <= start and size + ready[i][1] <= max(fusion, ready[i][1]):
                 size += ready[i][1]
                 i += 1
             end = max(end + transfer(size), start + latency + transfer(size))
         return end
-    for t, size in ddp_groups(ready):
+    for t, size in ddp_groups(ready, DDP_BUCKET if group_bytes is None else group_bytes):
         end = max(end + transfer(size), t + latency + transfer(size))
     return end
 
 
 def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: float,
-                   precision: str = "fp32", alpha_s: float = analysis.DEFAULT_ALPHA_S) -> float:
+                   precision: str = "fp32", alpha_s: float = analysis.DEFAULT_ALPHA_S,
+                   group_mb: float | None = None, compression: str = "none") -> float:
     """A step of `world` ranks over links of link_mbit with this profile (see module doc).
+
+    group_mb: the run's DDP bucket_cap_mb or Horovod fusion threshold in MB (None: the
+    engine's default); compression "fp16" sends 2 bytes per gradient element.
 
     >>> doc = {"optimizer_s": 0.0, "layers": [{"fwd_s": 0.1, "bwd_s": 0.1, "numel": 25_000_000},
     ...                                       {"fwd_s": 0.1, "bwd_s": 0.1, "numel": 1000}]}
@@ -101,13 +111,17 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     >>> # forward 0.2 s, then 100 MB ready 0.2 s into backward take 0.8 s at 1 Gbit/s
     >>> round(predict_step_s(doc, "ddp", 2, 1000.0, alpha_s=0), 3)
     1.2
+    >>> round(predict_step_s(doc, "ddp", 2, 1000.0, alpha_s=0, compression="fp16"), 3)
+    0.8
     """
     fwd = sum(layer["fwd_s"] for layer in doc["layers"])
     bwd = sum(layer["bwd_s"] for layer in doc["layers"])
     if world <= 1 or not link_mbit or math.isnan(link_mbit):
         return fwd + bwd + doc["optimizer_s"]
-    ready = ready_times(doc, 2 if precision in ("amp", "bf16") else 4)
-    return fwd + max(bwd, timeline_end(ready, engine, world, link_mbit, alpha_s)) + doc["optimizer_s"]
+    ready = ready_times(doc, 2 if precision in ("amp", "bf16") or compression == "fp16" else 4)
+    group = None if group_mb is None else int(group_mb * MIB)
+    end = timeline_end(ready, engine, world, link_mbit, alpha_s, group)
+    return fwd + max(bwd, end) + doc["optimizer_s"]
 
 
 def _profile(row: Any) -> dict[str, Any] | None:
@@ -218,3 +232,131 @@ def what_if(row: Any, world_sizes: Sequence[int], link_factors: Sequence[float],
             out.append({"world_size": n, "link_mbit": rate * f, "step_s": step,
                         "eff": one / step, "images_per_sec": n * int(row["batch_size"]) / step})
     return out
+
+
+# ------------------------------------------------------------------------------ communication settings
+
+def setting_label(engine: str, group_mb: float, compression: str) -> str:
+    """How the report names a communication setting.
+
+    >>> setting_label("ddp", 25.0, "none"), setting_label("horovod", 64.0, "fp16")
+    ('bucket 25 MB', 'fusion 64 MB, fp16')
+    """
+    what = "fusion" if engine == "horovod" else "bucket"
+    return f"{what} {group_mb:g} MB" + (f", {compression}" if compression == "fp16" else "")
+
+
+def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
+    """Measured efficiency and images/s of each communication setting per (sweep, bandwidth,
+    batch, world size), with the overlap model's prediction for it, and predicted-only rows
+    for the settings not run (the default, and 0.5x and 2x of the measured group sizes).
+    Empty unless the runs vary a setting. Columns: sweep_id, bandwidth, bandwidth_mbit,
+    batch_size, world_size, engine, setting, group_mb, compression, cycle_time_ms, measured
+    (bool), eff, images_per_sec, model_eff, is_default, best (the measured setting with the
+    most images/s in its group), gain_points and gain_ips (the best's lead over the
+    default, where the default was measured).
+
+    Efficiency = throughput(N) / (N / N0 x throughput(N0)) within one setting (N0 the
+    smallest world size of that setting's runs; the baseline of a setting that has no N0 run
+    is the mean over the group's N0 runs of every setting).
+    """
+    import numpy as np
+    import pandas as pd
+
+    from scalelab.sweep import COMM_DEFAULTS
+
+    cols = ["sweep_id", "bandwidth", "bandwidth_mbit", "batch_size", "world_size", "engine",
+            "setting", "group_mb", "compression", "cycle_time_ms", "measured", "eff",
+            "images_per_sec", "model_eff", "is_default", "best", "gain_points", "gain_ips"]
+    if runs.empty or "bucket_cap_mb" not in runs:
+        return pd.DataFrame(columns=cols)
+    ok = runs[runs["status"] == "ok"].copy()
+    ok = ok[ok["images_per_sec"].notna()]
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    hvd = ok["engine"] == "horovod"
+    ok["group_mb"] = np.where(hvd, ok["fusion_threshold_mb"], ok["bucket_cap_mb"])
+    ok["cycle_time_ms"] = ok["cycle_time_ms"].where(hvd)
+    ok["compression"] = ok["compression"].replace("", "none")
+    sets = ["group_mb", "compression", "cycle_time_ms"]
+    if ok[sets].drop_duplicates().shape[0] <= 1:
+        return pd.DataFrame(columns=cols)
+    keys = ["sweep_id", "model", "engine", "precision", "batch_size", "bandwidth",
+            "procs_per_node"]
+    rows = []
+    for key, grp in ok.groupby(keys, dropna=False, sort=True):
+        n0 = grp["world_size"].min()
+        any_base = grp.loc[grp["world_size"] == n0, "images_per_sec"].mean()
+        first = grp.iloc[0]
+        for setting, sg in grp.groupby(sets, dropna=False, sort=True):
+            base = sg.loc[sg["world_size"] == n0, "images_per_sec"].mean()
+            base = any_base if not base > 0 else base
+            for ws, wg in sg.groupby("world_size"):
+                ips = float(wg["images_per_sec"].mean())
+                rows.append({**dict(zip(keys, key, strict=True)), "world_size": int(ws),
+                             "group_mb": setting[0], "compression": setting[1],
+                             "cycle_time_ms": setting[2], "measured": True,
+                             "eff": ips / (ws / n0 * base), "images_per_sec": ips,
+                             "bandwidth_mbit": first["bandwidth_mbit"],
+                             "link_mbit": wg["link_mbit_measured"].mean(),
+                             "accelerator": first.get("accelerator", "")})
+    out = pd.DataFrame(rows)
+    out = out[out["world_size"] > out.groupby(keys, dropna=False)["world_size"].transform("min")]
+    # predicted-only rows: the default and half and double the measured group sizes
+    extra = []
+    for _key, grp in out.groupby([*keys, "world_size"], dropna=False, sort=True):
+        first = grp.iloc[0]
+        engine = str(first["engine"])
+        default = COMM_DEFAULTS["fusion_threshold_mb" if engine == "horovod" else "bucket_cap_mb"]
+        sizes = set(grp["group_mb"].dropna())
+        want = {default} | {s * f for s in sizes for f in (0.5, 2.0)}
+        for comp in sorted(set(grp["compression"])):
+            for size in sorted(want - sizes):
+                extra.append({**first.to_dict(), "group_mb": size, "compression": comp,
+                              "measured": False, "eff": np.nan, "images_per_sec": np.nan})
+    if extra:
+        out = pd.concat([out, pd.DataFrame(extra)], ignore_index=True)
+    out["model_eff"] = [_setting_prediction(r, alpha_s) for _, r in out.iterrows()]
+    out["setting"] = [setting_label(str(r["engine"]), float(r["group_mb"]), str(r["compression"]))
+                      + (f", cycle {r['cycle_time_ms']:g} ms" if r["cycle_time_ms"] == r["cycle_time_ms"]
+                         and r["engine"] == "horovod" else "")
+                      for _, r in out.iterrows()]
+    default_mb = np.where(out["engine"] == "horovod", COMM_DEFAULTS["fusion_threshold_mb"],
+                          COMM_DEFAULTS["bucket_cap_mb"])
+    out["is_default"] = ((out["group_mb"] == default_mb) & (out["compression"] == "none")
+                         & out["cycle_time_ms"].fillna(COMM_DEFAULTS["cycle_time_ms"]).eq(
+                             COMM_DEFAULTS["cycle_time_ms"]))
+    point = [*keys, "world_size"]
+    # the best is the one that trained fastest at that point (images/s: what a user buys);
+    # at one world size and batch that is also the most efficient unless the settings' own
+    # baselines differ
+    measured_ips = out["images_per_sec"].where(out["measured"])
+    top = measured_ips.groupby([out[k] for k in point], dropna=False).transform("max")
+    out["best"] = out["measured"] & (measured_ips == top)
+    base = out[out["measured"] & out["is_default"]].set_index(point)[["eff", "images_per_sec"]]
+    gains_p, gains_i = [], []
+    for _, r in out.iterrows():
+        k = tuple(r[c] for c in point)
+        if r["best"] and k in base.index:
+            gains_p.append(100 * (r["eff"] - float(base.loc[k, "eff"])))
+            gains_i.append(r["images_per_sec"] - float(base.loc[k, "images_per_sec"]))
+        else:
+            gains_p.append(np.nan)
+            gains_i.append(np.nan)
+    out["gain_points"], out["gain_ips"] = gains_p, gains_i
+    out = out.sort_values([*point, "measured", "group_mb", "compression"],
+                          ascending=[True] * len(point) + [False, True, True])
+    return out[cols].reset_index(drop=True)
+
+
+def _setting_prediction(row: Any, alpha_s: float) -> float:
+    """The overlap model's efficiency for a setting (NaN without a profile or a link rate)."""
+    doc = _profile(row)
+    rate = row["link_mbit"] if row["link_mbit"] == row["link_mbit"] else row["bandwidth_mbit"]
+    if doc is None or not (rate and rate > 0):
+        return float("nan")
+    one = predict_step_s(doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
+    step = predict_step_s(doc, str(row["engine"]), int(row["world_size"]), float(rate),
+                          str(row["precision"]), alpha_s, float(row["group_mb"]),
+                          str(row["compression"]))
+    return one / step

@@ -44,7 +44,11 @@ CSV_COLUMNS = [
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s",
                  "data_time_mean_s", "n_ranks",
-                 "profile_step_s", "accelerator_source", *TIMELINE_KEYS]  # where a run's wall time went (NaN when not recorded)
+                 "profile_step_s", "accelerator_source", *TIMELINE_KEYS,  # where a run's wall time went (NaN when not recorded)
+                 # communication settings (sweep.COMM_KEYS; a store from before them: the
+                 # engine's defaults; NaN / "" where the engine has no such setting)
+                 "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
+                 "comm_setting"]
 
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
                      "bandwidth_mbit", "bandwidth", "repeat", "size_bytes", "time_s",
@@ -123,6 +127,44 @@ def _bandwidth_label(mbit: float) -> str:
 def _params(rec: dict[str, Any]) -> dict[str, Any]:
     p = rec.get("params")
     return p if isinstance(p, dict) else {}
+
+
+def _comm_params(p: dict[str, Any]) -> dict[str, Any]:
+    """A train run's communication settings; a run from before they were params ran at its
+    engine's defaults."""
+    from scalelab.sweep import COMM_DEFAULTS, COMM_ENGINE, COMM_KEYS
+
+    out: dict[str, Any] = {}
+    for key in COMM_KEYS:
+        value = p[key] if key in p else (COMM_DEFAULTS[key] if p.get("engine") in
+                                          COMM_ENGINE[key] else None)
+        out[key] = str(value or "") if key == "compression" else _num(value)
+    out["comm_setting"] = comm_setting(out)
+    return out
+
+
+def comm_setting(values: dict[str, Any]) -> str:
+    """The settings that differ from the engine's defaults, as one label ("" when none): a
+    series key, so runs with other settings are never averaged together.
+
+    >>> comm_setting({"bucket_cap_mb": 50.0, "fusion_threshold_mb": float("nan"),
+    ...               "cycle_time_ms": float("nan"), "compression": "fp16"})
+    'bucket 50 MB, fp16'
+    >>> comm_setting({"bucket_cap_mb": 25.0, "compression": "none"})
+    ''
+    """
+    from scalelab.sweep import COMM_DEFAULTS
+
+    names = {"bucket_cap_mb": "bucket {:g} MB", "fusion_threshold_mb": "fusion {:g} MB",
+             "cycle_time_ms": "cycle {:g} ms"}
+    parts = []
+    for key, fmt in names.items():
+        v = values.get(key)
+        if isinstance(v, int | float) and v == v and float(v) != COMM_DEFAULTS[key]:
+            parts.append(fmt.format(float(v)))
+    if values.get("compression") not in (None, "", "none"):
+        parts.append(str(values["compression"]))
+    return ", ".join(parts)
 
 
 def plan_min_nodes(meta: dict[str, Any]) -> dict[str, int]:
@@ -211,6 +253,7 @@ def to_frame(records: Sequence[dict[str, Any]],
             "runtime": str(p.get("runtime") or "host"),
             "image_id": str((env.get("image") or {}).get("id") or "")
             if isinstance(env.get("image"), dict) else "",
+            **_comm_params(p),
         })
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
@@ -219,7 +262,8 @@ def to_frame(records: Sequence[dict[str, Any]],
         "gradient_bytes", "accelerator", "dilation", "profile_step_s", "accelerator_source",
         "launcher", "slurm_job_id", *TIMELINE_KEYS, "device", "backend", "transport",
         "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime",
-        "image_id"])
+        "image_id", "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
+        "comm_setting"])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
                                                 "inflight", "idle", "tx", "wall", "data"])
     for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall", "data"):

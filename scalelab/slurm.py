@@ -29,7 +29,7 @@ from typing import Any
 
 from scalelab import launch, ssh
 from scalelab.errors import ClusterError, InputError, ScalelabError
-from scalelab.launch import JOB_NAME, cancel_line, is_cancel_line  # noqa: F401 (part of slurm's API)
+from scalelab.launch import JOB_NAME, cancel_line
 from scalelab.nodes import Node
 from scalelab.targets.interface import Runtime
 

@@ -43,7 +43,16 @@ from typing import Any
 
 from scalelab.errors import ScalelabError
 from scalelab.state import write_atomic
-from scalelab.sweep import EMULATION_KEYS, KINDS, PARAM_KEYS, PLACEMENT_KEYS, RunPlan
+from scalelab.sweep import (
+    COMM_DEFAULTS,
+    COMM_ENGINE,
+    COMM_KEYS,
+    EMULATION_KEYS,
+    KINDS,
+    PARAM_KEYS,
+    PLACEMENT_KEYS,
+    RunPlan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +69,9 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
                "started_at", "duration_s", "error")
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
                  "env", "timeline", "accelerator", "slurm", "placement",
-                 "link_mbit_single_stream")
+                 "link_mbit_single_stream", "comm")
+# a train run's "comm" (optional): the communication settings its workload used, as it
+# reported them: bucket_cap_mb, fusion_threshold_mb, cycle_time_ms, compression, comm_dtype
 # link_mbit_measured is iperf3 with several parallel streams (4, for 3 s) since the probe was
 # made like the collective; "link_mbit_single_stream" (optional) is one stream beside it
 # a run's "placement" (optional): what its ranks really ran on, from the ranks themselves:
@@ -492,6 +503,11 @@ def same_params(stored: Any, planned: dict[str, Any]) -> bool:
     True
     >>> same_params({"nodes": 2, "dilation": 4.0}, {"nodes": 2, "dilation": 2.0})
     False
+    >>> old = {"nodes": 2, "engine": "ddp", "accelerator": None, "dilation": None}
+    >>> same_params(old, {**old, "bucket_cap_mb": 25.0, "fusion_threshold_mb": None})
+    True
+    >>> same_params(old, {**old, "bucket_cap_mb": 50.0})
+    False
     """
     if not isinstance(stored, dict):
         return False
@@ -500,7 +516,17 @@ def same_params(stored: Any, planned: dict[str, Any]) -> bool:
     stored = {**{k: planned[k] for k in PLACEMENT_KEYS if k in planned}, **stored}
     if planned.get("dilation") is None:
         stored = {**stored, "dilation": None}
+    # a run recorded before communication settings were axes ran at its engine's defaults
+    stored = {**{k: _comm_default(k, stored) for k in COMM_KEYS if k in planned}, **stored}
     return stored == planned
+
+
+def _comm_default(key: str, params: dict[str, Any]) -> Any:
+    """The setting a run from before the communication axes ran at: its engine's default,
+    None for a setting its engine lacks and for allreduce probes (no batch size)."""
+    if params.get("batch_size") is None and "batch_size" in params:
+        return None
+    return COMM_DEFAULTS[key] if params.get("engine") in COMM_ENGINE[key] else None
 
 
 def missing_runs(sweep_dir: Path, plan: Sequence[RunPlan],

@@ -10,7 +10,8 @@ Vocabulary:
   repeat       the same configuration run again, 0-based in run ids and records.
 
 Order of runs (plan()):
-  bandwidth -> repeat -> nodes -> procs_per_node -> batch size.
+  bandwidth -> repeat -> nodes -> procs_per_node -> batch size -> communication settings
+  (bucket_cap_mb, fusion_threshold_mb, cycle_time_ms, compression: comm_axes).
   Bandwidth is outermost because changing it reshapes every link (tc on every node, and a
   netprobe to confirm it), so each rate is set once. Repeats are interleaved inside a
   bandwidth group rather than run back to back: back-to-back repeats share whatever
@@ -76,6 +77,20 @@ EMULATION_KEYS = ("accelerator", "dilation")
 # the training image); a store without them is still read
 PLACEMENT_KEYS = ("device", "fabric", "channels_last", "loader_workers", "pin_memory",
                   "runtime")
+# appended since communication settings became axes: DDP's bucket size, Horovod's fusion
+# threshold and cycle time, gradient compression. A setting the run's engine does not have is
+# None (a DDP run has no fusion threshold), and an allreduce probe has none of them. A store
+# without these keys ran at the defaults (store.same_params)
+COMM_KEYS = ("bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression")
+COMPRESSIONS = ("none", "fp16")
+# the engines' own defaults: torch DDP's bucket_cap_mb; Horovod's HOROVOD_FUSION_THRESHOLD
+# (128 MB, and HOROVOD_CYCLE_TIME 1 ms, since Horovod 0.21: horovodrun --help of 0.28)
+COMM_DEFAULTS: dict[str, Any] = {"bucket_cap_mb": 25.0, "fusion_threshold_mb": 128.0,
+                                 "cycle_time_ms": 1.0, "compression": "none"}
+# which settings each engine has, and the spec field (a list, None = the default) of each
+COMM_ENGINE = {"bucket_cap_mb": ("ddp",), "fusion_threshold_mb": ("horovod",),
+               "cycle_time_ms": ("horovod",), "compression": ("ddp", "horovod")}
+COMM_TAGS = {"bucket_cap_mb": "bk", "fusion_threshold_mb": "fu", "cycle_time_ms": "ct"}
 
 
 @dataclass
@@ -120,6 +135,11 @@ class SweepSpec:
     # what a node-hour costs (any currency): the report then tables the cost per million
     # images across node count x link rate
     price_per_node_hour: float | None = None
+    # communication settings, axes like batch_size (None: the engine's default, COMM_DEFAULTS)
+    bucket_cap_mb: list[float] | None = None  # DDP
+    fusion_threshold_mb: list[float] | None = None  # Horovod (HOROVOD_FUSION_THRESHOLD, MB)
+    cycle_time_ms: list[float] | None = None  # Horovod (HOROVOD_CYCLE_TIME)
+    compression: list[str] | None = None  # none | fp16 gradient compression
 
 
 @dataclass(frozen=True)
@@ -176,13 +196,80 @@ def _rate_tag(mbit: float | None) -> str:
     return "bw" + (f"{int(mbit)}" if float(mbit).is_integer() else f"{mbit:g}".replace(".", "p"))
 
 
-def train_run_id(nodes: int, ppn: int, batch: int, mbit: float | None, repeat: int) -> str:
-    """Id of a train run: stable, sortable within a group, readable.
+def train_run_id(nodes: int, ppn: int, batch: int, mbit: float | None, repeat: int,
+                 comm: str = "") -> str:
+    """Id of a train run: stable, sortable within a group, readable. comm: the segment of its
+    communication settings (comm_tag), "" at the defaults.
 
     >>> train_run_id(4, 1, 64, 1000.0, 0)
     'train-n04-p1-b064-bw1000-r0'
+    >>> train_run_id(4, 1, 64, 1000.0, 0, "bk50-fp16")
+    'train-n04-p1-b064-bw1000-bk50-fp16-r0'
     """
-    return f"train-n{nodes:02d}-p{ppn}-b{batch:03d}-{_rate_tag(mbit)}-r{repeat}"
+    seg = f"-{comm}" if comm else ""
+    return f"train-n{nodes:02d}-p{ppn}-b{batch:03d}-{_rate_tag(mbit)}{seg}-r{repeat}"
+
+
+def _num_tag(value: float) -> str:
+    return f"{value:g}".replace(".", "p")
+
+
+def comm_axes(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Every combination of the communication settings a run of spec's engine takes, in axis
+    order; settings of the other engine are None. One combination (the defaults) where no
+    axis is given.
+
+    >>> from scalelab.sweepfile import spec_from_options
+    >>> [c["bucket_cap_mb"] for c in comm_axes(spec_from_options(nodes=1, batch_size=32,
+    ...                                                            bucket_cap_mb="10,50"))]
+    [10.0, 50.0]
+    >>> comm_axes(spec_from_options(nodes=1, batch_size=32, engine="horovod"))
+    [{'bucket_cap_mb': None, 'fusion_threshold_mb': 128.0, 'cycle_time_ms': 1.0, 'compression': 'none'}]
+    """
+    check_comm(spec)
+    combos: list[dict[str, Any]] = [{}]
+    for key in COMM_KEYS:
+        if spec.engine not in COMM_ENGINE[key]:
+            values: list[Any] = [None]
+        else:
+            values = list(getattr(spec, key) or [COMM_DEFAULTS[key]])
+        combos = [{**c, key: v} for c in combos for v in values]
+    return combos
+
+
+def comm_tag(spec: SweepSpec, comm: dict[str, Any]) -> str:
+    """The run-id segment of a run's communication settings: one part per setting whose axis
+    has several values or whose value is not the default; "" at the defaults, so run ids stay
+    those of sweeps from before these axes.
+
+    >>> from scalelab.sweepfile import spec_from_options
+    >>> s = spec_from_options(nodes=1, batch_size=32, bucket_cap_mb="25,50", compression="fp16")
+    >>> [comm_tag(s, c) for c in comm_axes(s)]
+    ['bk25-fp16', 'bk50-fp16']
+    >>> comm_tag(spec_from_options(nodes=1, batch_size=32), comm_axes(
+    ...     spec_from_options(nodes=1, batch_size=32))[0])
+    ''
+    """
+    parts = []
+    for key in COMM_KEYS:
+        value = comm.get(key)
+        if value is None:
+            continue
+        axis = getattr(spec, key) or []
+        if len(axis) <= 1 and value == COMM_DEFAULTS[key]:
+            continue
+        parts.append(str(value) if key == "compression" else COMM_TAGS[key] + _num_tag(value))
+    return "-".join(parts)
+
+
+def check_comm(spec: SweepSpec) -> None:
+    """A communication setting the sweep's engine does not have is refused (InputError)."""
+    for key in COMM_KEYS:
+        if getattr(spec, key) and spec.engine not in COMM_ENGINE[key]:
+            other = "horovod" if spec.engine == "ddp" else "ddp"
+            raise InputError(f"--{key.replace('_', '-')} is a setting of --engine {other}; "
+                             f"this sweep's engine is {spec.engine}: drop it or use --engine "
+                             f"{other}")
 
 
 def allreduce_run_id(nodes: int, ppn: int, mbit: float | None) -> str:
@@ -256,6 +343,7 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                      params=info.params, activation_bytes=info.activation_bytes,
                      image_scale=(image / info.image_size) ** 2,
                      amp=spec.precision in ("amp", "bf16"))
+    combos = comm_axes(spec)  # refuses another engine's settings
     runs: list[RunPlan] = []
     for mbit in spec.bandwidths:
         for repeat in range(spec.repeats):
@@ -270,23 +358,28 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                               "loader_workers": spec.loader_workers,
                               "pin_memory": spec.pin_memory, "runtime": spec.runtime}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
-                        params = {**common, "batch_size": None, "bandwidth_mbit": mbit,
+                        params = {**common, **dict.fromkeys(COMM_KEYS),
+                                  "batch_size": None, "bandwidth_mbit": mbit,
                                   "repeat": 0, "steps": spec.allreduce_iters, "warmup": 1,
                                   "image_size": None, "data": None}
                         runs.append(RunPlan("allreduce", allreduce_run_id(n, ppn, mbit),
                                             _ordered(params), names, spec.timeout_s,
                                             tuple(spec.allreduce_sizes)))
                     for batch in spec.batch_sizes:
-                        params = {**common, "batch_size": batch, "bandwidth_mbit": mbit,
-                                  "repeat": repeat, "steps": spec.steps,
-                                  "warmup": spec.warmup, "image_size": image, "data": spec.data}
-                        runs.append(RunPlan("train", train_run_id(n, ppn, batch, mbit, repeat),
-                                            _ordered(params), names, spec.timeout_s))
+                        for comm in combos:
+                            params = {**common, **comm, "batch_size": batch,
+                                      "bandwidth_mbit": mbit, "repeat": repeat,
+                                      "steps": spec.steps, "warmup": spec.warmup,
+                                      "image_size": image, "data": spec.data}
+                            rid = train_run_id(n, ppn, batch, mbit, repeat,
+                                               comm_tag(spec, comm))
+                            runs.append(RunPlan("train", rid, _ordered(params), names,
+                                                spec.timeout_s))
     return runs
 
 
 def _ordered(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params[k] for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS}
+    return {k: params[k] for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS}
 
 
 def check_emulation(spec: SweepSpec, image_size: int) -> None:

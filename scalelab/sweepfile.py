@@ -15,7 +15,18 @@ import yaml
 
 from scalelab.errors import InputError, suggest
 from scalelab.models import MODELS
-from scalelab.sweep import DEVICES, ENGINES, FABRICS, LAUNCHERS, PRECISIONS, RUNTIMES, SYNTHETIC, SweepSpec
+from scalelab.sweep import (
+    COMPRESSIONS,
+    DEVICES,
+    ENGINES,
+    FABRICS,
+    LAUNCHERS,
+    PRECISIONS,
+    RUNTIMES,
+    SYNTHETIC,
+    SweepSpec,
+    check_comm,
+)
 from scalelab.units import format_rate, parse_int_range, parse_rate_list, parse_size_bytes
 
 log = logging.getLogger(__name__)
@@ -179,6 +190,39 @@ def _partition(value: Any, what: str) -> str:
     return text
 
 
+def _positive_list(value: Any, what: str, example: str) -> list[float]:
+    """Numbers above 0, comma-separated or a YAML list, sorted and without repeats.
+
+    >>> _positive_list("50,10,25", "--bucket-cap-mb", "25,50")
+    [10.0, 25.0, 50.0]
+    >>> _positive_list("0", "--bucket-cap-mb", "25,50")
+    Traceback (most recent call last):
+    ...
+    scalelab.errors.InputError: --bucket-cap-mb: '0' must be a number above 0; give e.g. 25,50
+    """
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    out: set[float] = set()
+    for item in items:
+        try:
+            x = float(item) if not isinstance(item, bool) else math.nan
+        except (TypeError, ValueError):
+            x = math.nan
+        if not (math.isfinite(x) and x > 0):
+            raise InputError(f"{what}: {str(item).strip()!r} must be a number above 0; give "
+                             f"e.g. {example}")
+        out.add(x)
+    if not out:
+        raise InputError(f"{what}: empty; give e.g. {example}")
+    return sorted(out)
+
+
+def _choice_list(value: Any, what: str, allowed: Sequence[str]) -> list[str]:
+    """Choices, comma-separated or a YAML list, in the order of allowed, without repeats."""
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    chosen = {_choice(i, what, allowed) for i in items}
+    return [c for c in allowed if c in chosen]
+
+
 def _strip_what(exc: InputError, what: str) -> str:
     return str(exc).removeprefix(f"{what}: ")
 
@@ -215,6 +259,11 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "pin_memory": ("pin_memory", lambda v, w: _choice(v, w, ("auto", "on", "off"))),
     "runtime": ("runtime", lambda v, w: _choice(v, w, RUNTIMES)),
     "price_per_node_hour": ("price_per_node_hour", lambda v, w: _price(v, w)),
+    # communication settings (axes; each engine has its own: sweep.COMM_ENGINE)
+    "bucket_cap_mb": ("bucket_cap_mb", lambda v, w: _positive_list(v, w, "25,50")),
+    "fusion_threshold_mb": ("fusion_threshold_mb", lambda v, w: _positive_list(v, w, "64,128")),
+    "cycle_time_ms": ("cycle_time_ms", lambda v, w: _positive_list(v, w, "1,5")),
+    "compression": ("compression", lambda v, w: _choice_list(v, w, COMPRESSIONS)),
 }
 SWEEP_KEYS = tuple(_KEYS)
 
@@ -238,6 +287,7 @@ def _build(fields: dict[str, Any], source: str | None) -> SweepSpec:
         where = f"{source} gives no {' or '.join(missing)}; add it there or " if source else ""
         raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64")
     spec = SweepSpec(**fields)
+    check_comm(spec)  # another engine's setting is refused before any cluster is looked at
     if spec.accelerator:
         # a profile that cannot serve every planned batch size is refused before any cluster
         # is looked at
@@ -378,6 +428,10 @@ def spec_from_options(
     runtime: str | None = None,
     warm_start: bool | str | None = None,
     price_per_node_hour: str | float | None = None,
+    bucket_cap_mb: str | None = None,
+    fusion_threshold_mb: str | None = None,
+    cycle_time_ms: str | None = None,
+    compression: str | None = None,
     sweep_file: str | Path | None = None,
 ) -> SweepSpec:
     """Build a spec from CLI strings; None or "" means not given.

@@ -516,3 +516,24 @@ def test_a_slow_rank_costing_less_than_the_link_leaves_the_point_network_bound()
         overlap.add_prediction(modelled(rows), alpha_s=0.0), 0.05))
     (b,) = judged_[2]
     assert b.kind == "network-bound" and "Node n1 held a rank" in b.explanation
+
+
+def test_overlap_prediction_follows_bucket_size_and_compression():
+    """The model replays the run's own buckets: a bucket that holds the whole gradient cannot
+    overlap backward, small ones can, and fp16 halves the bytes on the wire."""
+    from scalelab import overlap
+
+    layers = [{"fwd_s": 0.01, "bwd_s": 0.02, "numel": 2_000_000} for _ in range(20)]
+    doc = {"optimizer_s": 0.0, "layers": layers}  # 160 MB of fp32 gradients, 0.4 s backward
+    steps = {mb: overlap.predict_step_s(doc, "ddp", 4, 10_000.0, group_mb=mb)
+             for mb in (5.0, 25.0, 500.0)}
+    assert steps[500.0] > steps[25.0] + 0.05  # one bucket at the end: nothing hidden
+    assert steps[5.0] != steps[25.0]
+    assert overlap.predict_step_s(doc, "ddp", 4, 10_000.0) == steps[25.0]  # DDP's default
+    fp16 = overlap.predict_step_s(doc, "ddp", 4, 10_000.0, group_mb=500.0, compression="fp16")
+    assert fp16 < steps[500.0]
+    # Horovod's fusion threshold is its group size: on a slow link with a large per-hop
+    # latency, fusing what is ready saves latencies that one tensor per group pays
+    slow = {mb: overlap.predict_step_s(doc, "horovod", 4, 1000.0, alpha_s=0.005, group_mb=mb)
+            for mb in (1.0, 500.0)}
+    assert slow[500.0] < slow[1.0] - 0.1

@@ -631,3 +631,66 @@ def test_a_price_per_node_hour_gives_the_cost_per_million_images(tmp_path):
         assert [r[""] for r in mine].count("cheapest") == 1 and best[""] == "cheapest"
     # scaling below 100 %: one node is the cheapest per image on the slow link
     assert next(r for r in rows if r["link"] == "100mbit" and r[""] == "cheapest")["nodes"] == "1"
+
+
+def _two_bucket_store(root, faster):
+    """A synthetic sweep at 1 and 10 Gbit/s, run again at bucket_cap_mb 50: faster[rate] names
+    the bucket size (MB) whose multi-node runs are measured 10 % faster at that rate."""
+    d = synthetic.synthetic_sweep(root, "buckets", nodes=(1, 2), batch_sizes=(64,),
+                                  bandwidths=(1000.0, 10000.0), repeats=2, allreduce=False)
+    runs = d / "runs.jsonl"
+    out = []
+    for line in runs.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") != "train":
+            out.append(rec)
+            continue
+        for mb in (25.0, 50.0):
+            r = json.loads(json.dumps(rec))
+            r["params"].update({"bucket_cap_mb": mb, "fusion_threshold_mb": None,
+                                "cycle_time_ms": None, "compression": "none"})
+            r["run_id"] = rec["run_id"].replace("-r", f"-bk{mb:g}-r")
+            rate = r["params"]["bandwidth_mbit"]
+            factor = 1.0 if r["params"]["nodes"] == 1 else (1.1 if faster[rate] == mb else 1.0)
+            for rk in r["ranks"]:
+                rk["images_per_sec"] *= factor
+            out.append(r)
+    runs.write_text("".join(json.dumps(r) + "\n" for r in out))
+    meta = json.loads((d / "sweep.json").read_text())
+    meta["planned_runs"] = [r["run_id"] for r in out]
+    meta["plan"]["bucket_cap_mb"] = [25.0, 50.0]
+    (d / "sweep.json").write_text(json.dumps(meta))
+    return d
+
+
+def test_comm_settings_name_the_setting_measured_faster_per_rate(tmp_path):
+    d = _two_bucket_store(tmp_path, {1000.0: 50.0, 10000.0: 25.0})
+    page = report.build_report(d).read_text()
+    assert 'id="comm-settings"' in page
+    best = [html.unescape(x) for x in re.findall(r'<li class="best-setting">(.*?)</li>', page)]
+    assert len(best) == 2
+    one = next(b for b in best if b.startswith("1gbit"))
+    ten = next(b for b in best if b.startswith("10gbit"))
+    assert "best measured setting bucket 50 MB" in one and "over the default" in one
+    # 10 % more images/s than the default: 10 % of the default's efficiency, in points
+    gain = float(re.search(r"([+-]\d+\.\d) points", one).group(1))
+    eff = float(re.search(r"\((\d+\.\d)% efficiency", one).group(1))
+    assert gain > 0 and abs(gain - (eff - eff / 1.1)) < 0.15
+    assert "best measured setting bucket 25 MB" in ten and "the default" in ten
+    rows = _rows(page, "comm-settings")
+    marked = {(r["link"], r["setting"]) for r in rows if r[""].startswith("best")}
+    assert marked == {("1gbit", "bucket 50 MB"), ("10gbit", "bucket 25 MB")}
+    # settings not run appear as predictions, marked as such: 0.5x and 2x the measured sizes
+    predicted = {r["setting"] for r in rows if r["row"].startswith("predicted only")}
+    assert {"bucket 12.5 MB", "bucket 100 MB"} <= predicted
+    # and the other way round, the other one is named
+    d2 = _two_bucket_store(tmp_path / "b", {1000.0: 25.0, 10000.0: 50.0})
+    page2 = report.build_report(d2).read_text()
+    marked2 = {(r["link"], r["setting"]) for r in _rows(page2, "comm-settings")
+               if r[""].startswith("best")}
+    assert marked2 == {("1gbit", "bucket 25 MB"), ("10gbit", "bucket 50 MB")}
+
+
+def test_no_comm_settings_section_when_no_setting_varies(tmp_path):
+    d = synthetic.synthetic_sweep(tmp_path, "plain", nodes=(1, 2), batch_sizes=(64,), repeats=1)
+    assert 'id="comm-settings"' not in report.build_report(d).read_text()

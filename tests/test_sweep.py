@@ -16,6 +16,7 @@ from scalelab.estimate import estimate_duration_s
 from scalelab.models import MODELS
 from scalelab.nodes import Node
 from scalelab.sweep import (
+    COMM_KEYS,
     EMULATION_KEYS,
     PARAM_KEYS,
     PLACEMENT_KEYS,
@@ -122,17 +123,21 @@ def test_run_ids_golden_and_stable():
 def test_params_hold_exactly_the_contract_keys():
     runs = plan(spec(bandwidth="1gbit"), make_cluster(3), can_shape=True)
     for r in runs:
-        assert tuple(r.params) == PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS
+        assert tuple(r.params) == PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS
     train = next(r for r in runs if r.run_id == "train-n03-p1-b064-bw1000-r0")
     assert train.params == {
         "nodes": 3, "procs_per_node": 1, "world_size": 3, "model": "resnet20", "engine": "ddp",
         "precision": "fp32", "batch_size": 64, "bandwidth_mbit": 1000.0, "repeat": 0,
         "steps": 30, "warmup": 5, "image_size": 32, "data": "synthetic", "accelerator": None,
         "dilation": None, "device": "cpu", "fabric": "tcp", "channels_last": False,
-        "loader_workers": 2, "pin_memory": "auto", "runtime": "host"}
+        "loader_workers": 2, "pin_memory": "auto", "runtime": "host",
+        # DDP's own default bucket size; a DDP run has no Horovod settings
+        "bucket_cap_mb": 25.0, "fusion_threshold_mb": None, "cycle_time_ms": None,
+        "compression": "none"}
     assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
     probe = next(r for r in runs if r.kind == "allreduce")
     assert probe.params["batch_size"] is None and probe.params["image_size"] is None
+    assert all(probe.params[k] is None for k in COMM_KEYS)
     # up to 256 MB by default: NCCL reaches its bus bandwidth only there
     assert probe.allreduce_sizes == (4096, 65536, 1 << 20, 16 << 20, 256 << 20)
 
@@ -460,3 +465,70 @@ def test_demo_estimate_on_the_local_target_matches_the_measured_sweep():
     assert cold - warm >= 16 * 5
     # on real hosts (nodes of their own) dilation auto stays 1: the steps take the profile's time
     assert estimate_duration_s(runs) < cold
+
+
+# ------------------------------------------------------------------------------ communication axes
+
+def test_comm_axes_at_defaults_keep_todays_run_ids():
+    plain = plan(spec(bandwidth="1gbit"), make_cluster(3), can_shape=True)
+    explicit = plan(spec(bandwidth="1gbit", bucket_cap_mb="25", compression="none"),
+                    make_cluster(3), can_shape=True)
+    assert [r.run_id for r in explicit] == [r.run_id for r in plain]
+    assert "train-n02-p1-b032-bw1000-r0" in [r.run_id for r in plain]
+
+
+def test_varied_bucket_size_and_compression_add_run_id_segments():
+    runs = plan(spec(nodes="2", batch_size="32", bandwidth="1gbit", repeats=1,
+                     bucket_cap_mb="25,50", compression="none,fp16"),
+                make_cluster(2), can_shape=True)
+    train = [r for r in runs if r.kind == "train"]
+    assert [r.run_id for r in train] == [
+        "train-n02-p1-b032-bw1000-bk25-none-r0", "train-n02-p1-b032-bw1000-bk25-fp16-r0",
+        "train-n02-p1-b032-bw1000-bk50-none-r0", "train-n02-p1-b032-bw1000-bk50-fp16-r0"]
+    assert [(r.params["bucket_cap_mb"], r.params["compression"]) for r in train] == [
+        (25.0, "none"), (25.0, "fp16"), (50.0, "none"), (50.0, "fp16")]
+    # one probe per (rate, nodes), whatever the settings
+    assert [r.run_id for r in runs if r.kind == "allreduce"] == ["allreduce-n02-p1-bw1000"]
+    # a single non-default value is named too, so its runs never look like default ones
+    one = plan(spec(nodes="2", batch_size="32", bandwidth="1gbit", repeats=1,
+                    bucket_cap_mb="50"), make_cluster(2), can_shape=True)
+    assert [r.run_id for r in one if r.kind == "train"] == ["train-n02-p1-b032-bw1000-bk50-r0"]
+
+
+def test_horovod_axes_vary_horovod_runs():
+    runs = plan(spec(nodes="2", batch_size="32", bandwidth="1gbit", repeats=1, engine="horovod",
+                     fusion_threshold_mb="64,128", cycle_time_ms="5"),
+                make_cluster(2), can_shape=True)
+    train = [r for r in runs if r.kind == "train"]
+    assert [r.run_id for r in train] == ["train-n02-p1-b032-bw1000-fu64-ct5-r0",
+                                         "train-n02-p1-b032-bw1000-fu128-ct5-r0"]
+    assert all(r.params["bucket_cap_mb"] is None for r in train)
+    assert [r.params["fusion_threshold_mb"] for r in train] == [64.0, 128.0]
+
+
+@pytest.mark.parametrize(("engine", "option"), [
+    ("ddp", {"fusion_threshold_mb": "64"}), ("ddp", {"cycle_time_ms": "5"}),
+    ("horovod", {"bucket_cap_mb": "50"})])
+def test_an_axis_of_the_other_engine_is_refused(engine, option):
+    with pytest.raises(InputError, match="is a setting of --engine"):
+        spec(engine=engine, **option)
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("bucket_cap_mb", "0"), ("bucket_cap_mb", "-5"), ("cycle_time_ms", "x"),
+    ("compression", "int8")])
+def test_bad_comm_values_are_refused(option, value):
+    engine = "horovod" if option == "cycle_time_ms" else "ddp"
+    with pytest.raises(InputError, match=option.replace("_", "-")):
+        spec(engine=engine, **{option: value})
+
+
+def test_comm_axes_round_trip_through_the_sweep_json_plan():
+    from scalelab.sweepfile import spec_from_mapping, spec_to_dict
+
+    s = spec(bucket_cap_mb="10,50", compression="fp16")
+    d = spec_to_dict(s)
+    assert d["bucket_cap_mb"] == [10.0, 50.0] and d["compression"] == ["fp16"]
+    assert "fusion_threshold_mb" not in d  # not given: an old plan's keys are unchanged
+    assert spec_from_mapping(d, "sweep.json").bucket_cap_mb == [10.0, 50.0]
+    assert "bucket_cap_mb" not in spec_to_dict(spec())

@@ -4,7 +4,8 @@
     torchrun --nproc-per-node N [--nnodes ...] bench/workloads/resnet.py --model resnet50 \
         --batch-size 64 [--image-size 224] [--precision fp32|tf32|amp|bf16] [--channels-last] \
         [--warmup 5] [--steps 20] [--engine ddp] [--data synthetic|PATH] [--workers 4] \
-        [--pin-memory auto|on|off] [--device auto|cpu|cuda]
+        [--pin-memory auto|on|off] [--device auto|cpu|cuda] [--bucket-cap-mb 25] [--compression none|fp16] \
+        [--fusion-threshold-mb 128] [--cycle-time-ms 1]   (Horovod: set as HOROVOD_* before hvd.init())
     horovodrun --gloo -np N -H host1:n,host2:n python bench/workloads/resnet.py --engine horovod ...
     python bench/workloads/resnet.py ...      (one rank, no launcher)
 
@@ -130,6 +131,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="DDP backend (auto: nccl on CUDA, gloo on CPU)",
     )
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=25.0,
+        help="DDP's bucket_cap_mb: gradient bucket size in MB (default 25, torch's own)",
+    )
+    p.add_argument(
+        "--compression",
+        choices=["none", "fp16"],
+        default="none",
+        help="gradient compression: fp16 (DDP: the fp16_compress_hook's cast, done by the timing "
+        "hook; Horovod: hvd.Compression.fp16)",
+    )
+    p.add_argument(
+        "--fusion-threshold-mb",
+        type=float,
+        default=None,
+        help="Horovod: HOROVOD_FUSION_THRESHOLD in MB (MB x 1024 x 1024 bytes, as horovodrun "
+        "converts it); default: the environment's, else Horovod's 128",
+    )
+    p.add_argument(
+        "--cycle-time-ms",
+        type=float,
+        default=None,
+        help="Horovod: HOROVOD_CYCLE_TIME in ms; default: the environment's, else Horovod's 1",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: leave torch's default)")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
@@ -163,6 +190,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--warmup, --workers and --threads must be >= 0")
     if a.engine == "horovod" and a.backend != "auto":
         p.error("--backend applies to --engine ddp only")
+    for name in ("bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms"):
+        value = getattr(a, name)
+        if value is not None and not value > 0:
+            p.error(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    if a.engine == "horovod" and a.bucket_cap_mb != 25.0:
+        p.error("--bucket-cap-mb applies to --engine ddp only (Horovod: --fusion-threshold-mb)")
+    if a.engine == "ddp" and (a.fusion_threshold_mb is not None or a.cycle_time_ms is not None):
+        p.error("--fusion-threshold-mb and --cycle-time-ms apply to --engine horovod only")
     if a.dilation < 1 or a.dilation != a.dilation:
         p.error(f"--dilation must be >= 1 (a factor that slows the emulation down), got {a.dilation}")
     a.emulated = None
@@ -228,6 +263,32 @@ def _timed_allreduce_hook(state: _CommTimer, bucket):
     return fut.then(done)
 
 
+# Horovod's defaults since 0.21 (horovodrun --help): fusion threshold 128 MB, cycle time 1 ms
+HOROVOD_FUSION_MB = 128.0
+HOROVOD_CYCLE_MS = 1.0
+
+
+def horovod_env(fusion_threshold_mb, cycle_time_ms, environ) -> dict:
+    """Apply Horovod's settings to environ (read by hvd.init()) and return what Horovod will
+    use: a setting given here wins, else the environment's (horovodrun's own flags), else
+    Horovod's default.
+
+    >>> env = {}
+    >>> horovod_env(64.0, None, env), env
+    ({'fusion_threshold_mb': 64.0, 'cycle_time_ms': 1.0}, {'HOROVOD_FUSION_THRESHOLD': '67108864'})
+    >>> horovod_env(None, 5.0, {"HOROVOD_FUSION_THRESHOLD": "33554432"})
+    {'fusion_threshold_mb': 32.0, 'cycle_time_ms': 5.0}
+    """
+    if fusion_threshold_mb is not None:
+        environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
+    if cycle_time_ms is not None:
+        environ["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
+    fusion = environ.get("HOROVOD_FUSION_THRESHOLD")
+    cycle = environ.get("HOROVOD_CYCLE_TIME")
+    return {"fusion_threshold_mb": int(fusion) / (1024 * 1024) if fusion else HOROVOD_FUSION_MB,
+            "cycle_time_ms": float(cycle) if cycle else HOROVOD_CYCLE_MS}
+
+
 def _half_dtype(device, precision: str):
     """The 16-bit type autocast computes in and gradients travel in; None for fp32 and tf32."""
     import torch
@@ -283,6 +344,7 @@ def run(a: argparse.Namespace) -> int:
     TIMELINE["imported"] = time.time()
 
     hvd = None
+    hvd_settings: dict = {}
     if a.engine == "horovod":
         try:
             import horovod.torch as hvd
@@ -291,6 +353,7 @@ def run(a: argparse.Namespace) -> int:
                 f"resnet.py: --engine horovod but horovod is not importable: {e} "
                 "(build it with scripts/build_horovod.sh)"
             ) from None
+        hvd_settings = horovod_env(a.fusion_threshold_mb, a.cycle_time_ms, os.environ)
         hvd.init()
         rank, world, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         device = common.resolve_device("cpu" if a.emulated else a.device, local_rank)
@@ -398,6 +461,12 @@ def run(a: argparse.Namespace) -> int:
     clock = common.StepClock(device)
 
     comm_dtype = _half_dtype(device, a.precision)
+    if a.compression == "fp16" and comm_dtype is None:
+        # fp16 gradient compression. DDP takes one comm hook, and the timing hook below is it,
+        # so it does what default_hooks.fp16_compress_hook does (cast to fp16, divide by the
+        # world, allreduce, copy back into the fp32 bucket) rather than being replaced by it
+        comm_dtype = torch.float16
+        grad_bytes //= 2
     timer = _CommTimer(clock, comm_dtype, average=not a.emulated)
     grad_ready: list[Any] = []
     if hvd is None:
@@ -413,6 +482,7 @@ def run(a: argparse.Namespace) -> int:
             ddp_kw["forward_sync_buffers"] = False
         else:
             ddp_kw["broadcast_buffers"] = False
+        ddp_kw["bucket_cap_mb"] = a.bucket_cap_mb
         model = DDP(model, **ddp_kw)
         model.register_comm_hook(timer, _timed_allreduce_hook)
         timing_method = "ddp-comm-hook"
@@ -577,6 +647,14 @@ def run(a: argparse.Namespace) -> int:
                 "tf32": tf32,
                 "backend": backend,
                 "comm_dtype": comm_dtype_name,
+                # the communication settings this run used (the record's "comm")
+                "comm": {
+                    "bucket_cap_mb": a.bucket_cap_mb if hvd is None else None,
+                    **(hvd_settings if hvd is not None
+                       else {"fusion_threshold_mb": None, "cycle_time_ms": None}),
+                    "compression": a.compression,
+                    "comm_dtype": comm_dtype_name,
+                },
                 "timing_method": timing_method,
                 "timeline": {**TIMELINE, "done": time.time()},
                 "dilation": a.dilation,

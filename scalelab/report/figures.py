@@ -63,7 +63,8 @@ class Layout:
         parts = []
         for col, val in zip(self.style_cols, key, strict=True):
             parts.append({"procs_per_node": f"{val} proc/node", "sweep_id": f"{val}",
-                          "bandwidth": f"{val}"}.get(col, f"{val}"))
+                          "bandwidth": f"{val}",
+                          "comm_setting": f"{val or 'default settings'}"}.get(col, f"{val}"))
         return " · ".join(parts)
 
 
@@ -72,7 +73,8 @@ def layout(modelled: pd.DataFrame, compare: bool) -> Layout:
     bws = _bw_order(modelled["bandwidth"], mbit)
     per_bw_sweeps = modelled.groupby("bandwidth")["sweep_id"].nunique()
     by_panel = not compare or (len(bws) > 1 and bool((per_bw_sweeps > 1).any()))
-    candidates = ["sweep_id", "model", "engine", "precision", "data", "procs_per_node"]
+    candidates = ["sweep_id", "model", "engine", "precision", "data", "procs_per_node",
+                  "comm_setting"]
     if not by_panel:
         candidates.insert(1, "bandwidth")
     style_cols = [c for c in candidates if modelled[c].nunique(dropna=False) > 1]

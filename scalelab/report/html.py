@@ -442,7 +442,8 @@ def _scaling_table(a: Analysis) -> str:
                     ("predicted_by", "predicted by", "str"))
     if len(a.sweeps) > 1:
         cols.insert(0, ("sweep_id", "sweep", "str"))
-    varying = [c for c in ("model", "engine", "precision", "data") if df[c].nunique() > 1]
+    varying = [c for c in ("model", "engine", "precision", "data", "comm_setting")
+               if c in df and df[c].nunique() > 1]
     for c in reversed(varying):
         cols.insert(1, (c, c, "str"))
     return _table(df, cols, "scaling")
@@ -488,6 +489,54 @@ def _cost_section(a: Analysis) -> str:
     if len(a.sweeps) > 1:
         cols.insert(0, ("sweep_id", "sweep", "str"))
     parts.append(_table(frame, cols, "cost"))
+    return "\n".join(parts)
+
+
+def _comm_settings_section(a: Analysis) -> str:
+    """Communication settings (bucket size, fusion threshold, cycle time, compression), where
+    the sweep varies one: each setting's measured efficiency beside the model's prediction,
+    the best per link rate named, and predicted-only rows for settings not run."""
+    from scalelab import overlap
+
+    frame = overlap.comm_settings(a.runs, a.alpha_s)
+    if frame.empty:
+        return ""
+    frame = frame.copy()
+    frame["what"] = np.where(frame["measured"], "measured", "predicted only (not run)")
+    frame["mark"] = np.where(frame["best"], "best", "")
+    frame.loc[frame["is_default"] & frame["measured"], "mark"] += np.where(
+        frame.loc[frame["is_default"] & frame["measured"], "best"], ", default", "default")
+    parts = ['<h2 id="comm-settings">Communication settings</h2>',
+             '<p class="note">Per link rate, batch and world size: each setting&#39;s measured '
+             "scaling efficiency (against the same setting&#39;s smallest world size) and "
+             "images/s, beside the overlap model&#39;s prediction for it (bucket or fusion size "
+             "and fp16 compression change the timeline it replays; no prediction without a "
+             "per-layer profile). Rows marked predicted only were not run.</p><ul>"]
+    point = ["sweep_id", "bandwidth", "batch_size", "world_size"]
+    for key, grp in frame.groupby(point, sort=False):
+        best = grp[grp["best"]]
+        if best.empty:
+            continue
+        b = best.iloc[0]
+        text = (f"{key[1]}, batch {int(key[2])}, {int(key[3])} ranks: best measured setting "
+                f"{b['setting']} ({100 * b['eff']:.1f}% efficiency, {b['images_per_sec']:,.1f} "
+                "images/s)")
+        if b["gain_points"] == b["gain_points"]:
+            text += (", the default" if b["is_default"] else
+                     f", {b['gain_points']:+.1f} points and {b['gain_ips']:+,.1f} images/s "
+                     "over the default")
+        else:
+            text += "; the default was not run"
+        parts.append(f'<li class="best-setting">{_e(text)}</li>')
+    parts.append("</ul>")
+    cols = [("bandwidth", "link", "str"), ("batch_size", "batch/worker", "int"),
+            ("world_size", "world size", "int"), ("setting", "setting", "str"),
+            ("what", "row", "str"), ("eff", "efficiency measured", "pct"),
+            ("model_eff", "efficiency predicted", "pct"),
+            ("images_per_sec", "images/s", "num"), ("mark", "", "str")]
+    if len(a.sweeps) > 1:
+        cols.insert(0, ("sweep_id", "sweep", "str"))
+    parts.append(_table(frame, cols, "comm-settings"))
     return "\n".join(parts)
 
 
@@ -667,6 +716,9 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
     parts.append(_scaling_table(a))
     parts.append(_slow_ranks_section(a))
     parts.append(_cost_section(a))
+    comm = _comm_settings_section(a)  # only where a sweep varies a setting
+    if comm:
+        parts.append(comm)
     parts.append(_emulation_section(a))
     parts.append(_runs_tables(a))
     for s in a.sweeps:
