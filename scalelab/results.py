@@ -39,15 +39,16 @@ CSV_COLUMNS = [
     "link_mbit_single_stream",
     # host, or container: then the training image's id (sha256), as every rank ran it
     "runtime", "image_id",
+    # the communication settings the ranks used (sweep.COMM_KEYS; empty where the engine has
+    # no such setting; a store from before them: the engine's defaults)
+    "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s",
                  "data_time_mean_s", "n_ranks",
                  "profile_step_s", "accelerator_source", *TIMELINE_KEYS,  # where a run's wall time went (NaN when not recorded)
-                 # communication settings (sweep.COMM_KEYS; a store from before them: the
-                 # engine's defaults; NaN / "" where the engine has no such setting)
-                 "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
+                 # the settings that differ from the engine's defaults, as one series key
                  "comm_setting"]
 
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
