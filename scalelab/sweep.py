@@ -413,6 +413,9 @@ def describe(run: RunPlan) -> str:
     >>> describe(RunPlan("train", "x", {**r.params, "procs_per_node": 8, "device": "cuda",
     ...                  "fabric": "rdma"}, (), 1.0))
     'train      4 nodes x 8  batch 64   1gbit    repeat 0  cuda rdma'
+    >>> describe(RunPlan("train", "x", {**r.params, "engine": "ddp", "bucket_cap_mb": 50.0,
+    ...                  "compression": "fp16", "runtime": "container"}, (), 1.0))
+    'train      4 nodes x 1  batch 64   1gbit    repeat 0  bucket 50 MB fp16  in a container'
     """
     p = run.params
     plural = "s" if p["nodes"] != 1 else " "
@@ -421,6 +424,14 @@ def describe(run: RunPlan) -> str:
     # what the run trains on, where it is not the CPUs over TCP
     where = (f"  {p['device']} {p.get('fabric') or 'tcp'}"
              if p.get("device") == "cuda" and not p.get("accelerator") else "")
+    names = {"bucket_cap_mb": "bucket {:g} MB", "fusion_threshold_mb": "fusion {:g} MB",
+             "cycle_time_ms": "cycle {:g} ms"}
+    comm = [fmt.format(float(p[k])) for k, fmt in names.items()
+            if p.get(k) is not None and float(p[k]) != COMM_DEFAULTS[k]]
+    if p.get("compression") not in (None, "none"):
+        comm.append(str(p["compression"]))
+    where += f"  {' '.join(comm)}" if comm else ""
+    where += "  in a container" if p.get("runtime") == "container" else ""
     if run.kind == "allreduce":
         sizes = run.allreduce_sizes
         span = f"{_size_text(sizes[0])}..{_size_text(sizes[-1])}" if sizes else "-"

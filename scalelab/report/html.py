@@ -445,7 +445,7 @@ def _scaling_table(a: Analysis) -> str:
     varying = [c for c in ("model", "engine", "precision", "data", "comm_setting")
                if c in df and df[c].nunique() > 1]
     for c in reversed(varying):
-        cols.insert(1, (c, c, "str"))
+        cols.insert(1, (c, "comm settings" if c == "comm_setting" else c, "str"))
     return _table(df, cols, "scaling")
 
 
