@@ -35,7 +35,18 @@ def test_the_report_names_the_faster_bucket_size_per_rate(local_cluster, tmp_pat
     assert len(named) == 2, named  # one per rate, at 2 ranks
     for rate, mbit in (("100mbit", "100"), ("1gbit", "1000")):
         line = html.unescape(next(n for n in named if n.startswith(rate)))
-        faster = max((r for r in rows if r["bandwidth_mbit"].startswith(mbit)),
+        faster = max((r for r in rows if float(r["bandwidth_mbit"]) == float(mbit)),
                       key=lambda r: float(r["images_per_sec"]))
         size = faster["run_id"].split("-")[-2][2:]
         assert f"best measured setting bucket {size} MB" in line, (line, faster["run_id"])
+    # and the two settings are two series, never averaged together: per rate, a row of the
+    # scaling table at 2 ranks for each, its own images/s
+    table = page.split('<table class="scaling">', 1)[1].split("</table>", 1)[0]
+    head = [html.unescape(h) for h in re.findall(r"<th>(.*?)</th>", table.split("</thead>")[0])]
+    cells = [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in
+              re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+             for tr in re.findall(r"<tr>(.*?)</tr>", table.split("</thead>")[1], re.S)]
+    at2 = [dict(zip(head, c, strict=True)) for c in cells]
+    at2 = [r for r in at2 if r["world size"] == "2"]
+    assert sorted((r["link"], r["comm settings"]) for r in at2) == [
+        ("100mbit", ""), ("100mbit", "bucket 1 MB"), ("1gbit", ""), ("1gbit", "bucket 1 MB")]
