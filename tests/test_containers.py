@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -43,12 +43,17 @@ def dcluster(built):
     lc = LocalCluster(unique_name("d"))
     lc.provision(2)
     try:
-        proc = invoke("configure", "--cluster", lc.name, "--tags", "docker_nvidia", "--image",
-                      str(built[0]), timeout=900)
-        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
+        _configure(lc, built[0])
         yield lc
     finally:
         lc.destroy()
+
+
+def _configure(lc: LocalCluster, archive: Path) -> None:
+    """invoke configure --tags docker_nvidia --image, as a user loads the image."""
+    proc = invoke("configure", "--cluster", lc.name, "--tags", "docker_nvidia", "--image",
+                  str(archive), timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
 
 
 def _docker_ps(lc: LocalCluster) -> dict[str, list[str]]:
@@ -131,6 +136,15 @@ def _container_rank(lc: LocalCluster, index: int) -> int | None:
     return None
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process has used (user + system), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_killed_rank_leaves_no_container(dcluster, tmp_path):
     reports = tmp_path / "reports"
     sweep = _sweep(tmp_path, "kill", nodes=[2], repeats=2, steps=80, timeout_s=240)
@@ -138,7 +152,9 @@ def test_a_killed_rank_leaves_no_container(dcluster, tmp_path):
                           "container", "--no-report")
     try:
         pid = fl.wait_for(lambda: _container_rank(dcluster, 1), 120, "the rank in a container")
-        time.sleep(3)  # into its steps
+        # into its steps: it has burnt a second of CPU (importing torch and building the model
+        # take less than that on this machine's one-core nodes only when it is training)
+        fl.wait_for(lambda: _cpu_s(pid) >= 1.0, 60, "the rank in a container to compute")
         of_run = {c for names in _docker_ps(dcluster).values() for c in names}
         assert len(of_run) == 2, of_run  # one per node
         fl.kill_pid(pid)  # the resnet.py rank this sweep started on node 1, in its container
@@ -188,9 +204,7 @@ def test_destroy_leaves_no_engine_mount_or_namespace(built):
     lc = LocalCluster(unique_name("d"))
     lc.provision(1)
     try:
-        proc = invoke("configure", "--cluster", lc.name, "--tags", "docker_nvidia", "--image",
-                      str(built[0]), timeout=900)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        _configure(lc, built[0])
         name = local.node_name(lc.name, 0)
         engine = [p for p in CpuCgroup.for_node(lc.name, name).subtree_pids()
                   if fl.cmdline(p).startswith(("dockerd", "/usr/sbin/dockerd", "containerd"))]
