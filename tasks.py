@@ -173,12 +173,15 @@ def _print_nodes(result) -> None:
     "procs_per_node": "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8",
     "model": "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
     "engine": "ddp (torchrun; on the local target ranks are forked from a per-node server that has torch imported) or horovod (horovodrun)",
-    "precision": "fp32 (TF32 off), tf32, amp (fp16 with loss scaling) or bf16; tf32 and amp "
-                 "need GPUs",
+    "precision": "precisions to sweep: fp32 (TF32 off), tf32, amp (fp16 with loss scaling), "
+                 "bf16, or several, e.g. fp32,amp; tf32 and amp need GPUs",
     "device": "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
     "fabric": "tcp, rdma or auto (default: rdma where every node has an active RDMA port and "
               "no rate is shaped; a shaped rate is always tcp)",
-    "channels_last": "NHWC memory format (faster convolutions on tensor cores)",
+    "channels_last": "NHWC memory format (faster convolutions on tensor cores); the same as "
+                     "--memory-format channels_last",
+    "memory_format": "memory formats to sweep: contiguous (NCHW, the default), channels_last "
+                     "(NHWC), or contiguous,channels_last",
     "loader_workers": "real data (a sweep file's data: key): DataLoader workers per rank (default 2)",
     "pin_memory": "real data: on, off or auto (on when the ranks train on GPUs)",
     "allreduce_sizes": "allreduce probe message sizes, e.g. 4K,64K,1M,16M,256M (the default: "
@@ -220,7 +223,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
           launcher="", partition="", timeout="", device="", fabric="", channels_last=False,
-          loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True,
+          memory_format="", loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True,
           price_per_node_hour="", bucket_cap_mb="", fusion_threshold_mb="", cycle_time_ms="",
           compression=""):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
@@ -252,6 +255,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
             accelerator=accelerator or None, dilation=dilation or None,
             launcher=launcher or None, partition=partition or None, timeout_s=timeout or None,
             device=device or None, fabric=fabric or None, channels_last=channels_last or None,
+            memory_format=memory_format or None,
             loader_workers=loader_workers or None, pin_memory=pin_memory or None,
             allreduce_sizes=allreduce_sizes or None, runtime=runtime or None,
             warm_start=None if warm_start else False,

@@ -38,7 +38,7 @@ from scalelab.errors import InputError
 # comm_setting: the communication settings that differ from the engine's defaults ("" for
 # none; scalelab.results.comm_setting), so runs of other settings are separate series
 SERIES_KEYS = ("sweep_id", "model", "engine", "precision", "data", "batch_size", "bandwidth",
-               "procs_per_node", "comm_setting")
+               "procs_per_node", "comm_setting", "memory_format")
 
 # Per-hop latency of one ring step (software + wire) for TCP transports (gloo) on Ethernet,
 # used when no allreduce probe gives a fit. 50 us is the order measured for small-message
@@ -205,15 +205,16 @@ def fidelity(frame: pd.DataFrame) -> pd.Series:
 
 
 def with_series_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame with every SERIES_KEYS column: a frame from before comm_setting (or made by
-    hand) gets it as "" (the engine's defaults).
+    """The frame with every SERIES_KEYS column: a frame from before comm_setting or
+    memory_format (or made by hand) gets them as "" (the engine's defaults) and "contiguous".
 
-    >>> list(with_series_columns(pd.DataFrame({"model": ["m"]}))["comm_setting"])
-    ['']
+    >>> f = with_series_columns(pd.DataFrame({"model": ["m"]}))
+    >>> list(f["comm_setting"]), list(f["memory_format"])
+    ([''], ['contiguous'])
     """
-    if "comm_setting" in frame.columns:
-        return frame
-    return frame.assign(comm_setting="")
+    missing = {k: v for k, v in (("comm_setting", ""), ("memory_format", "contiguous"))
+               if k not in frame.columns}
+    return frame.assign(**missing) if missing else frame
 
 
 def baseline_world_size(frame: pd.DataFrame,

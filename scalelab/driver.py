@@ -135,6 +135,10 @@ def placement(result: dict[str, Any], res: launch.LaunchResult) -> dict[str, Any
     >>> out = launch.RankOutcome("n0", 0, "", "n0:1:1 [0] NCCL INFO Using network Socket")
     >>> placement(r, launch.LaunchResult("ok", r, "", [out], 1.0))
     {'device': 'cuda', 'backend': 'nccl', 'transport': 'nccl-socket', 'device_names': ['NVIDIA H100'], 'gpu_mem_peak_mb': 9100.0}
+    >>> r.update(precision="tf32", channels_last=True, tf32=True)
+    >>> {k: v for k, v in placement(r, launch.LaunchResult("ok", r, "", [out], 1.0)).items()
+    ...  if k in ("precision", "memory_format", "tf32")}
+    {'precision': 'tf32', 'memory_format': 'channels_last', 'tf32': True}
     """
     from scalelab import gpu
 
@@ -145,11 +149,16 @@ def placement(result: dict[str, Any], res: launch.LaunchResult) -> dict[str, Any
         device = str(ranks[0]["device"]).split(":")[0]
     peaks = [r["gpu_mem_peak_mb"] for r in ranks if isinstance(r.get("gpu_mem_peak_mb"),
                                                                 int | float)]
-    return {"device": device, "backend": backend,
-            "transport": gpu.transport("\n".join(o.stderr for o in res.outcomes), backend),
-            "device_names": sorted({str(r["device_name"]) for r in ranks
-                                    if r.get("device_name")}),
-            "gpu_mem_peak_mb": max(peaks) if peaks else None}
+    out = {"device": device, "backend": backend,
+           "transport": gpu.transport("\n".join(o.stderr for o in res.outcomes), backend),
+           "device_names": sorted({str(r["device_name"]) for r in ranks
+                                   if r.get("device_name")}),
+           "gpu_mem_peak_mb": max(peaks) if peaks else None}
+    if "precision" in result:  # a training run: the numerics and layout its ranks used
+        out["precision"] = result["precision"]
+        out["memory_format"] = "channels_last" if result.get("channels_last") else "contiguous"
+        out["tf32"] = result.get("tf32")  # whether TF32 was on for matmuls (None on CPUs)
+    return out
 
 
 def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, started_at: str,
@@ -157,7 +166,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                link_error: str = "", launcher: str = "",
                job: dict[str, Any] | None = None,
                single_mbit: float | None = None,
-               image: dict[str, Any] | None = None) -> dict[str, Any]:
+               image: dict[str, Any] | None = None,
+               connections: dict[str, int] | None = None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
@@ -184,6 +194,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
         measured["comm"] = result["comm"]
     if job is not None:
         measured["slurm"] = job
+    if connections is not None:
+        measured["ssh"] = connections
     if run.kind == "allreduce":
         measured["allreduce"] = result.get("sizes", [])
     status = res.status
@@ -191,9 +203,18 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     if status == "ok" and run.kind == "train" and not measured["ranks"]:
         status, error = "failed", "the workload printed no per-rank figures"
     asked = run.params.get("device")
-    ran = (measured.get("placement") or {}).get("device")
+    placed = measured.get("placement") or {}
+    ran = placed.get("device")
     if status == "ok" and asked and ran and not run.params.get("accelerator") and ran != asked:
         status, error = "failed", f"the run asked for {asked} but its ranks ran on {ran}"
+    fmt = "channels_last" if run.params.get("channels_last") else "contiguous"
+    if status == "ok" and run.kind == "train" and placed.get("memory_format") not in (None, fmt):
+        status, error = "failed", (f"the run asked for {fmt} but its ranks ran "
+                                   f"{placed['memory_format']}")
+    if status == "ok" and run.kind == "train" and placed.get("precision") not in (
+            None, run.params.get("precision")):
+        status, error = "failed", (f"the run asked for {run.params.get('precision')} but its "
+                                   f"ranks ran {placed['precision']}")
     return store.new_record(sweep_id, run, target=target, status=status, started_at=started_at,
                             duration_s=round(res.duration_s, 3), error=error, **measured)
 
@@ -334,6 +355,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             desc = describe(run)
             if on_progress:
                 on_progress(Progress(k, len(runs), run.run_id, desc, None))
+            before = ssh.connections()
             dilation = emu.dilation(run)
             run = emu.with_dilation(run, dilation)
             p = run.params
@@ -371,7 +393,9 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             single = None if single is None else single * dilation
             record = run_record(sweep_id, run, rec["target"], res, started, measured_mbit, rate,
                                 why, launcher_name, job, single_mbit=single,
-                                image=rec.get("image") if container is not None else None)
+                                image=rec.get("image") if container is not None else None,
+                                connections={k: v - before[k]
+                                             for k, v in ssh.connections().items()})
             store.append_run(sweep_dir, record)
             counts[res.status] = counts.get(res.status, 0) + 1
             if on_progress:

@@ -366,13 +366,14 @@ def remote_line(cmd: RankCommand, workdir: str) -> str:
 
 
 def ssh_argv(node: Node, known_hosts: str) -> list[str]:
-    """ssh_args with faster keep-alives: a rank's ssh client is how a lost node is noticed.
+    """ssh_args with faster keep-alives, on a connection of the rank's own: its ssh client is
+    how a lost node is noticed.
 
     >>> n = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", ssh_key="/s/id")
     >>> ssh_argv(n, "/s/kh")[:5]
     ['ssh', '-o', 'ServerAliveInterval=3', '-o', 'ServerAliveCountMax=3']
     """
-    base = ssh.ssh_args(node, known_hosts)
+    base = ssh.ssh_args(node, known_hosts, shared=False)
     return [base[0], *KEEPALIVE, *base[1:]]
 
 
@@ -540,6 +541,7 @@ class Launch:
             line = remote_line(RankCommand(cmd.node, argv, env), workdir)
             argv = ssh_argv(cmd.node, self.rt.known_hosts) + ["--", line]
             log.debug("launch on %s: %s", cmd.node.name, shlex.join(cmd.argv))
+            ssh.count(cmd.node, self.rt.known_hosts, shared=False)
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
             out: list[str] = []

@@ -70,6 +70,8 @@ def destroy(cluster: str) -> list[str]:
         # before the cluster's state goes: the trust key's public half is matched by it
         configure.forget(cluster)
         kept = list(configure.KEPT_ON_HOSTS)
+    if rec.get("known_hosts"):
+        ssh.close_masters(rec["known_hosts"])  # the multiplexed connections to its nodes
     base.of(rec).destroy(cluster)
     return kept
 

@@ -42,6 +42,8 @@ CSV_COLUMNS = [
     # the communication settings the ranks used (sweep.COMM_KEYS; empty where the engine has
     # no such setting; a store from before them: the engine's defaults)
     "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
+    # the convolutions' memory layout: contiguous (NCHW) or channels_last (NHWC)
+    "memory_format",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -255,6 +257,7 @@ def to_frame(records: Sequence[dict[str, Any]],
             "image_id": str((env.get("image") or {}).get("id") or "")
             if isinstance(env.get("image"), dict) else "",
             **_comm_params(p),
+            "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
         })
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
@@ -264,7 +267,7 @@ def to_frame(records: Sequence[dict[str, Any]],
         "launcher", "slurm_job_id", *TIMELINE_KEYS, "device", "backend", "transport",
         "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime",
         "image_id", "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
-        "comm_setting"])
+        "comm_setting", "memory_format"])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
                                                 "inflight", "idle", "tx", "wall", "data"])
     for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall", "data"):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import shlex
 import subprocess
 import threading
@@ -17,6 +19,103 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
+# at most this many SSH connections are opened at once (on_each): a bastion's sshd refuses
+# new ones above MaxStartups' first figure (10 by default), and so would any node's
+MAX_PARALLEL = 8
+# an idle multiplexing master closes after this long; destroy closes them at once
+PERSIST_S = 60
+MUX_ENV = "SCALELAB_SSH_MUX"  # "0": one connection per command (to measure what it saves)
+
+
+_counted = {"opened": 0, "shared": 0}
+_count_lock = threading.Lock()
+
+
+def connections() -> dict[str, int]:
+    """How many SSH connections this process has opened, and how many commands rode one that
+    was open already (a multiplexing master's socket was there): the driver records the
+    difference per run."""
+    with _count_lock:
+        return dict(_counted)
+
+
+def count(node: Node, known_hosts: str | None, shared: bool = True) -> None:
+    """Count one command about to go to node (run() does; so does launch for each rank)."""
+    rides = bool(shared and known_hosts and mux_enabled()
+                 and os.path.exists(_socket(node, known_hosts)))
+    with _count_lock:
+        _counted["shared" if rides else "opened"] += 1
+
+
+def mux_dir(known_hosts: str) -> str:
+    """Where a cluster's multiplexing sockets live: beside its known_hosts, in the cluster's
+    directory, or, where that path is too long for a Unix socket (108 bytes), in a directory
+    under /tmp named by the cluster directory's hash.
+
+    >>> mux_dir("/home/u/.local/state/scalelab/clusters/lab/known_hosts")
+    '/home/u/.local/state/scalelab/clusters/lab/ssh-mux'
+    >>> mux_dir("/x" * 40 + "/known_hosts").startswith(f"/tmp/scalelab-ssh-{os.getuid()}/")
+    True
+    """
+    parent = os.path.dirname(os.path.abspath(known_hosts))
+    near = os.path.join(parent, "ssh-mux")
+    if len(near) + 1 + 16 <= 100:
+        return near
+    digest = hashlib.sha1(parent.encode()).hexdigest()[:12]
+    return f"/tmp/scalelab-ssh-{os.getuid()}/{digest}"
+
+
+def mux_enabled() -> bool:
+    return os.environ.get(MUX_ENV, "1") != "0"
+
+
+def _ready(known_hosts: str) -> bool:
+    """Make the cluster's socket directory (0700, ours); False where the cluster directory
+    does not exist or the /tmp one is not ours (then connections are not multiplexed)."""
+    if not os.path.isdir(os.path.dirname(os.path.abspath(known_hosts))):
+        return False
+    where = mux_dir(known_hosts)
+    for d in (os.path.dirname(where), where) if where.startswith("/tmp/") else (where,):
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.lstat(d)
+        if st.st_uid != os.getuid() or not os.path.isdir(d) or os.path.islink(d) \
+                or st.st_mode & 0o077:
+            log.warning("%s is not a private directory of this user: not multiplexing", d)
+            return False
+    return True
+
+
+def _socket_of(user: str, address: str, port: int, known_hosts: str, via: str = "") -> str:
+    # the route and the pinned keys are part of the name: a node reached through a bastion
+    # and the same node reached directly are two connections, and a connection checked
+    # against one known_hosts file is not lent to a command that pins another
+    dest = f"{user}@{address}:{port} via {via} pinned {os.path.abspath(known_hosts)}"
+    return os.path.join(mux_dir(known_hosts), hashlib.sha1(dest.encode()).hexdigest()[:16])
+
+
+def _socket(node: Node, known_hosts: str) -> str:
+    return _socket_of(node.ssh_user, node.address, node.ssh_port, known_hosts,
+                      node.bastion or "")
+
+
+def close_masters(known_hosts: str) -> int:
+    """End every multiplexing master of the cluster whose known_hosts this is and remove
+    their directory (destroy does this). Returns how many were open."""
+    where = mux_dir(known_hosts)
+    if not os.path.isdir(where):
+        return 0
+    closed = 0
+    for name in sorted(os.listdir(where)):
+        sock = os.path.join(where, name)
+        proc = subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "scalelab"],
+                              capture_output=True, text=True, timeout=15,
+                              stdin=subprocess.DEVNULL, check=False)
+        closed += proc.returncode == 0
+        if os.path.exists(sock):
+            os.unlink(sock)
+    os.rmdir(where)
+    return closed
+
 
 def split_bastion(bastion: str, default_user: str) -> tuple[str, str, int]:
     """user@host[:port] -> (user, host, port).
@@ -30,10 +129,17 @@ def split_bastion(bastion: str, default_user: str) -> tuple[str, str, int]:
 
 
 def options(node: Node, known_hosts: str | None, connect_timeout: int = 5,
-            with_key: bool = True) -> list[str]:
+            with_key: bool = True, shared: bool = True) -> list[str]:
     """Every option of an SSH connection to a node, the one place they are made: the key,
-    pinned host keys, no prompts, timeouts, and the bastion hop when the node has one. ssh,
-    Ansible's inventory (scalelab.inventory), launch, probes and reaping all take them here.
+    pinned host keys, no prompts, timeouts, multiplexing, and the bastion hop when the node
+    has one. ssh, Ansible's inventory (scalelab.inventory), launch, probes and reaping all
+    take them here.
+
+    Commands to a node share one connection (ControlMaster, its socket under mux_dir) that
+    stays open PERSIST_S seconds after the last; Ansible finds the ControlPath set and uses
+    the same socket. Unset with SCALELAB_SSH_MUX=0, and without a known_hosts file.
+    shared=False: a connection of its own (a rank's: its keep-alives are how a lost node is
+    noticed, and a node's sshd allows only MaxSessions, 10 by default, on one connection).
 
     The hop is a ProxyCommand with the same key and the same known_hosts file, so the
     bastion's own host key is pinned as the nodes' are (a ProxyJump hop would check
@@ -52,17 +158,29 @@ def options(node: Node, known_hosts: str | None, connect_timeout: int = 5,
                "-o", f"ConnectTimeout={connect_timeout}"]
     # with_key=False: Ansible passes the key itself (ansible_ssh_private_key_file); the hop
     # still needs it
-    opts = [*(key if with_key else ["-o", "IdentitiesOnly=yes"] if key else []), *pinned, "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-            "-o", "LogLevel=ERROR"]
+    opts = [*(key if with_key else ["-o", "IdentitiesOnly=yes"] if key else []), *pinned,
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+    if not shared:
+        opts += ["-o", "ControlPath=none"]
+    elif known_hosts and mux_enabled() and _ready(known_hosts):
+        opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={_socket(node, known_hosts)}",
+                 "-o", f"ControlPersist={PERSIST_S}"]
     if node.bastion:
         user, host, port = split_bastion(node.bastion, node.ssh_user)
-        hop = ["ssh", "-W", "%h:%p", *key, *pinned, "-o", "LogLevel=ERROR", "-p", str(port),
-               f"{user}@{host}"]
+        hop = ["ssh", "-W", "%h:%p", *key, *pinned, "-o", "LogLevel=ERROR"]
+        if known_hosts and mux_enabled() and _ready(known_hosts):
+            # every hop rides one connection to the bastion, so its MaxStartups is never met
+            # (forwarded connections are not sessions: its MaxSessions does not count them)
+            hop += ["-o", "ControlMaster=auto", "-o",
+                    f"ControlPath={_socket_of(user, host, port, known_hosts)}",
+                    "-o", f"ControlPersist={PERSIST_S}"]
+        hop += ["-p", str(port), f"{user}@{host}"]
         opts += ["-o", f"ProxyCommand={shlex.join(hop)}"]
     return opts
 
 
-def ssh_args(node: Node, known_hosts: str, connect_timeout: int = 5) -> list[str]:
+def ssh_args(node: Node, known_hosts: str, connect_timeout: int = 5,
+             shared: bool = True) -> list[str]:
     """The ssh command line prefix for a node: options() and the destination.
 
     >>> n = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", ssh_key="/s/id")
@@ -71,13 +189,15 @@ def ssh_args(node: Node, known_hosts: str, connect_timeout: int = 5) -> list[str
      -o BatchMode=yes -o ConnectTimeout=5 -o ServerAliveInterval=5 -o ServerAliveCountMax=3
      -o LogLevel=ERROR -p 22 root@10.0.0.10'
     """
-    return ["ssh", *options(node, known_hosts, connect_timeout), "-p", str(node.ssh_port),
+    return ["ssh", *options(node, known_hosts, connect_timeout, shared=shared),
+            "-p", str(node.ssh_port),
             f"{node.ssh_user}@{node.address}"]
 
 
 def on_each(nodes: list[Node], fn: Callable[[Node], T],
             timeout_s: float = 120.0) -> tuple[dict[str, T], dict[str, str]]:
-    """fn(node) for every node at once (each is bounded by its own ssh timeouts).
+    """fn(node) for every node, MAX_PARALLEL at a time (each is bounded by its own ssh
+    timeouts).
 
     Returns (results, errors) by node name; a ScalelabError, KeyError or ValueError from fn
     is that node's error, and a node still busy after timeout_s is one too.
@@ -85,11 +205,14 @@ def on_each(nodes: list[Node], fn: Callable[[Node], T],
     results: dict[str, T] = {}
     errors: dict[str, str] = {}
 
+    slots = threading.BoundedSemaphore(MAX_PARALLEL)
+
     def one(n: Node) -> None:
-        try:
-            results[n.name] = fn(n)
-        except (ScalelabError, KeyError, ValueError) as exc:
-            errors[n.name] = str(exc)
+        with slots:
+            try:
+                results[n.name] = fn(n)
+            except (ScalelabError, KeyError, ValueError) as exc:
+                errors[n.name] = str(exc)
 
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
     for t in threads:
@@ -116,6 +239,7 @@ def run(node: Node, known_hosts: str, command: str, timeout: float = 30.0,
     """Run a shell command on a node and capture its output."""
     argv = ssh_args(node, known_hosts) + ["--", command]
     log.debug("ssh %s: %s", node.name, command)
+    count(node, known_hosts)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)

@@ -69,7 +69,10 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
                "started_at", "duration_s", "error")
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
                  "env", "timeline", "accelerator", "slurm", "placement",
-                 "link_mbit_single_stream", "comm")
+                 "link_mbit_single_stream", "comm", "ssh")
+# a run's "ssh" (optional): the SSH connections the controller opened for it (setting and
+# measuring the rate, staging, launch, reaping: "opened") and the commands that rode a
+# connection already open ("shared", multiplexed; scalelab.ssh.connections)
 # a train run's "comm" (optional): the communication settings its workload used, as it
 # reported them: bucket_cap_mb, fusion_threshold_mb, cycle_time_ms, compression, comm_dtype
 # link_mbit_measured is iperf3 with several parallel streams (4, for 3 s) since the probe was

@@ -61,6 +61,8 @@ RUNTIMES = ("host", "container")  # where ranks run: on the node, or in the trai
 # fp32: true FP32 (TF32 off, which Ampere and Hopper convolutions use by default); tf32: TF32
 # on; amp: fp16 autocast with loss scaling on GPUs (bfloat16 on CPUs); bf16: bfloat16 autocast
 PRECISIONS = ("fp32", "tf32", "amp", "bf16")
+# the convolutions' memory layout: torch's default (NCHW), or NHWC (faster on tensor cores)
+MEMORY_FORMATS = ("contiguous", "channels_last")
 DEVICES = ("auto", "cuda", "cpu")  # auto: cuda on nodes with GPUs, never CPU there
 FABRICS = ("auto", "tcp", "rdma")  # auto: rdma where every node has an active port, unshaped
 KINDS = ("train", "allreduce")
@@ -104,7 +106,10 @@ class SweepSpec:
     procs_per_node: list[int] | None = None
     model: str = "resnet50"
     engine: str = "ddp"
-    precision: str = "fp32"
+    # axes like batch_size: every precision x memory format is run (the first is the one a
+    # single-valued sweep has always had)
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])
+    memory_formats: list[str] = field(default_factory=lambda: ["contiguous"])
     repeats: int = 3  # enough for a confidence interval; sweep files for quick looks say 1
     steps: int = 30
     warmup: int = 5
@@ -128,7 +133,6 @@ class SweepSpec:
     partition: str | None = None  # slurm: the partition (None: the cluster's default one)
     device: str = "auto"  # cuda | cpu | auto (cuda on nodes with GPUs)
     fabric: str = "auto"  # tcp | rdma | auto (tcp whenever a rate is shaped)
-    channels_last: bool = False  # NHWC memory format (faster convolutions on tensor cores)
     loader_workers: int = 2  # real data: DataLoader worker processes per rank
     pin_memory: str = "auto"  # real data: on | off | auto (on when the ranks train on GPUs)
     runtime: str = "host"  # host: ranks on the nodes; container: in the training image
@@ -237,6 +241,38 @@ def comm_axes(spec: SweepSpec) -> list[dict[str, Any]]:
     return combos
 
 
+def variants(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Every precision x memory format x communication settings a train run of spec takes:
+    params "precision", "channels_last" and the COMM_KEYS, in axis order.
+
+    >>> from scalelab.sweepfile import spec_from_options
+    >>> [(v["precision"], v["channels_last"]) for v in variants(spec_from_options(
+    ...     nodes=1, batch_size=32, precision="fp32,bf16", memory_format="contiguous,channels_last"))]
+    [('fp32', False), ('fp32', True), ('bf16', False), ('bf16', True)]
+    """
+    return [{"precision": prec, "channels_last": fmt == "channels_last", **comm}
+            for prec in spec.precisions for fmt in spec.memory_formats
+            for comm in comm_axes(spec)]
+
+
+def variant_tag(spec: SweepSpec, v: dict[str, Any]) -> str:
+    """The run-id segment of a run's precision, memory format and communication settings:
+    precision and memory format only where their axis has several values (a sweep of one
+    precision keeps the run ids it always had), then comm_tag.
+
+    >>> from scalelab.sweepfile import spec_from_options
+    >>> s = spec_from_options(nodes=1, batch_size=32, precision="fp32,amp",
+    ...                       memory_format="channels_last", bucket_cap_mb="50")
+    >>> [variant_tag(s, v) for v in variants(s)]
+    ['fp32-bk50', 'amp-bk50']
+    """
+    parts = [v["precision"]] if len(spec.precisions) > 1 else []
+    if len(spec.memory_formats) > 1:
+        parts.append("nhwc" if v["channels_last"] else "nchw")
+    comm = comm_tag(spec, {k: v.get(k) for k in COMM_KEYS})
+    return "-".join(parts + ([comm] if comm else []))
+
+
 def comm_tag(spec: SweepSpec, comm: dict[str, Any]) -> str:
     """The run-id segment of a run's communication settings: one part per setting whose axis
     has several values or whose value is not the default; "" at the defaults, so run ids stay
@@ -310,8 +346,9 @@ def _check_precision(spec: SweepSpec, used: list[Node], device: str, cluster: st
     name = f"cluster {cluster}" if cluster else "the cluster"
     if device == "cuda" or spec.accelerator:
         return
-    if spec.precision in ("amp", "tf32"):
-        raise InputError(f"--precision {spec.precision} needs GPUs and {name} runs on CPUs; "
+    gpu_only = [p for p in spec.precisions if p in ("amp", "tf32")]
+    if gpu_only:
+        raise InputError(f"--precision {gpu_only[0]} needs GPUs and {name} runs on CPUs; "
                          "use --precision fp32 or bf16")
     ppn = max(spec.procs_per_node or [1])
     for node in used:
@@ -342,8 +379,8 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
         memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, model=spec.model,
                      params=info.params, activation_bytes=info.activation_bytes,
                      image_scale=(image / info.image_size) ** 2,
-                     amp=spec.precision in ("amp", "bf16"))
-    combos = comm_axes(spec)  # refuses another engine's settings
+                     amp=all(p in ("amp", "bf16") for p in spec.precisions))
+    combos = variants(spec)  # refuses another engine's settings
     runs: list[RunPlan] = []
     for mbit in spec.bandwidths:
         for repeat in range(spec.repeats):
@@ -352,27 +389,29 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                 for ppn in spec.procs_per_node:
                     common = {"nodes": n, "procs_per_node": ppn, "world_size": n * ppn,
                               "model": spec.model, "engine": spec.engine,
-                              "precision": spec.precision, "accelerator": spec.accelerator,
+                              "accelerator": spec.accelerator,
                               "dilation": spec.dilation, "device": placed.device,
-                              "fabric": placed.fabric, "channels_last": spec.channels_last,
+                              "fabric": placed.fabric,
                               "loader_workers": spec.loader_workers,
                               "pin_memory": spec.pin_memory, "runtime": spec.runtime}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
+                        # a probe's tensors are fp32 whatever the training runs' precision
                         params = {**common, **dict.fromkeys(COMM_KEYS),
-                                  "batch_size": None, "bandwidth_mbit": mbit,
+                                  "precision": spec.precisions[0],
+                                  "channels_last": False, "batch_size": None, "bandwidth_mbit": mbit,
                                   "repeat": 0, "steps": spec.allreduce_iters, "warmup": 1,
                                   "image_size": None, "data": None}
                         runs.append(RunPlan("allreduce", allreduce_run_id(n, ppn, mbit),
                                             _ordered(params), names, spec.timeout_s,
                                             tuple(spec.allreduce_sizes)))
                     for batch in spec.batch_sizes:
-                        for comm in combos:
-                            params = {**common, **comm, "batch_size": batch,
+                        for var in combos:
+                            params = {**common, **var, "batch_size": batch,
                                       "bandwidth_mbit": mbit, "repeat": repeat,
                                       "steps": spec.steps, "warmup": spec.warmup,
                                       "image_size": image, "data": spec.data}
                             rid = train_run_id(n, ppn, batch, mbit, repeat,
-                                               comm_tag(spec, comm))
+                                               variant_tag(spec, var))
                             runs.append(RunPlan("train", rid, _ordered(params), names,
                                                 spec.timeout_s))
     return runs
@@ -390,8 +429,9 @@ def check_emulation(spec: SweepSpec, image_size: int) -> None:
     if spec.data != SYNTHETIC:
         raise InputError(f"--accelerator {spec.accelerator} emulates compute and reads no data: "
                          "leave data synthetic")
-    for batch in spec.batch_sizes:
-        accel.resolve(spec.accelerator, spec.model, spec.precision, batch, image_size)
+    for precision in spec.precisions:
+        for batch in spec.batch_sizes:
+            accel.resolve(spec.accelerator, spec.model, precision, batch, image_size)
 
 
 # ------------------------------------------------------------------------------ text
@@ -416,6 +456,9 @@ def describe(run: RunPlan) -> str:
     >>> describe(RunPlan("train", "x", {**r.params, "engine": "ddp", "bucket_cap_mb": 50.0,
     ...                  "compression": "fp16", "runtime": "container"}, (), 1.0))
     'train      4 nodes x 1  batch 64   1gbit    repeat 0  bucket 50 MB fp16  in a container'
+    >>> describe(RunPlan("train", "x", {**r.params, "precision": "bf16", "channels_last": True},
+    ...                  (), 1.0))
+    'train      4 nodes x 1  batch 64   1gbit    repeat 0  bf16 channels_last'
     """
     p = run.params
     plural = "s" if p["nodes"] != 1 else " "
@@ -430,6 +473,9 @@ def describe(run: RunPlan) -> str:
             if p.get(k) is not None and float(p[k]) != COMM_DEFAULTS[k]]
     if p.get("compression") not in (None, "none"):
         comm.append(str(p["compression"]))
+    # what a variant axis may change: precision and memory format (shown where not the default)
+    comm = ([str(p["precision"])] if p.get("precision") not in (None, "fp32") else []) + \
+        (["channels_last"] if p.get("channels_last") else []) + comm
     where += f"  {' '.join(comm)}" if comm else ""
     where += "  in a container" if p.get("runtime") == "container" else ""
     if run.kind == "allreduce":

@@ -21,6 +21,7 @@ from scalelab.sweep import (
     ENGINES,
     FABRICS,
     LAUNCHERS,
+    MEMORY_FORMATS,
     PRECISIONS,
     RUNTIMES,
     SYNTHETIC,
@@ -235,7 +236,7 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "procs_per_node": ("procs_per_node", lambda v, w: _int_list(v, w)),
     "model": ("model", lambda v, w: _choice(v, w, list(MODELS))),
     "engine": ("engine", lambda v, w: _choice(v, w, ENGINES)),
-    "precision": ("precision", lambda v, w: _choice(v, w, PRECISIONS)),
+    "precision": ("precisions", lambda v, w: _choice_list(v, w, PRECISIONS)),
     "repeats": ("repeats", lambda v, w: _one_int(v, w, 1)),
     "steps": ("steps", lambda v, w: _one_int(v, w, 1)),
     "warmup": ("warmup", lambda v, w: _one_int(v, w, 0)),
@@ -254,7 +255,10 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "partition": ("partition", lambda v, w: _partition(v, w)),
     "device": ("device", lambda v, w: _choice(v, w, DEVICES)),
     "fabric": ("fabric", lambda v, w: _choice(v, w, FABRICS)),
-    "channels_last": ("channels_last", _flag),
+    "memory_format": ("memory_formats", lambda v, w: _choice_list(v, w, MEMORY_FORMATS)),
+    # the flag of before memory_format became an axis: true is memory_format channels_last
+    "channels_last": ("memory_formats",
+                      lambda v, w: ["channels_last" if _flag(v, w) else "contiguous"]),
     "loader_workers": ("loader_workers", lambda v, w: _one_int(v, w, 0)),
     "pin_memory": ("pin_memory", lambda v, w: _choice(v, w, ("auto", "on", "off"))),
     "runtime": ("runtime", lambda v, w: _choice(v, w, RUNTIMES)),
@@ -266,11 +270,15 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "compression": ("compression", lambda v, w: _choice_list(v, w, COMPRESSIONS)),
 }
 SWEEP_KEYS = tuple(_KEYS)
+_ALIASES = ("channels_last",)  # keys that set another key's field: never written back
 
 
 def _fields_from(values: Mapping[str, Any], label: Any) -> dict[str, Any]:
     """Parse given values (file keys) into SweepSpec fields; label(key) names the source."""
     out: dict[str, Any] = {}
+    if _given(values.get("channels_last")) and _given(values.get("memory_format")):
+        raise InputError(f"{label('channels_last')} and {label('memory_format')} both set the "
+                         f"memory format; keep {label('memory_format')} only")
     for key, raw in values.items():
         if not _given(raw):
             continue
@@ -423,6 +431,7 @@ def spec_from_options(
     device: str | None = None,
     fabric: str | None = None,
     channels_last: bool | str | None = None,
+    memory_format: str | None = None,
     loader_workers: str | int | None = None,
     pin_memory: str | None = None,
     runtime: str | None = None,
@@ -462,6 +471,8 @@ def spec_to_dict(spec: SweepSpec) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for key, (fname, _) in _KEYS.items():
+        if key in _ALIASES:
+            continue
         value = getattr(spec, fname)
         if key == "bandwidth":
             value = [format_rate(v) for v in value]

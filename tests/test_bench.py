@@ -108,6 +108,12 @@ def test_two_node_sweep_writes_the_csv_and_the_report(cluster, reports):
         # the timed phase is the steps the rank timed (plus clock reads between them)
         assert t["timed_s"] >= sum(r["ranks"][0]["step_times_s"]) - 0.01
     assert "training run time by phase" in (sweep_dir / "index.html").read_text()
+    # scalelab's own commands (reaping, staging, the rate) ride one connection per node:
+    # the only connections a 2-rank run opens are its ranks' own
+    for r in records.values():
+        assert r["ssh"]["shared"] >= 1, r["ssh"]
+        if r["kind"] == "train" and r["params"]["nodes"] == 2:
+            assert r["ssh"]["opened"] == 2, (r["run_id"], r["ssh"])
 
 
 def test_driver_killed_mid_sweep_then_resume_runs_only_the_missing(cluster, reports):
@@ -199,6 +205,33 @@ def test_horovod_engine_runs_across_two_nodes(cluster, reports):
     assert two["env"]["horovod"]
     assert two["placement"]["backend"] == "horovod-gloo"
     assert two["placement"]["transport"] == "gloo-tcp"
+
+
+def test_precision_and_memory_format_are_axes_each_run_as_asked(cluster, reports):
+    """--precision fp32,bf16 --memory-format contiguous,channels_last: four series per point,
+    each run's ranks used the precision and layout it asked for, and the report keeps them
+    apart."""
+    proc = bench(cluster, reports, "--nodes", "2", "--batch-size", "8", "--model", "resnet20",
+                 "--precision", "fp32,bf16", "--memory-format", "contiguous,channels_last",
+                 "--steps", "2", "--repeats", "1", "--bandwidth", "native")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    train = {r["run_id"]: r for r in runs_of(sweep_dir) if r["kind"] == "train"}
+    assert sorted(train) == [f"train-n02-p1-b008-native-{p}-{f}-r0" for p in ("bf16", "fp32")
+                             for f in ("nchw", "nhwc")]
+    for rid, r in train.items():
+        assert r["status"] == "ok", r["error"]
+        prec, fmt = rid.split("-")[-3:-1]
+        assert r["placement"]["precision"] == prec
+        assert r["placement"]["memory_format"] == ("channels_last" if fmt == "nhwc"
+                                                   else "contiguous")
+    with open(sweep_dir / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted((r["precision"], r["memory_format"]) for r in rows) == [
+        ("bf16", "channels_last"), ("bf16", "contiguous"), ("fp32", "channels_last"),
+        ("fp32", "contiguous")]
+    html = (sweep_dir / "index.html").read_text()
+    assert "memory format" in html and "channels_last" in html
 
 
 def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(cluster, reports):

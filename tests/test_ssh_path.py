@@ -151,3 +151,98 @@ def test_a_shaped_rate_on_nodes_without_sudo_is_refused_and_native_runs(tmp_path
         "password, which tc needs to set the rate; use --bandwidth native, or ask the host's "
         "admins for passwordless sudo")
     assert invoke(*args, env=env).returncode == 0
+
+
+def test_parallel_commands_are_bounded_so_a_bastion_never_refuses_them():
+    """sshd drops new connections above MaxStartups (10 by default): on_each opens at most
+    ssh.MAX_PARALLEL at once, however many nodes there are."""
+    import threading
+    import time
+
+    busy = peak = 0
+    lock = threading.Lock()
+
+    def fn(n: Node) -> str:
+        nonlocal busy, peak
+        with lock:
+            busy += 1
+            peak = max(peak, busy)
+        time.sleep(0.05)
+        with lock:
+            busy -= 1
+        return n.name
+
+    nodes = [Node(f"c-n{i}", f"10.0.0.{i + 10}", f"10.0.0.{i + 10}", "worker", "static")
+             for i in range(24)]
+    results, errors = ssh.on_each(nodes, fn, timeout_s=30)
+    assert errors == {} and len(results) == 24
+    assert peak == ssh.MAX_PARALLEL < 10
+
+
+def _client(node: Node, kh: str, **kw) -> tuple[str, str]:
+    """The (address, port) the node's sshd sees this command's connection come from."""
+    import subprocess
+
+    argv = ssh.ssh_args(node, kh, **kw) + ["--", "echo $SSH_CONNECTION"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True,
+                         stdin=subprocess.DEVNULL).stdout.split()
+    return out[0], out[1]
+
+
+@pytest.mark.root
+@needs_root
+@needs_sshd
+def test_commands_to_a_node_share_one_connection_until_destroy(local_cluster, monkeypatch):
+    """Commands to a node ride one multiplexed connection (the node's sshd sees the same
+    client port each time); a rank gets a connection of its own; the bastion carries every
+    hop on one connection; SCALELAB_SSH_MUX=0 turns it off; destroy closes them all."""
+    import os
+    import re
+    import subprocess
+
+    from scalelab import launch
+
+    lc = local_cluster(3)
+    nodes = lc.nodes()
+    kh = str(lc.known_hosts)
+    first = _client(nodes[1], kh)
+    assert _client(nodes[1], kh) == first == _client(nodes[1], kh)
+    rank = subprocess.run(launch.ssh_argv(nodes[1], kh) + ["--", "echo $SSH_CONNECTION"],
+                          capture_output=True, text=True, timeout=30, check=True,
+                          stdin=subprocess.DEVNULL).stdout.split()[1]
+    assert rank != first[1]
+    # two nodes behind the bastion: the bastion's sshd holds one connection from us, which
+    # also carries this command to the bastion itself
+    jump = f"{nodes[0].ssh_user}@{nodes[0].address}"
+    for n in nodes[1:]:
+        ssh.run(dataclasses.replace(n, bastion=jump), kh, "true", timeout=30)
+    established = ssh.run(nodes[0], kh, "ss -Htn state established '( sport = :22 )'",
+                          timeout=30).stdout.splitlines()
+    from_us = [line for line in established if line.split()[-1].startswith(f"{first[0]}:")]
+    assert len(from_us) == 1, established
+    monkeypatch.setenv(ssh.MUX_ENV, "0")
+    assert _client(nodes[1], kh) != _client(nodes[1], kh)
+    monkeypatch.delenv(ssh.MUX_ENV)
+    # node 1 directly, the bastion, nodes 1 and 2 through it
+    where = ssh.mux_dir(kh)
+    sockets = [os.path.join(where, s) for s in os.listdir(where)]
+    assert len(sockets) == 4
+    masters = []
+    for sock in sockets:
+        check = subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "check", "x"],
+                               capture_output=True, text=True, timeout=15)
+        masters.append(int(re.search(r"pid=(\d+)", check.stderr).group(1)))
+    lc.destroy()
+    assert not os.path.exists(where)
+
+    def running(pid: int) -> bool:  # a zombie has ended; init reaps it in its own time
+        try:
+            return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
+        except FileNotFoundError:
+            return False
+
+    import time
+    deadline = time.monotonic() + 5  # -O exit is answered before the master has exited
+    while any(running(p) for p in masters) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in masters if running(p)] == []

@@ -356,7 +356,7 @@ def test_ci_sweep_is_tiny():
 
 def test_slices_sweep_is_the_reference_experiment():
     s = load_sweep_file(SWEEPS_DIR / "slices.yml")
-    assert (s.model, s.engine, s.precision, s.repeats) == ("resnet50", "horovod", "amp", 3)
+    assert (s.model, s.engine, s.precisions, s.repeats) == ("resnet50", "horovod", ["amp"], 3)
     assert (s.nodes, s.batch_sizes, s.bandwidths) == (list(range(1, 11)), [32, 64, 96],
                                                       [1000.0, 10_000.0])
     runs = plan(s, make_cluster(10, gpus=1, target="openstack"), can_shape=True)

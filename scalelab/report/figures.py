@@ -73,11 +73,12 @@ def layout(modelled: pd.DataFrame, compare: bool) -> Layout:
     bws = _bw_order(modelled["bandwidth"], mbit)
     per_bw_sweeps = modelled.groupby("bandwidth")["sweep_id"].nunique()
     by_panel = not compare or (len(bws) > 1 and bool((per_bw_sweeps > 1).any()))
-    candidates = ["sweep_id", "model", "engine", "precision", "data", "procs_per_node",
-                  "comm_setting"]
+    candidates = ["sweep_id", "model", "engine", "precision", "memory_format", "data",
+                  "procs_per_node", "comm_setting"]
     if not by_panel:
         candidates.insert(1, "bandwidth")
-    style_cols = [c for c in candidates if modelled[c].nunique(dropna=False) > 1]
+    style_cols = [c for c in candidates
+                  if c in modelled and modelled[c].nunique(dropna=False) > 1]
     if compare and "sweep_id" not in style_cols:
         style_cols.insert(0, "sweep_id")
     keys = (sorted({tuple(r) for r in modelled[style_cols].itertuples(index=False)}, key=str)

@@ -442,10 +442,11 @@ def _scaling_table(a: Analysis) -> str:
                     ("predicted_by", "predicted by", "str"))
     if len(a.sweeps) > 1:
         cols.insert(0, ("sweep_id", "sweep", "str"))
-    varying = [c for c in ("model", "engine", "precision", "data", "comm_setting")
-               if c in df and df[c].nunique() > 1]
+    varying = [c for c in ("model", "engine", "precision", "memory_format", "data",
+                           "comm_setting") if c in df and df[c].nunique() > 1]
+    names = {"comm_setting": "comm settings", "memory_format": "memory format"}
     for c in reversed(varying):
-        cols.insert(1, (c, "comm settings" if c == "comm_setting" else c, "str"))
+        cols.insert(1, (c, names.get(c, c), "str"))
     return _table(df, cols, "scaling")
 
 

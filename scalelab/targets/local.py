@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab import inventory, netshape, sh
+from scalelab import inventory, netshape, sh, ssh
 from scalelab.errors import ClusterError, CommandError, InputError, NotRootError, ProvisionError
 from scalelab.nodes import Node, check_cluster_name, nodes_of
 from scalelab.state import (
@@ -772,6 +772,7 @@ class LocalCluster:
         if rec is not None and rec.get("target") != TARGET:
             raise ClusterError(f"cluster {self.name} is a {rec.get('target')} cluster")
         pids = (rec or {}).get("pids", {})
+        ssh.close_masters(str(self.known_hosts))  # before the nodes' sshd go
         indices = {self._index(n["name"]) for n in (rec or {}).get("nodes", [])}
         # also whatever a crashed provision left: namespaces and node dirs by naming convention
         prefix = f"scalelab-{self.name}-n"
