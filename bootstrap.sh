@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 APT_PACKAGES=(openssh-server openssh-client iproute2 iperf3 procps chromium
               nfs-ganesha nfs-ganesha-vfs libnfs-utils rsync g++ make dpkg-dev
               munge slurm-client slurmctld slurmd slurmdbd mariadb-server
-              docker.io mmdebstrap)
+              docker.io mmdebstrap sudo)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -1,16 +1,20 @@
 """A real-host path end to end: hosts scalelab did not make for itself, used as a static cluster.
 
-Two machines are brought up with the local target and then handed over as someone else's
-testbed would be: addresses, a key they trust, host keys pinned the way the README tells a
-user. From then on only the static cluster is used, through invoke as a user types it:
-provision --target static -> configure (from an offline bundle: the hosts cannot reach a
-package index) -> bench over two shaped rates -> report -> destroy. Nothing of the local
-target's shortcuts is used: the venv and the workloads are installed on the hosts for real.
+Three machines are brought up with the local target and then handed over as someone else's
+testbed would be: one is the bastion, the two others take SSH only from the bastion (a rule
+in each machine's network namespace turns the controller away), and every machine has an
+account of the user's own, `alice`, with passwordless sudo and the user's key. Host keys are
+pinned the way the README tells a user. From then on only the static cluster is used, through
+invoke as a user types it: provision --target static -> configure (from an offline bundle:
+the hosts cannot reach a package index) -> bench over two shaped rates -> report -> destroy.
+Nothing of the local target's shortcuts is used: the venv and the workloads are installed on
+the hosts for real, through sudo, and tc is set through sudo.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +25,7 @@ from conftest import ROOT, invoke, needs_root, needs_sshd, unique_name
 
 from scalelab import ssh
 from scalelab.nodes import Node
+from scalelab.targets.local import netns_name
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
 
@@ -52,12 +57,16 @@ def _qdiscs(nodes: list[Node], known_hosts: str) -> dict[str, list]:
             for n in nodes}
 
 
-SHARED_FILES = ("/root/.ssh/authorized_keys", "/root/.ssh/config", "/etc/ssh/ssh_known_hosts",
-                "/etc/hosts", "/root/.ssh/id_scalelab", "/root/.ssh/id_scalelab.pub")
+USER = "alice"
+HOME = f"/home/{USER}"
+SHARED_FILES = (f"{HOME}/.ssh/authorized_keys", f"{HOME}/.ssh/config", "/etc/ssh/ssh_known_hosts",
+                "/etc/hosts", f"{HOME}/.ssh/id_scalelab", f"{HOME}/.ssh/id_scalelab.pub",
+                "/root/.ssh/authorized_keys")
 
 
 def _host_files(hosts, machine: Node) -> dict[str, str | None]:
-    """The files configure may add to, as the host has them (None: absent)."""
+    """The files configure may add to, as the host has them (None: absent); machine is the
+    test's own root login to the host (through the bastion)."""
     out = ssh.run(machine, str(hosts.known_hosts),
                   "; ".join(f"echo '=== {p}'; cat {p} 2>/dev/null || echo '<absent>'"
                             for p in SHARED_FILES), timeout=30).stdout
@@ -82,9 +91,44 @@ def _holds(upper: Path, secret: str) -> list[str]:
     return hits
 
 
-def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir, tmp_path):
-    hosts = local_cluster(2)  # the testbed someone else runs
-    machines = hosts.nodes()
+def _as_testbed(hosts, machines: list[Node], user_pub: str) -> list[Node]:
+    """Hand the machines over as a testbed does: an account for the user with passwordless
+    sudo and the user's key, and SSH to every machine but the first (the bastion) only from
+    the bastion. Returns the test's own root logins, through the bastion."""
+    kh = str(hosts.known_hosts)
+    for m in machines:
+        # -p '*': no password, yet not a locked account (sshd refuses those without PAM)
+        ssh.run(m, kh, f"useradd -m -d {HOME} -s /bin/sh -p '*' {USER} && "
+                       f"mkdir -p {HOME}/.ssh && echo '{user_pub}' > {HOME}/.ssh/authorized_keys"
+                       f" && chown -R {USER}: {HOME}/.ssh && chmod 700 {HOME}/.ssh && "
+                       f"echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER} && "
+                       f"chmod 440 /etc/sudoers.d/{USER}", timeout=30)
+    controller = ssh.run(machines[0], kh, "echo $SSH_CONNECTION", timeout=30).stdout.split()[0]
+    # the connections made so far (multiplexed, kept open) would meet the rule too
+    ssh.close_masters(kh)
+    for i, _ in enumerate(machines[1:], start=1):
+        subprocess.run(["ip", "netns", "exec", netns_name(hosts.name, i), "iptables", "-I",
+                        "INPUT", "-p", "tcp", "--dport", "22", "-s", controller, "-j", "REJECT",
+                        "--reject-with", "tcp-reset"], check=True, timeout=30)
+    jump = f"root@{machines[0].address}"
+    return [machines[0]] + [dataclasses.replace(m, bastion=jump) for m in machines[1:]]
+
+
+def _went_around(hosts, machines: list[Node]) -> list[int]:
+    """Packets each machine behind the bastion turned away from the controller."""
+    counts = []
+    for i, _ in enumerate(machines[1:], start=1):
+        out = subprocess.run(["ip", "netns", "exec", netns_name(hosts.name, i), "iptables",
+                              "-L", "INPUT", "-v", "-n", "-x"], capture_output=True, text=True,
+                             check=True, timeout=30).stdout
+        counts.append(sum(int(line.split()[0]) for line in out.splitlines()
+                          if "REJECT" in line and "dpt:22" in line))
+    return counts
+
+
+def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster, bundle_dir,
+                                                                   tmp_path):
+    hosts = local_cluster(3)  # the testbed someone else runs: a bastion and two hosts
     # the user's own testbed key: authorised on the hosts by the testbed, never to be copied
     # anywhere by scalelab (node-to-node trust gets a key pair of the cluster's own)
     key = tmp_path / "testbed_key"
@@ -92,9 +136,8 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
                     "-f", str(key)], check=True, timeout=30)
     user_pub = Path(f"{key}.pub").read_text().strip()
     secret = "".join(key.read_text().splitlines()[1:-1])  # the private key's base64 body
-    for m in machines:
-        ssh.run(m, str(hosts.known_hosts), f"echo '{user_pub}' >> /root/.ssh/authorized_keys",
-                timeout=30)
+    everything = _as_testbed(hosts, hosts.nodes(), user_pub)
+    bastion, machines = everything[0], everything[1:]
     found_files = {m.name: _host_files(hosts, m) for m in machines}
     # named as the machines call themselves, as a testbed's hosts are (the emulated machines
     # cannot take a new hostname that outlives an SSH session)
@@ -103,7 +146,8 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
     var_file.write_text(json.dumps({
         "hosts": [{"name": names[0], "address": machines[0].address, "role": "head"},
                   {"name": names[1], "address": machines[1].address}],
-        "ssh_user": "root", "ssh_private_key_file": str(key)}))
+        "ssh_user": USER, "ssh_private_key_file": str(key),
+        "bastion_ip": bastion.address}))
     lab = unique_name("lab")
     state = Path(os.environ["SCALELAB_HOME"]) / "clusters" / lab
     reports = Path(os.environ["SCALELAB_REPORTS"])
@@ -114,28 +158,31 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
         assert proc.returncode == 0, proc.stderr[-2000:]
 
         # Pin the host keys as the README says: scan, compare with the fingerprint known out
-        # of band (here: the key files of the machines' own sshd), append.
+        # of band (here: the key files of the machines' own sshd), append. The hosts behind
+        # the bastion are scanned from it.
         known_hosts = state / "known_hosts"
-        for m in machines:
-            scan = subprocess.run(["ssh-keyscan", "-t", "ed25519", m.address],
-                                  capture_output=True, text=True, timeout=20).stdout
+        kh0 = str(hosts.known_hosts)
+        for m in [bastion, *machines]:
+            scan = ssh.run(bastion, kh0, f"ssh-keyscan -t ed25519 {m.address}",
+                           timeout=30).stdout
             own = (hosts.dir / "nodes" / m.name / "ssh_host_ed25519_key.pub").read_text()
             assert _fingerprint(scan) == _fingerprint(own)
             with open(known_hosts, "a") as fh:
                 fh.write(scan)
-        lab_nodes = [Node.from_dict(n) for n in
-                     json.loads((state / "cluster.json").read_text())["nodes"]]
-        kh = str(known_hosts)
+        rec = json.loads((state / "cluster.json").read_text())
+        lab_nodes = [Node.from_dict(n) for n in rec["nodes"]]
+        assert {n.bastion for n in lab_nodes} == {f"{USER}@{bastion.address}"}
+        assert {n.ssh_user for n in lab_nodes} == {USER}
 
         # Before configure: no training stack on the hosts, and bench refuses the cluster.
-        for n in lab_nodes:
-            assert _on(n, kh, "test -e /opt/scalelab && echo present || echo absent") == "absent"
+        for m in machines:
+            assert _on(m, kh0, "test -e /opt/scalelab && echo present || echo absent") == "absent"
         proc = invoke("bench", "--cluster", lab, "--sweep", "ci", "--dry-run")
         assert proc.returncode != 0
         assert proc.stderr.strip() == (
             f"error: cluster {lab} has not been configured (no facts recorded for node "
             f"{names[0]}); run invoke configure --cluster {lab}")
-        before = _qdiscs(lab_nodes, kh)
+        before = _qdiscs(machines, kh0)
 
         proc = invoke("configure", "--cluster", lab, "--tags", TAGS, "--bundle",
                       str(bundle_dir), timeout=1800)
@@ -143,31 +190,35 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
 
         # After: a venv of the hosts' own, with torch and Horovod installed from the bundle.
         rec = json.loads((state / "cluster.json").read_text())
-        for n, recorded in zip(lab_nodes, rec["nodes"], strict=True):
+        for m, recorded in zip(machines, rec["nodes"], strict=True):
             f = recorded["facts"]
             assert f["iface"] == "eth0" and f["cores"] == os.cpu_count()
             assert f["python"] == "/opt/scalelab/venv/bin/python"
             assert f["workdir"] == "/opt/scalelab"
-            where = _on(n, kh, "/opt/scalelab/venv/bin/python -c 'import torch, horovod.torch; "
-                               "print(torch.__file__)'")
+            assert (f["user"], f["sudo"]) == (USER, "yes")
+            where = _on(m, kh0, "/opt/scalelab/venv/bin/python -c 'import torch, horovod.torch; "
+                                "print(torch.__file__)'")
             assert where.startswith("/opt/scalelab/venv/lib/"), where
-            assert _on(n, kh, "test -f /opt/scalelab/bench/workloads/resnet.py && echo ok") == "ok"
+            assert _on(m, kh0, "test -f /opt/scalelab/bench/workloads/resnet.py && echo ok") == "ok"
             # installed for real in the host's own layer, not seen through from the controller
-            upper = hosts.dir / "nodes" / machines[lab_nodes.index(n)].name / "upper"
+            upper = hosts.dir / "nodes" / m.name / "upper"
             assert (upper / "opt/scalelab/venv/bin/python").exists()
             # the user's key stayed on the controller: no file the host holds contains it;
             # node-to-node SSH got the cluster's own trust key
             assert _holds(upper, secret) == []
             trust = (state / "id_trust.pub").read_text().strip()
-            assert _on(n, kh, "cat /root/.ssh/id_scalelab.pub") == trust
-            assert trust in _on(n, kh, "cat /root/.ssh/authorized_keys")
+            assert _on(m, kh0, f"cat {HOME}/.ssh/id_scalelab.pub") == trust
+            assert trust in _on(m, kh0, f"cat {HOME}/.ssh/authorized_keys")
         assert not Path("/opt/scalelab").exists()
+        assert _holds(hosts.dir / "nodes" / bastion.name / "upper", secret) == []
         # the roles converge: a second configure changes nothing
         proc = invoke("configure", "--cluster", lab, "--tags", TAGS, "--bundle",
                       str(bundle_dir), timeout=1200)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert f"{lab}: configured in" in proc.stdout and ", 0 changes" in proc.stdout, \
             proc.stdout[-3000:]
+        proc = invoke("check", "--cluster", lab, "--links", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
 
         proc = invoke("bench", "--cluster", lab, "--sweep", "ci", "--bandwidth", "100mbit,1gbit",
                       "--no-report", timeout=1200)
@@ -182,14 +233,22 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
         assert all(r["status"] == "ok" or (r["status"] == "failed" and r["error"]) for r in rows)
         assert sum(r["status"] == "ok" for r in rows) >= 3, [(r["run_id"], r["error"])
                                                               for r in rows]
-        for r in rows:
+        for r in rows:  # set through sudo on the hosts
             rate, measured = float(r["bandwidth_mbit"]), float(r["link_mbit_measured"])
             assert 0.85 * rate < measured <= 1.02 * rate, r
         runs = [json.loads(x) for x in (sweep_dir / "runs.jsonl").read_text().splitlines()]
         assert {r["env"]["target"] for r in runs} == {"static"}
         assert {r["env"]["launcher"] for r in runs} == {"torchrun"}  # real hosts: the agent
-        # every host's qdiscs are back as they were before the sweep
-        assert _qdiscs(lab_nodes, kh) == before
+        # scalelab's own commands rode one connection per node: each run opened only its
+        # ranks' and probes' own
+        for r in runs:
+            assert r["ssh"]["shared"] >= 1, (r["run_id"], r["ssh"])
+        # every host's qdiscs are back as they were before the sweep, and no process of the
+        # user's is left on any host but the sshd sessions of the multiplexed connections
+        assert _qdiscs(machines, kh0) == before
+        for m in machines:
+            left = _on(m, kh0, f"ps -u {USER} -o pid=,comm=,args=").splitlines()
+            assert [p for p in left if p.split()[1] != "sshd"] == [], left
 
         proc = invoke("bench", "--cluster", lab, "--nodes", "2", "--batch-size", "8",
                       "--model", "resnet20", "--engine", "horovod", "--steps", "3",
@@ -203,10 +262,13 @@ def test_static_cluster_on_hosts_scalelab_did_not_make(local_cluster, bundle_dir
         proc = invoke("destroy", "--cluster", lab, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "kept on its hosts, on purpose: /opt/scalelab" in proc.stdout
+        assert not os.path.exists(ssh.mux_dir(str(known_hosts)))
     finally:
         if (state / "cluster.json").exists():
             invoke("destroy", "--cluster", lab, timeout=300)
     assert not state.exists()
+    # no SSH of scalelab's went around the bastion: the hosts turned none away
+    assert _went_around(hosts, hosts.nodes()) == [0, 0]
     assert all(hosts.alive())  # destroying the static cluster leaves the machines alone
     # and takes back what configure added to the hosts' shared files: they are as found
     for m in machines:
