@@ -370,7 +370,6 @@ def image(c, wheel_dir="", force=False, dry_run=False):
     """Build the training image (Debian + the bundle's wheelhouse + workloads) as an archive."""
     from pathlib import Path
 
-    from scalelab import bundle as bundles
     from scalelab import image as images
 
     dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
@@ -378,13 +377,7 @@ def image(c, wheel_dir="", force=False, dry_run=False):
               Path.home() / ".cache" / "scalelab" / "wheels")]
     constraints = Path(__file__).resolve().parent / "constraints.txt"
     if dry_run:
-        _apt, reqs = bundles.default_contents(slurm=False)
-        local = bundles.pick_local_wheels(dirs, bundles.torch_pin(reqs, constraints))
-        key = images.key_of(images.inputs(reqs, constraints, local))
-        print(f"image {images.REPO}:{key}: Debian {images.SUITE} "
-              f"({', '.join(images.APT_PACKAGES)}), {', '.join(reqs)} from the wheelhouse "
-              f"({', '.join(w.name for w in local) or 'no local wheels'}), bench/workloads")
-        print(f"archive: {images.cache_root() / key / images.ARCHIVE}")
+        print("\n".join(images.plan(dirs, constraints).describe()))
         return
     meta = images.build(wheel_dirs=dirs, constraints=constraints, force=force,
                         progress=lambda line: print(line, flush=True))

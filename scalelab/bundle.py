@@ -370,6 +370,15 @@ def _hashes(path: Path) -> tuple[str, str]:
     return md5.hexdigest(), sha.hexdigest()
 
 
+def sha256_of(path: Path) -> str:
+    """A file's sha256 (hex), read in chunks: the bundle's manifest and the image's id."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     """Hard link (same inode, nothing copied) where possible, else a copy."""
     try:
@@ -578,7 +587,7 @@ def _pip(args: Sequence[str], *, isolated: bool, timeout: float) -> subprocess.C
     return proc
 
 
-def _build_wheels(wheels: Path, requirements: Sequence[str], constraints: Path | None,
+def build_wheels(wheels: Path, requirements: Sequence[str], constraints: Path | None,
                   local: Sequence[Path], old_dir: Path | None,
                   say: Callable[[str], None], work: Path,
                   pip_args: Sequence[str] = ()) -> list[dict]:
@@ -626,7 +635,7 @@ def _build_wheels(wheels: Path, requirements: Sequence[str], constraints: Path |
     for filename, meta in sorted(keep.items()):
         path = wheels / filename
         entries.append({**meta, "file": filename, "size": path.stat().st_size,
-                        "sha256": _hashes(path)[1]})
+                        "sha256": sha256_of(path)})
     return entries
 
 
@@ -703,7 +712,7 @@ def build(out_dir: Path, *, apt_packages: Sequence[str], requirements: Sequence[
         work.mkdir()
         debs = _build_debs(staging / "debs", list(apt_packages),
                            out_dir / "debs" if old else None, old, note)
-        wheels = _build_wheels(staging / "wheels", list(requirements),
+        wheels = build_wheels(staging / "wheels", list(requirements),
                                Path(constraints) if constraints else None, local,
                                out_dir / "wheels" if old else None, note, work, pip_args)
         shutil.rmtree(work)

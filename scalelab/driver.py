@@ -393,7 +393,8 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             single = None if single is None else single * dilation
             record = run_record(sweep_id, run, rec["target"], res, started, measured_mbit, rate,
                                 why, launcher_name, job, single_mbit=single,
-                                image=rec.get("image") if container is not None else None,
+                                image={"id": container.image_id, "tag": container.image}
+                                if container is not None else None,
                                 connections={k: v - before[k]
                                              for k, v in ssh.connections().items()})
             store.append_run(sweep_dir, record)

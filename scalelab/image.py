@@ -21,6 +21,7 @@ inputs is a file check.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -68,21 +69,13 @@ def cache_root() -> Path:
                 or Path.home() / ".cache" / "scalelab" / "images")
 
 
-def _file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def inputs(requirements: Sequence[str], constraints: Path, local_wheels: Sequence[Path],
            workloads: Path = WORKLOADS) -> dict[str, Any]:
     """Everything the image is made from, as a JSON-able document (hashed into its key)."""
     return {
         "format": FORMAT, "suite": SUITE, "apt": list(APT_PACKAGES),
         "requirements": list(requirements), "constraints": constraints.read_text(),
-        "wheels": {w.name: _file_hash(w) for w in sorted(local_wheels)},
+        "wheels": {w.name: bundles.sha256_of(w) for w in sorted(local_wheels)},
         "workloads": workloads_now(workloads),
     }
 
@@ -115,7 +108,7 @@ def read_meta(archive: Path) -> dict[str, Any]:
 
 def workloads_now(workloads: Path = WORKLOADS) -> dict[str, str]:
     """The checkout's workloads as an image records them (file name -> sha256)."""
-    return {p.name: _file_hash(p) for p in sorted(workloads.iterdir())
+    return {p.name: bundles.sha256_of(p) for p in sorted(workloads.iterdir())
             if p.is_file() and p.suffix in (".py", ".json")}
 
 
@@ -142,7 +135,7 @@ def write_archive(rootfs_tar: Path, out: Path, tag: str, labels: dict[str, str],
     Returns the image id, "sha256:<hex of the configuration>", which is what `docker load`
     and `docker image inspect` report for it.
     """
-    diff = _file_hash(rootfs_tar)
+    diff = bundles.sha256_of(rootfs_tar)
     config = {
         "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine,
                                                                       os.uname().machine),
@@ -236,6 +229,33 @@ def _prune(root: Path, keep: Path, newest: int = 2) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What an image of these inputs holds, and where it is kept: build() and --dry-run."""
+
+    requirements: list[str]
+    local_wheels: list[Path]
+    inputs: dict[str, Any]
+    key: str
+    dir: Path
+
+    def describe(self) -> list[str]:
+        return [f"image {REPO}:{self.key}: Debian {SUITE} ({', '.join(APT_PACKAGES)}), "
+                f"{', '.join(self.requirements)} from the wheelhouse "
+                f"({', '.join(w.name for w in self.local_wheels) or 'no local wheels'}), "
+                "bench/workloads",
+                f"archive: {self.dir / ARCHIVE}"]
+
+
+def plan(wheel_dirs: Sequence[Path], constraints: Path, cache: Path | None = None) -> Plan:
+    """The image these wheel directories and constraints make, changing nothing."""
+    _apt, requirements = bundles.default_contents(slurm=False)
+    local = bundles.pick_local_wheels(wheel_dirs, bundles.torch_pin(requirements, constraints))
+    doc = inputs(requirements, constraints, local)
+    key = key_of(doc)
+    return Plan(list(requirements), list(local), doc, key, Path(cache or cache_root()) / key)
+
+
 def build(*, wheel_dirs: Sequence[Path], constraints: Path,
           progress: Callable[[str], None] | None = None, force: bool = False,
           cache: Path | None = None) -> dict[str, Any]:
@@ -247,12 +267,11 @@ def build(*, wheel_dirs: Sequence[Path], constraints: Path,
     if os.geteuid() != 0:
         raise ImageError("invoke image builds a Debian root file system with mmdebstrap and "
                          "runs as root; run it as root (sudo invoke image)")
-    _apt, requirements = bundles.default_contents(slurm=False)
-    local = bundles.pick_local_wheels(wheel_dirs, bundles.torch_pin(requirements, constraints))
-    doc = inputs(requirements, constraints, local)
-    key = key_of(doc)
-    root = Path(cache or cache_root())
-    final = root / key
+    planned = plan(wheel_dirs, constraints, cache)
+    requirements, local, doc, key = (planned.requirements, planned.local_wheels,
+                                     planned.inputs, planned.key)
+    final = planned.dir
+    root = final.parent
     if (final / META).is_file() and (final / ARCHIVE).is_file() and not force:
         meta = read_meta(final / ARCHIVE)
         say(f"image: {meta['tag']} {meta['id'][:19]} from the cache ({final})")
@@ -266,7 +285,7 @@ def build(*, wheel_dirs: Sequence[Path], constraints: Path,
         work = staging / "work"
         work.mkdir()
         say(f"image: wheelhouse of {len(requirements)} requirements")
-        entries = bundles._build_wheels(wheels, requirements, constraints, local, None, say, work)
+        entries = bundles.build_wheels(wheels, requirements, constraints, local, None, say, work)
         shutil.copy2(constraints, wheels / "constraints.txt")
         rootfs = staging / "rootfs.tar"
         say(f"image: Debian {SUITE} root file system with mmdebstrap, then the Python stack")

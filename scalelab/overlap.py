@@ -242,8 +242,10 @@ def setting_label(engine: str, group_mb: float, compression: str) -> str:
     >>> setting_label("ddp", 25.0, "none"), setting_label("horovod", 64.0, "fp16")
     ('bucket 25 MB', 'fusion 64 MB, fp16')
     """
-    what = "fusion" if engine == "horovod" else "bucket"
-    return f"{what} {group_mb:g} MB" + (f", {compression}" if compression == "fp16" else "")
+    from scalelab.sweep import comm_label
+
+    key = "fusion_threshold_mb" if engine == "horovod" else "bucket_cap_mb"
+    return comm_label({key: float(group_mb), "compression": compression}, every=True)
 
 
 def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:

@@ -148,26 +148,14 @@ def _comm_params(p: dict[str, Any]) -> dict[str, Any]:
 
 def comm_setting(values: dict[str, Any]) -> str:
     """The settings that differ from the engine's defaults, as one label ("" when none): a
-    series key, so runs with other settings are never averaged together.
+    series key, so runs with other settings are never averaged together (sweep.comm_label).
 
-    >>> comm_setting({"bucket_cap_mb": 50.0, "fusion_threshold_mb": float("nan"),
-    ...               "cycle_time_ms": float("nan"), "compression": "fp16"})
+    >>> comm_setting({"bucket_cap_mb": 50.0, "compression": "fp16"})
     'bucket 50 MB, fp16'
-    >>> comm_setting({"bucket_cap_mb": 25.0, "compression": "none"})
-    ''
     """
-    from scalelab.sweep import COMM_DEFAULTS
+    from scalelab.sweep import comm_label
 
-    names = {"bucket_cap_mb": "bucket {:g} MB", "fusion_threshold_mb": "fusion {:g} MB",
-             "cycle_time_ms": "cycle {:g} ms"}
-    parts = []
-    for key, fmt in names.items():
-        v = values.get(key)
-        if isinstance(v, int | float) and v == v and float(v) != COMM_DEFAULTS[key]:
-            parts.append(fmt.format(float(v)))
-    if values.get("compression") not in (None, "", "none"):
-        parts.append(str(values["compression"]))
-    return ", ".join(parts)
+    return comm_label(values)
 
 
 def plan_min_nodes(meta: dict[str, Any]) -> dict[str, int]:

@@ -40,7 +40,7 @@ import logging
 import math
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -93,6 +93,31 @@ COMM_DEFAULTS: dict[str, Any] = {"bucket_cap_mb": 25.0, "fusion_threshold_mb": 1
 COMM_ENGINE = {"bucket_cap_mb": ("ddp",), "fusion_threshold_mb": ("horovod",),
                "cycle_time_ms": ("horovod",), "compression": ("ddp", "horovod")}
 COMM_TAGS = {"bucket_cap_mb": "bk", "fusion_threshold_mb": "fu", "cycle_time_ms": "ct"}
+COMM_NAMES = {"bucket_cap_mb": "bucket {:g} MB", "fusion_threshold_mb": "fusion {:g} MB",
+              "cycle_time_ms": "cycle {:g} ms"}
+
+
+def comm_label(values: Mapping[str, Any], sep: str = ", ", every: bool = False) -> str:
+    """How scalelab names communication settings, the one place it does (the progress line,
+    the series key, the report): the settings given that differ from the engine's defaults
+    (every=True: all given), then the compression unless none.
+
+    >>> comm_label({"bucket_cap_mb": 50.0, "fusion_threshold_mb": float("nan"),
+    ...             "cycle_time_ms": None, "compression": "fp16"})
+    'bucket 50 MB, fp16'
+    >>> comm_label({"bucket_cap_mb": 25.0, "compression": "none"}), comm_label(
+    ...     {"fusion_threshold_mb": 128.0}, every=True)
+    ('', 'fusion 128 MB')
+    """
+    parts = []
+    for key, fmt in COMM_NAMES.items():
+        v = values.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v == v \
+                and (every or float(v) != COMM_DEFAULTS[key]):
+            parts.append(fmt.format(float(v)))
+    if values.get("compression") not in (None, "", "none"):
+        parts.append(str(values["compression"]))
+    return sep.join(parts)
 
 
 @dataclass
@@ -467,15 +492,11 @@ def describe(run: RunPlan) -> str:
     # what the run trains on, where it is not the CPUs over TCP
     where = (f"  {p['device']} {p.get('fabric') or 'tcp'}"
              if p.get("device") == "cuda" and not p.get("accelerator") else "")
-    names = {"bucket_cap_mb": "bucket {:g} MB", "fusion_threshold_mb": "fusion {:g} MB",
-             "cycle_time_ms": "cycle {:g} ms"}
-    comm = [fmt.format(float(p[k])) for k, fmt in names.items()
-            if p.get(k) is not None and float(p[k]) != COMM_DEFAULTS[k]]
-    if p.get("compression") not in (None, "none"):
-        comm.append(str(p["compression"]))
-    # what a variant axis may change: precision and memory format (shown where not the default)
+    # what a variant axis may change, where not the default: precision, memory format and
+    # communication settings
     comm = ([str(p["precision"])] if p.get("precision") not in (None, "fp32") else []) + \
-        (["channels_last"] if p.get("channels_last") else []) + comm
+        (["channels_last"] if p.get("channels_last") else []) + \
+        ([comm_label(p, " ")] if comm_label(p) else [])
     where += f"  {' '.join(comm)}" if comm else ""
     where += "  in a container" if p.get("runtime") == "container" else ""
     if run.kind == "allreduce":

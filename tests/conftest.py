@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -66,3 +68,37 @@ def invoke(*args: str, env: dict | None = None, timeout: float = 120) -> subproc
 
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
+
+
+@contextlib.contextmanager
+def tiny_fs(path: Path, size: str = "64k"):
+    """A small tmpfs mounted at path (root only), so that a disk really fills; always
+    unmounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+                   check=True, timeout=30)
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], timeout=30)
+
+
+def fill(fs: Path) -> Path:
+    """Take every free block of the file system (bounded: it is small); the filler file."""
+    filler = fs / "filler"
+    chunk = b"\0" * 4096
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for _ in range(1 << 16):  # 256 MiB at most; a 256k tmpfs is full long before
+            try:
+                os.write(fd, chunk)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    break
+                raise
+        else:
+            raise AssertionError(f"{fs} never filled up")
+    finally:
+        os.close(fd)
+    return filler

@@ -15,7 +15,6 @@ from conftest import have, needs_root, needs_sshd
 
 from scalelab import linkprobe, ssh
 from scalelab.errors import InputError
-from scalelab.launch import LaunchResult, RankOutcome
 from scalelab.linkprobe import (
     LinkProbeError,
     Measurement,
@@ -201,75 +200,6 @@ def test_check_links_refuses_ports_past_65535():
                      base_port=65534)
 
 
-class FakeRun:
-    """Stands in for launch.run: records what measure() asks for, answers a canned result."""
-
-    def __init__(self, status: str, server: RankOutcome, client: RankOutcome, error: str = ""):
-        self.res = LaunchResult(status, None, error, [server, client], 3.2)
-        self.calls: list[tuple[list, object, float]] = []
-
-    def __call__(self, commands, rt, timeout_s, stop=None, inflight=None):
-        self.calls.append((commands, rt, timeout_s))
-        return self.res
-
-
-def fake(monkeypatch, *args, **kw) -> FakeRun:
-    run = FakeRun(*args, **kw)
-    monkeypatch.setattr(linkprobe.launch, "run", run)
-    return run
-
-
-PGID = "SCALELAB_PGID 4242\n"
-
-
-def test_measure_reads_the_clients_document_though_launch_says_failed(monkeypatch):
-    # launch marks the run failed: iperf3 prints no SCALELAB_RESULT line
-    run = fake(monkeypatch, "failed", RankOutcome("n1", 0, "Server listening on 5301\n", PGID, 2.1),
-               RankOutcome("n0", 0, GOLDEN, PGID, 2.0), error="no result line from rank 0")
-    a, b = node("n0", "head"), Node("n1", "192.0.2.1", "10.0.0.1", "worker", "local")
-    m = measure(b, a, "/kh", 5301, seconds=1.0)
-    assert m == Measurement("n1", "n0", 21186.097, "")
-    commands, rt, timeout_s = run.calls[0]
-    assert [c.node.name for c in commands] == ["n1", "n0"]  # server first
-    assert commands[0].argv[:5] == ["iperf3", "-s", "-1", "-B", "10.0.0.1"]
-    assert "iperf3 -c 10.0.0.1 -p 5301 -t 1 -J" in commands[1].argv[2]  # the cluster address
-    assert rt.known_hosts == "/kh" and 10 < timeout_s < 60
-
-
-def test_measure_blames_the_server_when_it_could_not_listen(monkeypatch):
-    fake(monkeypatch, "failed",
-         RankOutcome("n1", 1, "", PGID + "iperf3: error - unable to start listener for "
-                     "connections: Address already in use\niperf3: exiting\n", 0.4),
-         RankOutcome("n0", -15, "", PGID, None, reaped=True))
-    m = measure(node("n1"), node("n0", "head"), "/kh", 5301)
-    assert m.mbit is None
-    assert m.error == ("server n1: iperf3: unable to start listener for connections: "
-                       "Address already in use")
-
-
-def test_measure_reports_the_clients_connect_error(monkeypatch):
-    fake(monkeypatch, "failed", RankOutcome("n1", 0, "", PGID, 15.0),
-         RankOutcome("n0", 1, ERROR_DOC, PGID + "iperf3: error - unable to connect to server: "
-                     "Connection refused\n", 11.2))
-    m = measure(node("n1"), node("n0", "head"), "/kh", 5301)
-    assert m.error == "client n0: iperf3: unable to connect to server: Connection refused"
-
-
-def test_measure_reports_a_client_that_printed_garbage(monkeypatch):
-    fake(monkeypatch, "failed", RankOutcome("n1", 0, "", PGID, 2.0),
-         RankOutcome("n0", 0, GOLDEN[:300], PGID, 2.0))
-    m = measure(node("n1"), node("n0", "head"), "/kh", 5301)
-    assert m.mbit is None and m.error.startswith("client n0: iperf3 output is not valid JSON")
-
-
-@pytest.mark.parametrize("status, error", [("timeout", "timed out after 31 s"),
-                                           ("interrupted", "interrupted by the user")])
-def test_measure_reports_timeouts_and_interruptions(monkeypatch, status, error):
-    fake(monkeypatch, status, RankOutcome("n1", -15, "", PGID, None, reaped=True),
-         RankOutcome("n0", -15, "", PGID, None, reaped=True), error=error)
-    assert measure(node("n1"), node("n0", "head"), "/kh", 5301).error == error
-
-
 @pytest.mark.slow
 def test_measure_does_not_raise_when_the_nodes_cannot_be_reached(tmp_path):
     # a closed port on 127.0.0.1: ssh is refused at once on both ends
@@ -362,6 +292,69 @@ def test_measure_between_two_nodes_reads_the_shaped_rate(local_cluster):
     # and the other way round, on the next port
     back = measure(b, a, str(lc.known_hosts), port=5302, seconds=1.0)
     assert back.mbit == pytest.approx(100, rel=0.10), back.error
+
+
+def _listening(node: Node, kh: str, port: int) -> bool:
+    return f":{port} " in ssh.run(node, kh, "ss -Hltn", timeout=15).stdout
+
+
+@needs_root
+@needs_sshd
+@needs_iperf3
+@pytest.mark.root
+@pytest.mark.slow
+def test_measure_says_why_on_real_failures(local_cluster, monkeypatch):
+    """Each failure provoked on real processes: a port the server cannot take, a server the
+    client cannot reach, a run that outlives its time, a stop asked for. One line each, no
+    exception, and nothing left listening."""
+    import subprocess as sp
+
+    from scalelab.targets.local import netns_name
+
+    lc = local_cluster(2)
+    a, b = lc.nodes()
+    kh = str(lc.known_hosts)
+    # 1. the port is taken on the server: another program listens there (for at most 60 s)
+    holder = ssh.run(a, kh, "nohup timeout 60 python3 -c \"import socket, time; "
+                            "s = socket.socket(); s.bind(('" + a.private_address + "', 5321)); "
+                            "s.listen(); time.sleep(60)\" >/dev/null 2>&1 & echo $!",
+                     timeout=15).stdout.strip()
+    deadline = time.monotonic() + 15
+    while not _listening(a, kh, 5321) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        m = measure(a, b, kh, port=5321)
+        assert m.mbit is None
+        assert m.error == (f"server {a.name}: iperf3: unable to start listener for "
+                           "connections: Address already in use"), m.error
+    finally:
+        ssh.run(a, kh, f"kill {holder}", timeout=15, check=False)
+    # 2. the server listens but the client is turned away (a rule in the server's namespace)
+    rule = ["INPUT", "-p", "tcp", "--dport", "5322", "-j", "REJECT", "--reject-with",
+            "tcp-reset"]
+    ns = ["ip", "netns", "exec", netns_name(lc.name, 0), "iptables"]
+    sp.run([*ns, "-I", *rule], check=True, timeout=30)
+    try:
+        m = measure(a, b, kh, port=5322)
+    finally:
+        sp.run([*ns, "-D", *rule], check=True, timeout=30)
+    assert m.mbit is None
+    assert m.error == (f"client {b.name}: iperf3: unable to connect to server: Connection "
+                       "refused"), m.error
+    # 3. a run that outlives its time: no slack for ssh and the test itself
+    monkeypatch.setattr(linkprobe, "READY_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(linkprobe, "LAUNCH_SLACK_S", 0.0)
+    m = measure(a, b, kh, port=5323, seconds=3.0)
+    assert m.mbit is None and m.error.startswith("timed out after 3 s"), m.error
+    monkeypatch.undo()
+    # 4. a stop asked for before the measurement: nothing is started
+    stop = threading.Event()
+    stop.set()
+    m = measure(a, b, kh, port=5324, stop=stop)
+    assert (m.mbit, m.error) == (None, "interrupted by the user")
+    for n in (a, b):
+        socks = ssh.run(n, kh, "ss -Hltn; ss -Htn state established", timeout=15).stdout
+        assert not [ln for ln in socks.splitlines() if ":532" in ln], (n.name, socks)
 
 
 @needs_root

@@ -6,10 +6,10 @@ import errno
 import json
 import logging
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import fill, tiny_fs
 
 from scalelab import store
 from scalelab.nodes import Node
@@ -233,47 +233,26 @@ def test_a_failed_fsync_leaves_no_partial_line(sweep, runs, monkeypatch):
 
 
 @pytest.fixture
-def tiny_fs(tmp_path):
-    """A 64 KiB tmpfs, so that the disk really fills; always unmounted."""
+def small_fs(tmp_path):
+    """A 64 KiB tmpfs (conftest.tiny_fs): root only."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs",
-                           str(mnt)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)])
+    with tiny_fs(tmp_path / "tiny") as fs:
+        yield fs
 
 
-def fill(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"x" * 4096)
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.root
-def test_enospc_on_a_full_disk_gives_store_error_and_no_partial_line(tiny_fs, runs):
-    sweep = create_sweep(tiny_fs, SID, meta(runs))
+def test_enospc_on_a_full_disk_gives_store_error_and_no_partial_line(small_fs, runs):
+    sweep = create_sweep(small_fs, SID, meta(runs))
     append_run(sweep, record(runs[0]))
     append_run(sweep, record(runs[1]))
     before = (sweep / "runs.jsonl").read_bytes()
-    fill(tiny_fs / "filler")
+    filler = fill(small_fs)
     big = record(runs[2], env={"pad": "x" * 9000})  # more than the slack of the last page
     with pytest.raises(StoreError, match="no space left on the device"):
         append_run(sweep, big)
     assert (sweep / "runs.jsonl").read_bytes() == before
     assert list(read_runs(sweep)) == [runs[0].run_id, runs[1].run_id]
-    (tiny_fs / "filler").unlink()
+    filler.unlink()
     append_run(sweep, big)  # once there is room again the same record goes in whole
     assert read_runs(sweep)[runs[2].run_id]["env"]["pad"] == "x" * 9000
 

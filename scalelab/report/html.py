@@ -227,13 +227,25 @@ def _gpus_text(runs: Any, declared: list[int]) -> str:
     ...                          "accelerator": [""]}), [8])
     'none used: the ranks ran on CPUs (nvidia-smi: 8)'
     >>> _gpus_text(pd.DataFrame({"gpus_per_node": [0.0], "gpu_model": [""],
-    ...                          "accelerator": ["v100"]}), [0])
-    'emulated v100, one per rank'
+    ...                          "accelerator": ["v100"], "procs_per_node": [1.0],
+    ...                          "model": ["resnet50"], "precision": ["fp32"]}), [0])
+    '1 x emulated V100, profile v100-resnet50-fp32'
     """
     smi = f" (nvidia-smi: {', '.join(str(g) for g in declared)})" if any(declared) else ""
-    emulated = sorted({a for a in runs.get("accelerator", []) if a})
-    if emulated:
-        return f"emulated {', '.join(emulated)}, one per rank{smi}"
+    if any(a for a in runs.get("accelerator", [])):
+        rows = runs[runs["accelerator"].astype(bool)]
+        names, profiles = set(), set()
+        for _, r in rows.iterrows():
+            acc = str(r["accelerator"])
+            stem = acc.rsplit("/", 1)[-1].removesuffix(".json")
+            # a shipped profile is named by accelerator, model and precision; a file by itself
+            names.add(stem.upper() if "/" not in acc else stem)
+            profiles.add(stem if "/" in acc else
+                         f"{acc}-{r.get('model', '?')}-{r.get('precision', '?')}")
+        ppn = rows["procs_per_node"].dropna() if "procs_per_node" in rows else []
+        count = "/".join(str(int(v)) for v in sorted(set(ppn))) if len(ppn) else "1"
+        return (f"{count} x emulated {', '.join(sorted(names))}, profile "
+                f"{', '.join(sorted(profiles))}{smi}")
     used = runs["gpus_per_node"].dropna() if "gpus_per_node" in runs else []
     if len(used) == 0:
         return (", ".join(str(g) for g in declared) + " (nvidia-smi; the ranks did not say)"

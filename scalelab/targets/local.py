@@ -301,15 +301,13 @@ class CpuCgroup:
                 pass
             except OSError as exc:
                 log.warning("cgroup %s not removed: %s", d, exc)
-        # and the parents, in every hierarchy the node's engine made them in
-        tops = [self.path.parent.parent]
-        for h in cgroup_hierarchies():
-            if h in self.path.parents:
-                tops = [h2 / self.path.parent.parent.relative_to(h)
-                        for h2 in cgroup_hierarchies()]
-                break
-        for top in tops:
-            for path in (top / self.path.parent.name, top):
+        # and its parents once empty (scalelab/<cluster>, then scalelab), in every hierarchy
+        # the node's engine made them in
+        home = next((h for h in cgroup_hierarchies() if h in self.path.parents), None)
+        groups = ([h / self.path.parent.relative_to(home) for h in cgroup_hierarchies()]
+                  if home else [self.path.parent])
+        for group in groups:
+            for path in (group, group.parent):
                 try:
                     path.rmdir()
                 except FileNotFoundError:

@@ -3,50 +3,12 @@ one-line error, no partial record, and after freeing space a resume loses nothin
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
-from conftest import needs_root, needs_sshd
+from conftest import fill, needs_root, needs_sshd, tiny_fs
 
 from . import faultlib as fl
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
-
-
-@contextlib.contextmanager
-def tiny_fs(path: Path, size: str):
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-                   check=True, timeout=30)
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], timeout=30)
-
-
-def fill(fs: Path) -> Path:
-    """Take every free block of the file system (bounded: it is small)."""
-    filler = fs / "filler"
-    chunk = b"\0" * 4096
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for _ in range(1 << 16):  # 256 MiB at most; a 256k tmpfs is full long before
-            try:
-                os.write(fd, chunk)
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    break
-                raise
-        else:
-            raise AssertionError(f"{fs} never filled up")
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_full_disk_before_the_sweep_is_one_line_and_writes_nothing(fcluster, tmp_path, fault):

@@ -4,7 +4,6 @@ the link-rate note a killed driver leaves, and Ctrl-C turned into a stop at a sa
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import fill, needs_root, needs_sshd, tiny_fs
 
 from scalelab import driver, launch
 
@@ -113,35 +113,59 @@ def test_rank_reason(stderr, code, expected):
 
 # ------------------------------------------------------------------ the inflight note
 
-def test_a_full_disk_while_noting_process_groups_is_a_clear_error(tmp_path, monkeypatch):
-    import scalelab.state
+@needs_root
+def test_a_full_disk_while_noting_process_groups_is_a_clear_error(tmp_path):
+    """A real full file system (a small tmpfs, filled) under the sweep's directory."""
+    with tiny_fs(tmp_path / "fs") as fs:
+        sweep = fs / "20261121-000000-ab12"
+        sweep.mkdir()
+        fill(fs)
+        path = sweep / ".inflight.json"
+        with pytest.raises(launch.LaunchError, match=r"cannot write .*\.inflight\.json \(No "
+                           r"space left on device\); the run in flight was stopped and not "
+                           r"recorded; free space, then resume the sweep \(invoke bench "
+                           r"--resume 20261121-000000-ab12\)"):
+            launch.save_inflight(path, [{"node": {}, "pgid": 1}])
+        assert [p.name for p in sweep.iterdir()] == []  # no partial file left
 
-    def full(path, text, mode=0o600):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(scalelab.state, "write_atomic", full)
-    path = tmp_path / "20261121-000000-ab12" / ".inflight.json"
-    with pytest.raises(launch.LaunchError, match=r"cannot write .*\.inflight\.json \(No space "
-                       r"left on device\); the run in flight was stopped and not recorded; "
-                       r"free space, then resume the sweep \(invoke bench --resume "
-                       r"20261121-000000-ab12\)"):
-        launch.save_inflight(path, [{"node": {}, "pgid": 1}])
+@needs_root
+@needs_sshd
+def test_unreachable_groups_stay_noted_and_reachable_ones_end(fcluster, tmp_path):
+    """A real process group on a node, carrying a launch token, and one on a node that does
+    not answer (a closed port): reaping ends the first and keeps the second noted."""
+    import socket
 
+    from scalelab import ssh
 
-def test_unreachable_groups_stay_noted_for_later(tmp_path, monkeypatch):
+    lc = fcluster(1)
+    (a,) = lc.nodes()
+    kh = str(lc.known_hosts)
+    token = "ab12"
+    mark = launch.token_mark(token, a.name)
+    # setsid without a fork (the shell's background child leads no group): $! is the pgid
+    pgid = int(ssh.run(a, kh, f"env {launch.TOKEN_VAR}={mark} setsid sleep 120 "
+                              ">/dev/null 2>&1 </dev/null & echo $!", timeout=30).stdout)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    gone = launch.Node("gone", "127.0.0.1", "127.0.0.1", "worker", "local", ssh_port=closed)
     path = tmp_path / ".inflight.json"
-    entries = [{"node": {"name": "a", "address": "10.0.0.1"}, "pgid": 5, "token": "ab"},
-               {"node": {"name": "b", "address": "10.0.0.2"}, "pgid": 6, "token": "ab"}]
-    path.write_text(json.dumps(entries))
-    monkeypatch.setattr(launch.Node, "from_dict", staticmethod(
-        lambda d: launch.Node(d["name"], d["address"], d["address"], "head", "local")))
-    monkeypatch.setattr(launch, "end_groups", lambda groups, *a, **k: [
-        g for g in groups if g[0].name == "b"])
-    assert launch.reap_inflight(path, "/kh") == 2
-    assert [e["node"]["name"] for e in json.loads(path.read_text())] == ["b"]
-    monkeypatch.setattr(launch, "end_groups", lambda groups, *a, **k: [])
-    launch.reap_inflight(path, "/kh")
-    assert not path.exists()
+    path.write_text(json.dumps([{"node": a.to_dict(), "pgid": pgid, "token": token},
+                                {"node": gone.to_dict(), "pgid": 4242, "token": token}]))
+    try:
+        assert launch.reap_inflight(path, kh, retry_s=1.0) == 2
+        assert [e["node"]["name"] for e in json.loads(path.read_text())] == ["gone"]
+
+        def running(pid: int) -> bool:  # the nodes share the host's pid space
+            try:
+                return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
+            except FileNotFoundError:
+                return False
+
+        assert not running(pgid)
+    finally:
+        ssh.run(a, kh, f"kill -9 -{pgid} 2>/dev/null; true", timeout=30, check=False)
 
 
 # ------------------------------------------------------------------ the link-rate note
