@@ -119,7 +119,7 @@ def test_waits_do_not_stretch_with_eight_ranks_on_two_cores(measured, tmp_path):
 
 @pytest.mark.slow
 def test_horovod_emulated_ranks_follow_the_profile(measured, tmp_path):
-    pytest.importorskip("horovod.torch", reason="horovod not built (scripts/build_horovod.sh)")
+    import horovod.torch  # noqa: F401  (bootstrap builds it; a broken build fails here)
     prof = paced(measured, 0.25, tmp_path / "p.json")
     res = _emulate(prof, nproc=2, engine="horovod", steps=4)
     assert res["engine"] == "horovod" and res["world_size"] == 2

@@ -17,8 +17,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch  # (pinned in the venv: a missing or broken torch fails, never skips)
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = REPO / "bench" / "workloads"
