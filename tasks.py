@@ -138,6 +138,16 @@ def check(c, cluster="demo", links=False, seconds="1"):
 
     results = linkprobe.check_links(nodes, load_cluster(cluster)["known_hosts"], seconds=secs,
                                     progress=show)
+    # kept: a sweep started later carries them, and its report shows them per pair
+    import datetime as dt
+    import json
+
+    from scalelab.state import cluster_dir, write_atomic
+
+    kept = cluster_dir(cluster) / linkprobe.LINKS_FILE
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    write_atomic(kept, json.dumps(linkprobe.links_doc(results, secs, stamp), indent=1) + "\n")
+    print(f"pair rates kept in {kept}: the next sweep's report shows them")
     slow = linkprobe.slow_pairs(results)
     for _, why in slow:
         print(f"SLOW {why}")

@@ -576,7 +576,27 @@ def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
         "capabilities": targets.capabilities(rec).to_dict(),
         "software": {"scalelab": scalelab_commit(), "python": platform.python_version()},
         "planned_runs": [r.run_id for r in prep.runs],
+        # every pair's rate as the last `invoke check --links` measured it (optional)
+        **_link_pairs(prep.cluster, rec),
     }
+
+
+def _link_pairs(cluster: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """{"link_pairs": doc} from the cluster's last check --links, if it measured these nodes."""
+    import json
+
+    from scalelab import linkprobe
+
+    path = cluster_dir(cluster) / linkprobe.LINKS_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    names = {n["name"] for n in rec.get("nodes", [])}
+    pairs = linkprobe.measurements(doc) if isinstance(doc, dict) else []
+    if not pairs or any({m.server, m.client} - names for m in pairs):
+        return {}  # measured on nodes this cluster no longer has
+    return {"link_pairs": doc}
 
 
 def start(prep: Prepared, reports_root: Path,

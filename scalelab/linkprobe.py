@@ -26,6 +26,7 @@ import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from scalelab import launch
 from scalelab.errors import InputError, ScalelabError
@@ -322,6 +323,34 @@ def typical_rate(results: list[Measurement]) -> float | None:
             for name in (m.server, m.client):
                 best[name] = max(best.get(name, 0.0), m.mbit)
     return statistics.median(best.values()) if best else None
+
+
+LINKS_FILE = "links.json"  # in the cluster's directory: the last `invoke check --links`
+
+
+def links_doc(results: list[Measurement], seconds: float, measured_at: str) -> dict[str, Any]:
+    """What `invoke check --links` keeps of its pairs (and a sweep started later carries in
+    sweep.json as "link_pairs").
+
+    >>> links_doc([Measurement("n0", "n1", 958.0)], 3.0, "2026-11-25T16:00:00Z")["pairs"]
+    [{'server': 'n0', 'client': 'n1', 'mbit': 958.0, 'error': ''}]
+    """
+    return {"measured_at": measured_at, "seconds": seconds,
+            "pairs": [{"server": m.server, "client": m.client, "mbit": m.mbit,
+                       "error": m.error} for m in results]}
+
+
+def measurements(doc: dict[str, Any]) -> list[Measurement]:
+    """links_doc's pairs back as Measurements (a malformed entry is left out)."""
+    out = []
+    for p in doc.get("pairs") or []:
+        try:
+            mbit = None if p.get("mbit") is None else float(p["mbit"])
+            out.append(Measurement(str(p["server"]), str(p["client"]), mbit,
+                                   str(p.get("error") or "")))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return out
 
 
 def slow_pairs(results: list[Measurement],

@@ -21,6 +21,11 @@ def test_the_report_names_the_node_with_less_cpu(local_cluster, tmp_path):
     lc = local_cluster(3, cpus_per_node=0.6)
     slow = local.node_name(lc.name, 2)
     CpuCgroup.for_node(lc.name, slow).set_quota(0.4)
+    # and a slow NIC on the same node, found by check --links before the sweep (which exits
+    # 1 for it) and kept with the sweep
+    lc._shape_node(2, 100.0)
+    proc = invoke("check", "--cluster", lc.name, "--links", timeout=300)
+    assert proc.returncode == 1 and "2 of 3 pairs are slow" in proc.stderr, proc.stderr
     sweep = tmp_path / "slow.yml"
     sweep.write_text("model: resnet20\nengine: ddp\nnodes: [3]\nbatch_size: [16]\n"
                      "bandwidth: native\nrepeats: 3\nsteps: 10\nwarmup: 2\n"
@@ -34,5 +39,13 @@ def test_the_report_names_the_node_with_less_cpu(local_cluster, tmp_path):
     named = set(re.findall(rf"<td>({re.escape(lc.name)}-n\d+)</td>", section))
     assert named == {slow}, (named, section[:3000])
     assert f"Node {slow} was slow in" in page
+    # every pair's rate on the same page, the slow node's pairs flagged and no other
+    table = section.split('id="link-pairs"', 1)[1]
+    rows = re.findall(r"<tr><td>([^<]+)</td>.*?</tr>", table)
+    flagged = re.findall(r"<tr><td>([^<]+)</td>(?:<td[^>]*>[^<]*</td>)*<td>SLOW</td></tr>",
+                         table)
+    assert len(rows) == 3, table[:2000]
+    assert sorted(flagged) == sorted(r for r in rows if slow in r) and len(flagged) == 2, \
+        table[:2000]
     assert os.environ.get("SCALELAB_REPORTS") and str(page_path).startswith(
         os.environ["SCALELAB_REPORTS"])

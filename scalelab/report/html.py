@@ -481,7 +481,21 @@ def _slow_ranks_section(a: Analysis) -> str:
                      "wait is the rank's compute minus their median: their exposed "
                      "communication grows by it)</summary>"
                      + _table(frame, cols, "slowranks") + "</details>")
-    parts.append(f'<p class="note">{_e(model.LINK_PAIRS_NOTE)}</p>')
+    pairs = model.link_pair_rows(a)
+    if pairs.empty:
+        parts.append(f'<p class="note">{_e(model.LINK_PAIRS_NOTE)}</p>')
+        return "\n".join(parts)
+    flagged = int((pairs["flag"] != "").sum())
+    when = ", ".join(sorted(set(pairs["measured_at"])))
+    parts.append(f'<h3 id="link-pairs">Every pair\'s link rate (invoke check --links, {_e(when)})'
+                 f'</h3><p class="note">{flagged} of {len(pairs)} pairs slow (below 80 % of '
+                 "the median) or failed: a node in every slow pair has a slow NIC or link, "
+                 "and its ranks wait in every collective.</p>")
+    cols = [("pair", "pair", "str"), ("mbit", "Mbit/s", "num"),
+            ("of_median", "of the median", "pct"), ("flag", "", "str")]
+    if len(a.sweeps) > 1:
+        cols.insert(0, ("sweep", "sweep", "str"))
+    parts.append(_table(pairs, cols, "linkpairs"))
     return "\n".join(parts)
 
 

@@ -204,12 +204,38 @@ def what_if_rows(a: Analysis, emulated: pd.DataFrame) -> pd.DataFrame:
 
 SLOW_RANK_COLUMNS = ["sweep", "run", "node", "rank", "world_size", "batch_size", "link",
                      "compute_ms", "others_ms", "excess", "wait_ms"]
-# what the sweep store holds of the link probe: one pair per run, never every pair
+# a sweep measures one link per run (head to second node); every pair comes from the last
+# `invoke check --links` before it, kept in sweep.json "link_pairs"
 LINK_PAIRS_NOTE = (
-    "Per-pair link rates are not in a sweep's store: a sweep measures one link per run, the "
-    "head node to the second (link_mbit_measured, the scaling table's model link). "
-    "invoke check --links measures every pair of nodes and names the slow ones, but does not "
-    "store its rates with a sweep, so a slow node's NIC cannot be shown here beside its rank.")
+    "Per-pair link rates: none kept with this sweep. A sweep measures one link per run, the "
+    "head node to the second (the scaling table's model link); run invoke check --links "
+    "before a sweep and its rates for every pair of nodes are kept with the sweep and shown "
+    "here, the slow ones flagged, beside the slow ranks.")
+LINK_PAIR_COLUMNS = ["sweep", "pair", "mbit", "of_median", "flag", "measured_at"]
+
+
+def link_pair_rows(a: Analysis) -> pd.DataFrame:
+    """Every pair's rate from the check --links each sweep kept (sweep.json "link_pairs"):
+    sweep, pair ("n0 <-> n1"), Mbit/s, share of the typical rate, the flag (slow or failed,
+    scalelab.linkprobe.slow_pairs), when it was measured. Empty when no sweep kept any."""
+    from scalelab import linkprobe
+
+    rows = []
+    for s in a.sweeps:
+        doc = s.meta.get("link_pairs")
+        pairs = linkprobe.measurements(doc) if isinstance(doc, dict) else []
+        if not pairs:
+            continue
+        typical = linkprobe.typical_rate(pairs)
+        flagged = {(m.server, m.client): why for m, why in linkprobe.slow_pairs(pairs)}
+        for m in pairs:
+            share = (m.mbit / typical) if m.mbit is not None and typical else None
+            why = flagged.get((m.server, m.client), "")
+            rows.append({"sweep": s.sweep_id, "pair": f"{m.server} <-> {m.client}",
+                         "mbit": m.mbit, "of_median": share,
+                         "flag": ("FAILED" if m.mbit is None else "SLOW") if why else "",
+                         "measured_at": str(doc.get("measured_at") or "")})
+    return pd.DataFrame(rows, columns=LINK_PAIR_COLUMNS)
 
 
 def cost_rows(a: Analysis) -> tuple[float | None, pd.DataFrame]:
