@@ -102,3 +102,18 @@ def fill(fs: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+def wait_listening(netns: str, port: int, timeout_s: float = 10.0) -> None:
+    """Wait (bounded) until something listens on TCP port in the network namespace: the
+    condition a client needs, instead of a fixed sleep."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"],
+                             capture_output=True, text=True, timeout=10).stdout
+        if out.strip():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port} in {netns} after {timeout_s:g} s")

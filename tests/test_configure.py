@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import wait_listening
 
 from scalelab import configure as cfg
 from scalelab import sh, ssh
@@ -325,7 +326,7 @@ def _iperf_mbit(lc, server: int, client: int, seconds: int) -> float:
     sh.run(["ip", "netns", "exec", local.netns_name(lc.name, server), "iperf3", "-s", "-1",
             "-D", "-B", addr, "--pidfile", str(pidfile)])
     try:
-        time.sleep(0.3)
+        wait_listening(local.netns_name(lc.name, server), 5201)
         out = sh.run(["ip", "netns", "exec", local.netns_name(lc.name, client), "iperf3", "-c",
                       addr, "-t", str(seconds), "-J"], timeout=seconds + 15).stdout
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6

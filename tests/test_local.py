@@ -8,11 +8,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
-from conftest import have, invoke, needs_root, needs_sshd, unique_name
+from conftest import have, invoke, needs_root, needs_sshd, unique_name, wait_listening
 
 from scalelab import sh, ssh
 from scalelab.errors import InputError, ProvisionError
@@ -45,7 +44,7 @@ def iperf_mbit(lc: LocalCluster, server: int, client: int, seconds: float = 2.0)
     sh.run(["ip", "netns", "exec", local.netns_name(lc.name, server), "iperf3", "-s", "-1", "-D",
             "-B", srv_addr, "--pidfile", str(pidfile)])
     try:
-        time.sleep(0.3)
+        wait_listening(local.netns_name(lc.name, server), 5201)
         out = sh.run(["ip", "netns", "exec", local.netns_name(lc.name, client), "iperf3", "-c",
                       srv_addr, "-t", str(seconds), "-J"], timeout=seconds + 15).stdout
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6

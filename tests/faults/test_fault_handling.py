@@ -23,9 +23,16 @@ DATA = Path(__file__).parent / "data"
 # ------------------------------------------------------------------ reap only what is ours
 
 def _group(token: str) -> subprocess.Popen:
-    """A process group like a rank's: a shell leader and a child, with the launch token."""
+    """A process group like a rank's: a shell leader and a child, with the launch token;
+    returned once the child runs."""
     env = {**os.environ, launch.TOKEN_VAR: token} if token else dict(os.environ)
-    return subprocess.Popen(["sh", "-c", "sleep 60 & wait"], env=env, start_new_session=True)
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], env=env, start_new_session=True)
+    deadline = time.monotonic() + 10
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    while not children.read_text().strip():
+        assert time.monotonic() < deadline, "the shell did not start its child"
+        time.sleep(0.01)
+    return proc
 
 
 def _alive(pgid: int) -> bool:
@@ -44,7 +51,6 @@ def _alive(pgid: int) -> bool:
 def test_reap_line_ends_a_group_only_if_it_carries_the_token(given, ended):
     proc = _group("ab12")
     try:
-        time.sleep(0.2)  # let the shell start its child
         out = subprocess.run(["sh", "-c", launch.reap_line(proc.pid, given, 1.0)],
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
