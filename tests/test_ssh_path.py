@@ -35,16 +35,22 @@ def test_no_controller_code_but_scalelab_ssh_builds_ssh_options():
     assert found == [], "take the options from scalelab.ssh.options:\n" + "\n".join(found)
 
 
-def test_ansible_gets_the_same_options_as_scalelabs_own_ssh():
+def test_ansible_gets_the_same_options_as_scalelabs_own_ssh(tmp_path):
+    """The same options, the multiplexing socket included: Ansible finds ControlPath set and
+    uses it instead of its own, so its connections and scalelab's are one per node."""
     n = Node("lab-n1", "10.0.0.11", "10.0.0.11", "worker", "static", ssh_key="/k/id",
              ssh_user="ubuntu", bastion="ubuntu@203.0.113.9:2222")
-    host = inventory.render("lab", [n], known_hosts="/k/kh")["all"]["children"]["workers"][
+    kh = str(tmp_path / "known_hosts")  # in an existing cluster directory
+    host = inventory.render("lab", [n], known_hosts=kh)["all"]["children"]["workers"][
         "hosts"]["lab-n1"]
     given = shlex.split(host["ansible_ssh_common_args"])
-    ours = ssh.ssh_args(n, "/k/kh")
+    ours = ssh.ssh_args(n, kh)
     # the same options, but the key, which Ansible passes itself
     assert [o for o in ours[1:-3] if o not in ("-i", "/k/id")] == given
     assert host["ansible_ssh_private_key_file"] == "/k/id"
+    assert [o for o in given if o.startswith("ControlPath=")] == [
+        f"ControlPath={ssh.mux_dir(kh)}/{o.rsplit('/', 1)[1]}" for o in given
+        if o.startswith("ControlPath=")] != []
 
 
 @pytest.mark.root
