@@ -156,7 +156,8 @@ def placement(result: dict[str, Any], res: launch.LaunchResult) -> dict[str, Any
            "gpu_mem_peak_mb": max(peaks) if peaks else None}
     if "precision" in result:  # a training run: the numerics and layout its ranks used
         out["precision"] = result["precision"]
-        out["memory_format"] = "channels_last" if result.get("channels_last") else "contiguous"
+        out["memory_format"] = result.get("memory_format") or (
+            "channels_last" if result.get("channels_last") else "contiguous")
         out["tf32"] = result.get("tf32")  # whether TF32 was on for matmuls (None on CPUs)
     return out
 

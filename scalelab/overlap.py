@@ -283,8 +283,9 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
     sets = ["group_mb", "compression", "cycle_time_ms"]
     if ok[sets].drop_duplicates().shape[0] <= 1:
         return pd.DataFrame(columns=cols)
-    keys = ["sweep_id", "model", "engine", "precision", "batch_size", "bandwidth",
-            "procs_per_node"]
+    keys = ["sweep_id", "model", "engine", "precision", "memory_format", "data", "batch_size",
+            "bandwidth", "procs_per_node"]
+    ok = analysis.with_series_columns(ok)  # a frame from before memory_format was a key
     rows = []
     for key, grp in ok.groupby(keys, dropna=False, sort=True):
         n0 = grp["world_size"].min()

@@ -72,7 +72,11 @@ def destroy(cluster: str) -> list[str]:
         kept = list(configure.KEPT_ON_HOSTS)
     if rec.get("known_hosts"):
         ssh.close_masters(rec["known_hosts"])  # the multiplexed connections to its nodes
-    base.of(rec).destroy(cluster)
+    try:
+        base.of(rec).destroy(cluster)
+    finally:
+        if rec.get("known_hosts"):
+            ssh.close_masters(rec["known_hosts"])  # and those the target's own teardown made
     return kept
 
 

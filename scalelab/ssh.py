@@ -40,26 +40,38 @@ def connections() -> dict[str, int]:
 
 
 def count(node: Node, known_hosts: str | None, shared: bool = True) -> None:
-    """Count one command about to go to node (run() does; so does launch for each rank)."""
-    rides = bool(shared and known_hosts and mux_enabled()
-                 and os.path.exists(_socket(node, known_hosts)))
+    """Count one command about to go to node (run() does; so does launch for each rank): a
+    connection opened, or a command riding one already open; through a bastion, the hop is
+    a connection to the bastion too, unless it rides the bastion's."""
+    mux = bool(known_hosts and mux_enabled())
+    rides = bool(shared and mux and os.path.exists(_socket(node, known_hosts)))
+    hop_opened = False
+    if node.bastion and not rides:
+        user, host, port = split_bastion(node.bastion, node.ssh_user)
+        hop_opened = not (mux and os.path.exists(_socket_of(user, host, port, known_hosts)))
     with _count_lock:
         _counted["shared" if rides else "opened"] += 1
+        _counted["opened"] += hop_opened
 
 
 def mux_dir(known_hosts: str) -> str:
     """Where a cluster's multiplexing sockets live: beside its known_hosts, in the cluster's
-    directory, or, where that path is too long for a Unix socket (108 bytes), in a directory
-    under /tmp named by the cluster directory's hash.
+    directory, or, where that path is too long for a Unix socket (107 bytes, with the
+    temporary name a master binds first), in a directory under /tmp named by the cluster
+    directory's hash.
 
     >>> mux_dir("/home/u/.local/state/scalelab/clusters/lab/known_hosts")
     '/home/u/.local/state/scalelab/clusters/lab/ssh-mux'
     >>> mux_dir("/x" * 40 + "/known_hosts").startswith(f"/tmp/scalelab-ssh-{os.getuid()}/")
     True
+    >>> len(mux_dir("/" + "x" * 54 + "/known_hosts")), mux_dir("/" + "x" * 55 + "/known_hosts")[:5]
+    (63, '/tmp/')
     """
     parent = os.path.dirname(os.path.abspath(known_hosts))
     near = os.path.join(parent, "ssh-mux")
-    if len(near) + 1 + 16 <= 100:
+    # a master binds "<ControlPath>.<16 random characters>" first, then renames it: that
+    # name, with our 16-character socket name, must fit a Unix socket's 107 bytes
+    if len(near) + 1 + 16 + 17 <= 107 - 10:  # and leave a margin
         return near
     digest = hashlib.sha1(parent.encode()).hexdigest()[:12]
     return f"/tmp/scalelab-ssh-{os.getuid()}/{digest}"
@@ -76,13 +88,27 @@ def _ready(known_hosts: str) -> bool:
         return False
     where = mux_dir(known_hosts)
     for d in (os.path.dirname(where), where) if where.startswith("/tmp/") else (where,):
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        st = os.lstat(d)
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            st = os.lstat(d)
+        except OSError as exc:
+            _warn_once(d, f"cannot make {d} ({exc.strerror}): one SSH connection per command")
+            return False
         if st.st_uid != os.getuid() or not os.path.isdir(d) or os.path.islink(d) \
                 or st.st_mode & 0o077:
-            log.warning("%s is not a private directory of this user: not multiplexing", d)
+            _warn_once(d, f"{d} is not a private directory of this user: one SSH connection "
+                          "per command")
             return False
     return True
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s", message)
 
 
 def _socket_of(user: str, address: str, port: int, known_hosts: str, via: str = "") -> str:
@@ -101,19 +127,24 @@ def _socket(node: Node, known_hosts: str) -> str:
 def close_masters(known_hosts: str) -> int:
     """End every multiplexing master of the cluster whose known_hosts this is and remove
     their directory (destroy does this). Returns how many were open."""
+    import shutil
+
     where = mux_dir(known_hosts)
     if not os.path.isdir(where):
         return 0
     closed = 0
     for name in sorted(os.listdir(where)):
         sock = os.path.join(where, name)
-        proc = subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "scalelab"],
-                              capture_output=True, text=True, timeout=15,
-                              stdin=subprocess.DEVNULL, check=False)
-        closed += proc.returncode == 0
-        if os.path.exists(sock):
-            os.unlink(sock)
-    os.rmdir(where)
+        try:
+            proc = subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit",
+                                   "scalelab"], capture_output=True, text=True, timeout=15,
+                                  stdin=subprocess.DEVNULL, check=False)
+            closed += proc.returncode == 0
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("could not close the SSH connection at %s: %s", sock, exc)
+    # what is left (a stale socket, one a concurrent command just made) goes with it: an
+    # idle master closes itself after PERSIST_S
+    shutil.rmtree(where, ignore_errors=True)
     return closed
 
 
@@ -206,9 +237,13 @@ def on_each(nodes: list[Node], fn: Callable[[Node], T],
     errors: dict[str, str] = {}
 
     slots = threading.BoundedSemaphore(MAX_PARALLEL)
+    deadline = time.monotonic() + timeout_s
 
     def one(n: Node) -> None:
         with slots:
+            if time.monotonic() >= deadline:  # queued too long: never started late
+                errors[n.name] = f"not started within {timeout_s:g} s (others were slow)"
+                return
             try:
                 results[n.name] = fn(n)
             except (ScalelabError, KeyError, ValueError) as exc:
@@ -217,7 +252,6 @@ def on_each(nodes: list[Node], fn: Callable[[Node], T],
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + timeout_s
     for t in threads:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
     for n in nodes:

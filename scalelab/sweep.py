@@ -420,7 +420,9 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                               "loader_workers": spec.loader_workers,
                               "pin_memory": spec.pin_memory, "runtime": spec.runtime}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
-                        # a probe's tensors are fp32 whatever the training runs' precision
+                        # a probe reduces fp32 tensors; it carries the sweep's first
+                        # precision because the emulation picks a rate's dilation from the
+                        # first run at it (amp's casts cost passes), and the probe is first
                         params = {**common, **dict.fromkeys(COMM_KEYS),
                                   "precision": spec.precisions[0],
                                   "channels_last": False, "batch_size": None, "bandwidth_mbit": mbit,

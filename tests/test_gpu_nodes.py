@@ -255,3 +255,26 @@ def test_the_eta_takes_gpu_step_times_only_for_runs_that_train_on_gpus():
     gpu_eta = estimate.estimate_duration_s(on_gpus, device=driver._device(on_gpus))
     cpu_eta = estimate.estimate_duration_s(on_cpus, device=driver._device(on_cpus))
     assert gpu_eta < cpu_eta
+
+
+@pytest.mark.parametrize("asked, ran, error", [
+    ("channels_last", {"precision": "amp", "channels_last": True, "memory_format": "mixed"},
+     "the run asked for channels_last but its ranks ran mixed"),
+    ("contiguous", {"precision": "fp32", "channels_last": False,
+                    "memory_format": "contiguous"},
+     "the run asked for amp but its ranks ran fp32"),
+])
+def test_a_run_whose_ranks_used_another_precision_or_layout_is_failed(asked, ran, error):
+    from scalelab import driver
+    from scalelab.sweep import plan
+
+    nodes = [gpu_node(0), gpu_node(1)]
+    run = next(r for r in plan(spec(nodes="2", procs_per_node="1", precision="amp",
+                                    memory_format=asked), nodes, can_shape=True)
+               if r.kind == "train")
+    result = {"backend": "nccl", "device": "cuda", **ran, "ranks": [
+        {"device": "cuda:0", "device_name": "H100", "gpu_mem_peak_mb": 1.0,
+         "images_per_sec": 9.0}]}
+    rec = driver.run_record("s", run, "static", launch.LaunchResult("ok", result, "", [], 1.0),
+                            "2026-11-25T00:00:00Z", None, None)
+    assert (rec["status"], rec["error"]) == ("failed", error)

@@ -229,6 +229,25 @@ def test_commands_to_a_node_share_one_connection_until_destroy(local_cluster, mo
     monkeypatch.setenv(ssh.MUX_ENV, "0")
     assert _client(nodes[1], kh) != _client(nodes[1], kh)
     monkeypatch.delenv(ssh.MUX_ENV)
+    # at the longest socket directory kept beside known_hosts, and one byte past it (then
+    # under /tmp): a master binds a temporary name 17 bytes longer, so both must still share
+    import shutil
+    import tempfile
+    from pathlib import Path
+    for extra in (0, 1):
+        base = Path(tempfile.mkdtemp(prefix="slmx", dir="/tmp"))
+        try:
+            deep = base / ("x" * (63 + extra - len(str(base)) - 9))
+            deep.mkdir()
+            kh2 = str(deep / "known_hosts")
+            shutil.copy(kh, kh2)
+            got = ssh.mux_dir(kh2)
+            assert (len(got) == 63) if not extra else got.startswith("/tmp/scalelab-ssh-")
+            assert _client(nodes[1], kh2) == _client(nodes[1], kh2)
+            ssh.close_masters(kh2)
+            assert not os.path.exists(got)
+        finally:
+            shutil.rmtree(base)
     # node 1 directly, the bastion, nodes 1 and 2 through it
     where = ssh.mux_dir(kh)
     sockets = [os.path.join(where, s) for s in os.listdir(where)]

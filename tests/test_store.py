@@ -241,6 +241,7 @@ def small_fs(tmp_path):
         yield fs
 
 
+@pytest.mark.root
 def test_enospc_on_a_full_disk_gives_store_error_and_no_partial_line(small_fs, runs):
     sweep = create_sweep(small_fs, SID, meta(runs))
     append_run(sweep, record(runs[0]))

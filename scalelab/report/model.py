@@ -81,6 +81,8 @@ def bottleneck_rows(a: Analysis) -> pd.DataFrame:
         rows.append({"sweep": s["sweep_id"], "series": f"batch {s['batch_size']}/worker, link "
                      f"{s['bandwidth']}, {s['procs_per_node']} proc/node, {s['model']} "
                      f"{s['engine']} {s['precision']} {s['data']}"
+                     + (f", {s['memory_format']}" if s.get("memory_format") == "channels_last"
+                        else "")
                      + (f", {s['comm_setting']}" if s.get("comm_setting") else ""),
                      "n": b.world_size, "eff": b.measured_eff, "pred": b.predicted_eff,
                      "model": b.model, "exposed_ms": _ms_number(b.exposed_s),

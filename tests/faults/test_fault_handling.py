@@ -119,6 +119,7 @@ def test_rank_reason(stderr, code, expected):
 
 # ------------------------------------------------------------------ the inflight note
 
+@pytest.mark.root
 @needs_root
 def test_a_full_disk_while_noting_process_groups_is_a_clear_error(tmp_path):
     """A real full file system (a small tmpfs, filled) under the sweep's directory."""
@@ -135,6 +136,7 @@ def test_a_full_disk_while_noting_process_groups_is_a_clear_error(tmp_path):
         assert [p.name for p in sweep.iterdir()] == []  # no partial file left
 
 
+@pytest.mark.root
 @needs_root
 @needs_sshd
 def test_unreachable_groups_stay_noted_and_reachable_ones_end(fcluster, tmp_path):
