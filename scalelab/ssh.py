@@ -87,7 +87,8 @@ def _ready(known_hosts: str) -> bool:
     if not os.path.isdir(os.path.dirname(os.path.abspath(known_hosts))):
         return False
     where = mux_dir(known_hosts)
-    for d in (os.path.dirname(where), where) if where.startswith("/tmp/") else (where,):
+    fallback = where.startswith(f"/tmp/scalelab-ssh-{os.getuid()}/")
+    for d in (os.path.dirname(where), where) if fallback else (where,):
         try:
             os.makedirs(d, mode=0o700, exist_ok=True)
             st = os.lstat(d)

@@ -564,7 +564,7 @@ def test_uniform_ranks_flag_nothing_and_say_the_threshold(tmp_path, demo_page):
         limit = re.search(r"more than ([\d.]+)% above the median of its run's other ranks",
                           none[0]).group(1)
         assert f"flagged when its compute time per step is more than {limit}% above" in page
-        assert "Per-pair link rates are not in a sweep's store" in html.unescape(page)
+        assert "Per-pair link rates: none kept with this sweep" in html.unescape(page)
     assert "more than 5.0% above" in demo_page and "the 5% floor if that is larger" in demo_page
 
 
