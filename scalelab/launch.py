@@ -39,9 +39,6 @@ RESULT = re.compile(r"SCALELAB_RESULT (?P<json>\{.*\})\s*$", re.MULTILINE)  # ho
 PGID = re.compile(r"^SCALELAB_PGID (?P<pgid>\d+)\s*$", re.MULTILINE)
 WORKLOADS = "bench/workloads"
 TOKEN_VAR = "SCALELAB_LAUNCH"
-# A dead node or a cut link is noticed by ssh's keep-alives: 3 unanswered at 3 s intervals.
-# (ssh keeps the first value given for an option, so these go before ssh_args' own.)
-KEEPALIVE = ["-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3"]
 PGID_WAIT_S = 3.0  # at reaping, how long a launch that has not reported its group gets to
 
 
@@ -370,11 +367,10 @@ def ssh_argv(node: Node, known_hosts: str) -> list[str]:
     how a lost node is noticed.
 
     >>> n = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", ssh_key="/s/id")
-    >>> ssh_argv(n, "/s/kh")[:5]
-    ['ssh', '-o', 'ServerAliveInterval=3', '-o', 'ServerAliveCountMax=3']
+    >>> [o for o in ssh_argv(n, "/s/kh") if o.startswith(("ServerAlive", "ControlPath"))]
+    ['ServerAliveInterval=3', 'ServerAliveCountMax=3', 'ControlPath=none']
     """
-    base = ssh.ssh_args(node, known_hosts, shared=False)
-    return [base[0], *KEEPALIVE, *base[1:]]
+    return ssh.ssh_args(node, known_hosts, shared=False)
 
 
 def token_mark(token: str, node: str = "") -> str:

@@ -133,7 +133,7 @@ def connectivity_check(cluster: str) -> list[str]:
     head = nodes[0]
     for n in nodes[1:]:
         # node to node as the cluster's login user, with the nodes' own ssh configuration
-        cmd = f"ssh -o ConnectTimeout=5 {n.ssh_user}@{n.private_address} hostname"
+        cmd = ssh.on_node_line(n.ssh_user, n.private_address, "hostname")
         out = ssh.run(head, kh, cmd, timeout=20).stdout.strip()
         lines.append(f"{head.name} -> {n.name} ({n.private_address}): ssh ok, hostname {out}")
     return lines

@@ -189,9 +189,11 @@ def options(node: Node, known_hosts: str | None, connect_timeout: int = 5,
     pinned += ["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
                "-o", f"ConnectTimeout={connect_timeout}"]
     # with_key=False: Ansible passes the key itself (ansible_ssh_private_key_file); the hop
-    # still needs it
+    # still needs it. A rank's own connection (shared=False) is how a dead node or a cut link
+    # is noticed: 3 unanswered keep-alives at 3 s intervals
+    alive = ["-o", "ServerAliveInterval=3"] if not shared else ["-o", "ServerAliveInterval=5"]
     opts = [*(key if with_key else ["-o", "IdentitiesOnly=yes"] if key else []), *pinned,
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+            *alive, "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
     if not shared:
         opts += ["-o", "ControlPath=none"]
     elif known_hosts and mux_enabled() and _ready(known_hosts):
@@ -224,6 +226,17 @@ def ssh_args(node: Node, known_hosts: str, connect_timeout: int = 5,
     return ["ssh", *options(node, known_hosts, connect_timeout, shared=shared),
             "-p", str(node.ssh_port),
             f"{node.ssh_user}@{node.address}"]
+
+
+def on_node_line(user: str, address: str, command: str) -> str:
+    """The shell line a node runs to reach another node over SSH with the nodes' own
+    configuration (the cluster's trust key and pinned keys, which configure installed there).
+
+    >>> on_node_line("alice", "10.0.0.12", "hostname")
+    'ssh -o ConnectTimeout=5 -o BatchMode=yes alice@10.0.0.12 hostname'
+    """
+    return (f"ssh -o ConnectTimeout=5 -o BatchMode=yes {shlex.quote(user)}@"
+            f"{shlex.quote(address)} {shlex.quote(command)}")
 
 
 def on_each(nodes: list[Node], fn: Callable[[Node], T],

@@ -14,7 +14,8 @@ from scalelab import inventory, ssh
 from scalelab.nodes import Node
 
 SSH_OPTION_WORDS = ("StrictHostKeyChecking", "UserKnownHostsFile", "ProxyJump",
-                    "ProxyCommand", "IdentitiesOnly", "BatchMode")
+                    "ProxyCommand", "IdentitiesOnly", "BatchMode", "ServerAlive", "ControlPath",
+                    "ControlMaster", "ConnectTimeout")
 
 
 def _option_strings(path) -> list[str]:
