@@ -104,16 +104,29 @@ def fill(fs: Path) -> Path:
     return filler
 
 
-def wait_listening(netns: str, port: int, timeout_s: float = 10.0) -> None:
-    """Wait (bounded) until something listens on TCP port in the network namespace: the
-    condition a client needs, instead of a fixed sleep."""
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    """Poll condition() until it holds, bounded by timeout_s; AssertionError naming what
+    was awaited otherwise. The one wait on a condition the flat tests share."""
     import time
 
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"],
-                             capture_output=True, text=True, timeout=10).stdout
-        if out.strip():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on port {port} in {netns} after {timeout_s:g} s")
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:g} s")
+        time.sleep(0.02)
+
+
+def running(pid: int) -> bool:
+    """Whether a process still runs: a zombie has ended (this machine's init reaps late)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def wait_listening(netns: str, port: int, timeout_s: float = 10.0) -> None:
+    """Wait (bounded) until something listens on TCP port in the network namespace: the
+    condition a client needs, instead of a fixed sleep."""
+    wait_until(lambda: subprocess.run(
+        ["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+        text=True, timeout=10).stdout.strip(), timeout_s, f"a listener on {port} in {netns}")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import have, needs_root, needs_sshd
+from conftest import have, needs_root, needs_sshd, wait_listening
 
 from scalelab import linkprobe, ssh
 from scalelab.errors import InputError
@@ -295,10 +295,6 @@ def test_measure_between_two_nodes_reads_the_shaped_rate(local_cluster):
     assert back.mbit == pytest.approx(100, rel=0.10), back.error
 
 
-def _listening(node: Node, kh: str, port: int) -> bool:
-    return f":{port} " in ssh.run(node, kh, "ss -Hltn", timeout=15).stdout
-
-
 @needs_root
 @needs_sshd
 @needs_iperf3
@@ -320,9 +316,7 @@ def test_measure_says_why_on_real_failures(local_cluster, monkeypatch):
                             "s = socket.socket(); s.bind(('" + a.private_address + "', 5321)); "
                             "s.listen(); time.sleep(60)\" >/dev/null 2>&1 & echo $!",
                      timeout=15).stdout.strip()
-    deadline = time.monotonic() + 15
-    while not _listening(a, kh, 5321) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_listening(netns_name(lc.name, 0), 5321)
     try:
         m = measure(a, b, kh, port=5321)
         assert m.mbit is None

@@ -8,7 +8,7 @@ import dataclasses
 import shlex
 
 import pytest
-from conftest import ROOT, needs_root, needs_sshd
+from conftest import ROOT, needs_root, needs_sshd, running, wait_until
 
 from scalelab import inventory, ssh
 from scalelab.nodes import Node
@@ -164,18 +164,18 @@ def test_parallel_commands_are_bounded_so_a_bastion_never_refuses_them():
     """sshd drops new connections above MaxStartups (10 by default): on_each opens at most
     ssh.MAX_PARALLEL at once, however many nodes there are."""
     import threading
-    import time
 
     busy = peak = 0
-    lock = threading.Lock()
+    full = threading.Condition()
 
     def fn(n: Node) -> str:
         nonlocal busy, peak
-        with lock:
+        with full:
             busy += 1
             peak = max(peak, busy)
-        time.sleep(0.05)
-        with lock:
+            full.notify_all()
+            # hold the slot until every slot is taken: a 9th running at once would show
+            full.wait_for(lambda: peak >= ssh.MAX_PARALLEL, timeout=5)
             busy -= 1
         return n.name
 
@@ -261,14 +261,5 @@ def test_commands_to_a_node_share_one_connection_until_destroy(local_cluster, mo
     lc.destroy()
     assert not os.path.exists(where)
 
-    def running(pid: int) -> bool:  # a zombie has ended; init reaps it in its own time
-        try:
-            return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
-        except FileNotFoundError:
-            return False
-
-    import time
-    deadline = time.monotonic() + 5  # -O exit is answered before the master has exited
-    while any(running(p) for p in masters) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [p for p in masters if running(p)] == []
+    # -O exit is answered before the master has exited
+    wait_until(lambda: not any(running(p) for p in masters), 5, "the masters to exit")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fill, needs_root, needs_sshd, tiny_fs
+from conftest import fill, needs_root, needs_sshd, running, tiny_fs, wait_until
 
 from scalelab import driver, launch
 
@@ -27,11 +27,8 @@ def _group(token: str) -> subprocess.Popen:
     returned once the child runs."""
     env = {**os.environ, launch.TOKEN_VAR: token} if token else dict(os.environ)
     proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], env=env, start_new_session=True)
-    deadline = time.monotonic() + 10
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-    while not children.read_text().strip():
-        assert time.monotonic() < deadline, "the shell did not start its child"
-        time.sleep(0.01)
+    wait_until(lambda: children.read_text().strip(), 10, "the shell's child")
     return proc
 
 
@@ -165,13 +162,7 @@ def test_unreachable_groups_stay_noted_and_reachable_ones_end(fcluster, tmp_path
         assert launch.reap_inflight(path, kh, retry_s=1.0) == 2
         assert [e["node"]["name"] for e in json.loads(path.read_text())] == ["gone"]
 
-        def running(pid: int) -> bool:  # the nodes share the host's pid space
-            try:
-                return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
-            except FileNotFoundError:
-                return False
-
-        assert not running(pgid)
+        assert not running(pgid)  # the nodes share the host's pid space
     finally:
         ssh.run(a, kh, f"kill -9 -{pgid} 2>/dev/null; true", timeout=30, check=False)
 
