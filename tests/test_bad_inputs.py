@@ -283,6 +283,13 @@ CASES = [
     ("bench-container-slurm", "local+image", ["bench", "--nodes", "1", "--batch-size", "16",
                                               "--runtime", "container", "--launcher", "slurm"],
      "needs Slurm's container plugin"),
+    ("bench-container-notorch", "local+notorch", ["bench", "--nodes", "1", "--batch-size", "16",
+                                                  "--runtime", "container"],
+     "lacks torch, which these runs need"),
+    # a GPU run on nodes whose Docker holds the image but has no nvidia runtime
+    ("bench-container-nonvidia", "local+gpu", ["bench", "--nodes", "1", "--batch-size", "16",
+                                               "--device", "cuda", "--runtime", "container"],
+     (f"node {FAKE}-n0's Docker has no nvidia runtime", "NVIDIA container toolkit")),
     # ---- demo: what fails before anything is provisioned
     ("demo-sweep", "none", ["demo", "--sweep", "no-such-sweep"], "not found"),
     ("demo-sweep-file", "none", ["demo", "--sweep", "{dir}/dup.yml"], "given twice"),
@@ -294,7 +301,9 @@ NEEDS_CLUSTER_OPTION = ("bench", "check", "shape")
 
 def _fake_cluster(state: Path, target: str) -> None:
     """A cluster record of the given target (local+image: a local one whose record names a
-    training image without Horovod, on nodes without a Docker engine)."""
+    training image without Horovod, on nodes without a Docker engine; local+notorch: an image
+    without torch; local+gpu: GPU nodes whose Docker holds a complete image but has only runc
+    as its runtime)."""
     target, _, extra = target.partition("+")
     cdir = state / "clusters" / FAKE
     cdir.mkdir(parents=True, mode=0o700)
@@ -310,9 +319,19 @@ def _fake_cluster(state: Path, target: str) -> None:
 
         for n in nodes:
             n["facts"] = local_facts(n)
-    if extra == "image":
+    if extra:
+        contents = {"image": {"torch": "2.13.0+cpu", "horovod": None},
+                    "notorch": {"torch": None, "horovod": "0.28.1"},
+                    "gpu": {"torch": "2.13.0+cu128", "horovod": "0.28.1"}}[extra]
         rec["image"] = {"id": "sha256:" + "1" * 64, "tag": "scalelab/train:0123456789abcdef",
-                        "contents": {"torch": "2.13.0+cpu", "horovod": None}}
+                        "contents": contents}
+    if extra == "gpu":
+        for n in nodes:
+            n["gpus"] = 1
+            n["facts"].update({"gpus": 1, "gpu_model": "NVIDIA H100", "gpu_memory_mb": 81559,
+                               "docker": "20.10.24", "docker_runtimes": ["io.containerd.runc.v2",
+                                                                         "runc"],
+                               "images": {rec["image"]["tag"]: rec["image"]["id"]}})
     (cdir / "cluster.json").write_text(json.dumps(rec))
 
 
@@ -368,7 +387,7 @@ def test_bad_input(case, setup, args, message, tmp_path):
     state, inv, reports = base / "state", base / "inv", base / "reports"
     for d in (state, inv, reports):
         d.mkdir(parents=True)
-    if setup in ("local", "static", "local+image"):
+    if setup.partition("+")[0] in ("local", "static"):
         _fake_cluster(state, setup)
     elif setup != "none":
         _sweep(reports, setup)
@@ -379,7 +398,7 @@ def test_bad_input(case, setup, args, message, tmp_path):
         name = unique_name("f")  # never "demo" or anyone's real cluster
         argv += ["--cluster", name]
     elif task in NEEDS_CLUSTER_OPTION and "--cluster" not in argv and \
-            setup in ("local", "static", "local+image"):
+            setup.partition("+")[0] in ("local", "static"):
         argv += ["--cluster", FAKE]
     env = {**os.environ, "SCALELAB_HOME": str(state), "SCALELAB_INVENTORIES": str(inv),
            "SCALELAB_REPORTS": str(reports), "SCALELAB_LOG": "WARNING"}
@@ -394,7 +413,8 @@ def test_bad_input(case, setup, args, message, tmp_path):
     assert "Traceback" not in err, err[-2000:]
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error: "), err
-    assert message in err, err
+    for part in message if isinstance(message, tuple) else (message,):
+        assert part in err, err
     assert _tree(base) == before, "something was written"
     if name is not None:
         from scalelab.targets.local import leftovers
