@@ -178,7 +178,9 @@ def _print_nodes(result) -> None:
 @task(help={
     "cluster": "cluster to run on (see invoke status)",
     "nodes": "node counts to sweep: 4, 1-10, 1,2,4,8 or 1-16:2",
-    "batch_size": "per-worker batch sizes, e.g. 32,64,96",
+    "batch_size": "per-worker batch sizes, e.g. 32,64,96 (weak scaling: each rank keeps its batch)",
+    "global_batch_size": "global batch sizes split evenly over each run's ranks, e.g. 256 "
+                         "(strong scaling; beside or instead of --batch-size)",
     "bandwidth": "link rates to sweep, e.g. 1gbit,10gbit (native = unshaped)",
     "procs_per_node": "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8",
     "model": "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
@@ -229,7 +231,8 @@ def _print_nodes(result) -> None:
                    "compress hook's cast; Horovod: hvd.Compression.fp16)",
 })
 @friendly
-def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_node="",
+def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", bandwidth="",
+          procs_per_node="",
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
           launcher="", partition="", timeout="", device="", fabric="", channels_last=False,
@@ -251,7 +254,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
     else:
         if not (sweep or nodes):
             sweep = "demo"
-        elif not (sweep or batch_size):
+        elif not (sweep or batch_size or global_batch_size):
             # the mission's own first line, invoke bench --nodes 1-10: the reference's batches
             batch_size = sweepfile.reference_batch_sizes()
             print(f"--batch-size not given: {batch_size} per worker, from the reference "
@@ -260,6 +263,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", bandwidth="", procs_per_no
                      "--bandwidth 1gbit,10gbit)"), flush=True)
         spec = sweepfile.spec_from_options(
             nodes=nodes or None, batch_size=batch_size or None, bandwidth=bandwidth or None,
+            global_batch_size=global_batch_size or None,
             procs_per_node=procs_per_node or None, model=model or None, engine=engine or None,
             precision=precision or None, repeats=repeats or None, steps=steps or None,
             accelerator=accelerator or None, dilation=dilation or None,

@@ -37,8 +37,10 @@ from scalelab.errors import InputError
 
 # comm_setting: the communication settings that differ from the engine's defaults ("" for
 # none; scalelab.results.comm_setting), so runs of other settings are separate series
+# scaling: weak (batch_size is each worker's) or strong (batch_size is the global batch, split
+# over the ranks: batch_per_worker shrinks as the world grows); see scalelab.results._scaling
 SERIES_KEYS = ("sweep_id", "model", "engine", "precision", "data", "batch_size", "bandwidth",
-               "procs_per_node", "comm_setting", "memory_format")
+               "procs_per_node", "comm_setting", "memory_format", "scaling")
 
 # Per-hop latency of one ring step (software + wire) for TCP transports (gloo) on Ethernet,
 # used when no allreduce probe gives a fit. 50 us is the order measured for small-message
@@ -204,16 +206,31 @@ def fidelity(frame: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=frame.index, dtype=object)
 
 
-def with_series_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame with every SERIES_KEYS column: a frame from before comm_setting or
-    memory_format (or made by hand) gets them as "" (the engine's defaults) and "contiguous".
+def batch_text(batch: Any, scaling: Any = "weak") -> str:
+    """A series' batch as what it is: each worker's (weak scaling) or the global batch split over
+    the ranks (strong scaling).
 
-    >>> f = with_series_columns(pd.DataFrame({"model": ["m"]}))
-    >>> list(f["comm_setting"]), list(f["memory_format"])
-    ([''], ['contiguous'])
+    >>> batch_text(64), batch_text(512.0, "strong")
+    ('batch 64/worker', 'global batch 512')
     """
-    missing = {k: v for k, v in (("comm_setting", ""), ("memory_format", "contiguous"))
-               if k not in frame.columns}
+    b = int(batch) if isinstance(batch, int | float | np.integer | np.floating) and batch == batch \
+        else batch
+    return f"global batch {b}" if scaling == "strong" else f"batch {b}/worker"
+
+
+def with_series_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with every SERIES_KEYS column: a frame from before comm_setting,
+    memory_format or strong scaling (or made by hand) gets them as "" (the engine's defaults),
+    "contiguous" and "weak", and batch_per_worker as its batch_size.
+
+    >>> f = with_series_columns(pd.DataFrame({"model": ["m"], "batch_size": [32]}))
+    >>> list(f["comm_setting"]), list(f["memory_format"]), list(f["scaling"]), list(f["batch_per_worker"])
+    ([''], ['contiguous'], ['weak'], [32])
+    """
+    missing = {k: v for k, v in (("comm_setting", ""), ("memory_format", "contiguous"),
+                                 ("scaling", "weak")) if k not in frame.columns}
+    if "batch_per_worker" not in frame.columns and "batch_size" in frame.columns:
+        missing["batch_per_worker"] = frame["batch_size"]
     return frame.assign(**missing) if missing else frame
 
 
@@ -346,6 +363,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         link_mbit_measured=("link_mbit_measured", "mean"),
         busbw_mb_s=("busbw_mb_s", "mean"),
         gradient_bytes=("gradient_bytes", "mean"),
+        batch_per_worker=("batch_per_worker", "first"),
         bandwidth_mbit=("bandwidth_mbit", "first"),
         baseline_world_size=("baseline_world_size", "first"),
         accelerator=("accelerator", "first"),
@@ -463,6 +481,9 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
     talks over loopback/shared memory, so its bandwidth term is taken as zero. Predicted
     step(N) = compute + comm(N), or max of the two with ``overlap``; predicted efficiency =
     step(N0) / step(N), because with a fixed batch per worker throughput is N x batch / step.
+    A strong-scaling series (a fixed global batch) computes batch_per_worker(N) /
+    batch_per_worker(N0) of the base compute per step, and its efficiency is the same ratio of
+    throughputs, G / step(N) against N / N0 x G / step(N0).
 
     Adds: link_mbit_model, link_source, predicted_comm_s, predicted_compute_s (the compute
     above), predicted_step_s, predicted_comm_share (comm / predicted step) and predicted_eff.
@@ -490,13 +511,34 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
         out["compute_time_mean_s"].notna(), out["step_time_mean_s"] - out["predicted_comm_s"])
     base_compute = (compute_base.where(is_base).groupby([out[k] for k in keys], dropna=False)
                     .transform("max"))
-    out["predicted_compute_s"] = base_compute
-    out["predicted_step_s"] = predict_step_time_s(base_compute, out["predicted_comm_s"], overlap)
-    base_step = out["predicted_step_s"].where(is_base).groupby(
-        [out[k] for k in keys], dropna=False).transform("max")
+    # the share of the base's compute a rank does at N: 1 with a fixed batch per worker
+    share = out["batch_per_worker"].astype(float) / out["batch_per_worker"].where(is_base).groupby(
+        [out[k] for k in keys], dropna=False).transform("max").astype(float)
+    share = share.where(out["scaling"] == "strong", 1.0)
+    out["predicted_compute_s"] = base_compute * share
+    out["predicted_step_s"] = predict_step_time_s(out["predicted_compute_s"],
+                                                  out["predicted_comm_s"], overlap)
+    out["predicted_eff"] = throughput_efficiency(out, out["predicted_step_s"], is_base, keys)
     out["predicted_comm_share"] = out["predicted_comm_s"] / out["predicted_step_s"]
-    out["predicted_eff"] = base_step / out["predicted_step_s"]
     return out
+
+
+def throughput_efficiency(rows: pd.DataFrame, step_s: pd.Series, is_base: pd.Series,
+                          keys: list[str]) -> pd.Series:
+    """Efficiency from predicted step times: images/s at N (world x batch per worker / step)
+    against N / N0 x images/s at N0, within each series. With a fixed batch per worker this is
+    step(N0) / step(N); with a fixed global batch, N0 step(N0) / (N step(N)).
+
+    >>> rows = pd.DataFrame({"s": ["a", "a"], "world_size": [1, 4], "batch_per_worker": [64, 16]})
+    >>> throughput_efficiency(rows, pd.Series([1.0, 0.5]), rows["world_size"] == 1, ["s"]).tolist()
+    [1.0, 0.5]
+    """
+    ws = rows["world_size"].astype(float)
+    ips = ws * rows["batch_per_worker"].astype(float) / step_s
+    groups = [rows[k] for k in keys]
+    base_ips = ips.where(is_base).groupby(groups, dropna=False).transform("max")
+    base_ws = ws.where(is_base).groupby(groups, dropna=False).transform("max")
+    return ips / ((ws / base_ws) * base_ips)
 
 
 # ---------------------------------------------------------------------------- the hosts

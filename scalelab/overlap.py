@@ -128,8 +128,15 @@ def _profile(row: Any) -> dict[str, Any] | None:
     return _profile_or_reason(row)[0]
 
 
-def _profile_or_reason(row: Any) -> tuple[dict[str, Any] | None, str]:
-    """A row's per-layer profile, or why it has none (the reason the ring model stands in)."""
+def _per_worker(row: Any) -> int:
+    """The batch each rank of a row trained on (a strong-scaling row's batch_size is global)."""
+    b = row.get("batch_per_worker")
+    return int(b if b is not None and b == b else row["batch_size"])
+
+
+def _profile_or_reason(row: Any, batch: int | None = None) -> tuple[dict[str, Any] | None, str]:
+    """A row's per-layer profile (at batch per worker, by default the row's), or why it has
+    none (the reason the ring model stands in)."""
     from scalelab import accel
     from scalelab.errors import InputError
     from scalelab.models import MODELS
@@ -138,7 +145,7 @@ def _profile_or_reason(row: Any) -> tuple[dict[str, Any] | None, str]:
         return None, "no per-layer profile (the ranks computed for real)"
     try:
         return accel.resolve(str(row["accelerator"]), str(row["model"]), str(row["precision"]),
-                             int(row["batch_size"]), MODELS[str(row["model"])].image_size), ""
+                             batch or _per_worker(row), MODELS[str(row["model"])].image_size), ""
     except (InputError, KeyError, ValueError, TypeError):
         return None, (f"no {row['accelerator']} profile for {row['model']} {row['precision']} "
                       "was found")
@@ -173,10 +180,10 @@ def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) 
                 doc, str(row["engine"]), int(row["world_size"]), rate, str(row["precision"]),
                 alpha_s)
     keys = list(analysis.SERIES_KEYS)
+    out = analysis.with_series_columns(out)
     base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min")
-    base = out["overlap_step_s"].where(out["world_size"] == base_ws).groupby(
-        [out[k] for k in keys], dropna=False).transform("max")
-    out["overlap_eff"] = base / out["overlap_step_s"]
+    out["overlap_eff"] = analysis.throughput_efficiency(out, out["overlap_step_s"],
+                                                        out["world_size"] == base_ws, keys)
     return out
 
 
@@ -224,13 +231,26 @@ def what_if(row: Any, world_sizes: Sequence[int], link_factors: Sequence[float],
     rate = float(row["link_mbit_model"])
     if doc is None or not rate > 0:
         return []
-    one = predict_step_s(doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
+    strong = row.get("scaling") == "strong"  # a fixed global batch: its share per rank shrinks
+    g = int(row["batch_size"])
+    engine, precision = str(row["engine"]), str(row["precision"])
+    one_doc = _profile_or_reason(row, g)[0] if strong else doc
+    if one_doc is None:
+        return []
+    one_ips = (g if strong else _per_worker(row)) / predict_step_s(
+        one_doc, engine, 1, math.inf, precision, alpha_s)  # images/s of one rank
     out = []
     for f in link_factors:
         for n in world_sizes:
-            step = predict_step_s(doc, str(row["engine"]), n, rate * f, str(row["precision"]), alpha_s)
+            if strong and g % n:
+                continue  # the global batch does not split over n ranks
+            at = _profile_or_reason(row, g // n)[0] if strong else doc
+            if at is None:
+                continue
+            step = predict_step_s(at, engine, n, rate * f, precision, alpha_s)
+            ips = (g if strong else n * _per_worker(row)) / step
             out.append({"world_size": n, "link_mbit": rate * f, "step_s": step,
-                        "eff": one / step, "images_per_sec": n * int(row["batch_size"]) / step})
+                        "eff": ips / (n * one_ips), "images_per_sec": ips})
     return out
 
 
@@ -269,7 +289,8 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
 
     cols = ["sweep_id", "bandwidth", "bandwidth_mbit", "batch_size", "world_size", "engine",
             "setting", "group_mb", "compression", "cycle_time_ms", "measured", "eff",
-            "images_per_sec", "model_eff", "is_default", "best", "gain_points", "gain_ips"]
+            "images_per_sec", "model_eff", "is_default", "best", "gain_points", "gain_ips",
+            "scaling"]
     if runs.empty or "bucket_cap_mb" not in runs:
         return pd.DataFrame(columns=cols)
     ok = runs[runs["status"] == "ok"].copy()
@@ -284,7 +305,7 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
     if ok[sets].drop_duplicates().shape[0] <= 1:
         return pd.DataFrame(columns=cols)
     keys = ["sweep_id", "model", "engine", "precision", "memory_format", "data", "batch_size",
-            "bandwidth", "procs_per_node"]
+            "bandwidth", "procs_per_node", "scaling"]
     ok = analysis.with_series_columns(ok)  # a frame from before memory_format was a key
     rows = []
     for key, grp in ok.groupby(keys, dropna=False, sort=True):
@@ -353,13 +374,18 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
 
 
 def _setting_prediction(row: Any, alpha_s: float) -> float:
-    """The overlap model's efficiency for a setting (NaN without a profile or a link rate)."""
-    doc = _profile(row)
+    """The overlap model's efficiency for a setting (NaN without a profile or a link rate);
+    a strong-scaling row's batch_size is the global batch, split over its world."""
+    ws = int(row["world_size"])
+    strong = row.get("scaling") == "strong"
+    g = int(row["batch_size"])
+    doc = _profile_or_reason(row, g // ws if strong else g)[0]
+    one_doc = _profile_or_reason(row, g)[0] if strong else doc
     rate = row["link_mbit"] if row["link_mbit"] == row["link_mbit"] else row["bandwidth_mbit"]
-    if doc is None or not (rate and rate > 0):
+    if doc is None or one_doc is None or not (rate and rate > 0):
         return float("nan")
-    one = predict_step_s(doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
-    step = predict_step_s(doc, str(row["engine"]), int(row["world_size"]), float(rate),
+    one = predict_step_s(one_doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
+    step = predict_step_s(doc, str(row["engine"]), ws, float(rate),
                           str(row["precision"]), alpha_s, float(row["group_mb"]),
                           str(row["compression"]))
-    return one / step
+    return one / (ws * step) if strong else one / step

@@ -44,6 +44,10 @@ CSV_COLUMNS = [
     "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
     # the convolutions' memory layout: contiguous (NCHW) or channels_last (NHWC)
     "memory_format",
+    # weak (a fixed batch per worker: batch_size is it) or strong scaling (a fixed global batch:
+    # batch_size is that global batch, split evenly over the ranks); batch_per_worker is what
+    # each rank trained on either way
+    "scaling", "batch_per_worker",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -130,6 +134,23 @@ def _bandwidth_label(mbit: float) -> str:
 def _params(rec: dict[str, Any]) -> dict[str, Any]:
     p = rec.get("params")
     return p if isinstance(p, dict) else {}
+
+
+def _scaling(p: dict[str, Any]) -> dict[str, Any]:
+    """A run's scaling and batches: a strong-scaling run (a global batch split over its ranks)
+    is in the series of its global batch, so its batch_size is that; a run from before strong
+    scaling, or of a fixed batch per worker, scaled weakly.
+
+    >>> _scaling({"batch_size": 64, "global_batch_size": 256})
+    {'scaling': 'strong', 'batch_size': 256.0, 'batch_per_worker': 64.0}
+    >>> _scaling({"batch_size": 64})
+    {'scaling': 'weak', 'batch_size': 64.0, 'batch_per_worker': 64.0}
+    """
+    per_worker = _num(p.get("batch_size"))
+    if p.get("global_batch_size"):
+        return {"scaling": "strong", "batch_size": _num(p["global_batch_size"]),
+                "batch_per_worker": per_worker}
+    return {"scaling": "weak", "batch_size": per_worker, "batch_per_worker": per_worker}
 
 
 def _comm_params(p: dict[str, Any]) -> dict[str, Any]:
@@ -246,6 +267,7 @@ def to_frame(records: Sequence[dict[str, Any]],
             if isinstance(env.get("image"), dict) else "",
             **_comm_params(p),
             "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
+            **_scaling(p),
         })
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
@@ -255,7 +277,7 @@ def to_frame(records: Sequence[dict[str, Any]],
         "launcher", "slurm_job_id", *TIMELINE_KEYS, "device", "backend", "transport",
         "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime",
         "image_id", "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
-        "comm_setting", "memory_format"])
+        "comm_setting", "memory_format", "scaling", "batch_per_worker"])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
                                                 "inflight", "idle", "tx", "wall", "data"])
     for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall", "data"):
@@ -282,7 +304,8 @@ def to_frame(records: Sequence[dict[str, Any]],
     })
     frame = frame.join(per_run)
     frame["n_ranks"] = frame["n_ranks"].fillna(0).astype(int)
-    for col in ("nodes", "procs_per_node", "world_size", "batch_size", "repeat"):
+    for col in ("nodes", "procs_per_node", "world_size", "batch_size", "repeat",
+                "batch_per_worker"):
         frame[col] = frame[col].astype("Int64") if frame[col].isna().any() else frame[col].astype(int)
     frame["busbw_mb_s"] = _probe_busbw(frame, allreduce_frame(records))
     # the share of the link (its shaped, dilated rate) that training kept busy in the timed steps

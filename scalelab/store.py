@@ -51,6 +51,7 @@ from scalelab.sweep import (
     KINDS,
     PARAM_KEYS,
     PLACEMENT_KEYS,
+    SCALING_KEYS,
     RunPlan,
 )
 
@@ -521,6 +522,8 @@ def same_params(stored: Any, planned: dict[str, Any]) -> bool:
         stored = {**stored, "dilation": None}
     # a run recorded before communication settings were axes ran at its engine's defaults
     stored = {**{k: _comm_default(k, stored) for k in COMM_KEYS if k in planned}, **stored}
+    # a run recorded before strong scaling had a batch per worker
+    stored = {**{k: None for k in SCALING_KEYS if k in planned}, **stored}
     return stored == planned
 
 

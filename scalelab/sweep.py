@@ -84,6 +84,10 @@ PLACEMENT_KEYS = ("device", "fabric", "channels_last", "loader_workers", "pin_me
 # None (a DDP run has no fusion threshold), and an allreduce probe has none of them. A store
 # without these keys ran at the defaults (store.same_params)
 COMM_KEYS = ("bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression")
+# appended since strong scaling: the global batch a train run splits over its ranks (its
+# batch_size is then that batch / world size); None for a run with a fixed batch per worker
+# (weak scaling) and for allreduce probes. A store without the key scaled weakly
+SCALING_KEYS = ("global_batch_size",)
 COMPRESSIONS = ("none", "fp16")
 # the engines' own defaults: torch DDP's bucket_cap_mb; Horovod's HOROVOD_FUSION_THRESHOLD
 # (128 MB, and HOROVOD_CYCLE_TIME 1 ms, since Horovod 0.21: horovodrun --help of 0.28)
@@ -125,7 +129,7 @@ class SweepSpec:
     """The axes and fixed settings of a sweep, validated and in canonical units."""
 
     nodes: list[int]
-    batch_sizes: list[int]
+    batch_sizes: list[int]  # per worker: weak scaling (may be empty when global ones are given)
     bandwidths: list[float | None] = field(default_factory=lambda: [None])  # Mbit/s, None=native
     # None: the GPUs torch sees per node on GPU nodes, 1 elsewhere (scalelab.gpu.resolve)
     procs_per_node: list[int] | None = None
@@ -169,6 +173,9 @@ class SweepSpec:
     fusion_threshold_mb: list[float] | None = None  # Horovod (HOROVOD_FUSION_THRESHOLD, MB)
     cycle_time_ms: list[float] | None = None  # Horovod (HOROVOD_CYCLE_TIME)
     compression: list[str] | None = None  # none | fp16 gradient compression
+    # strong scaling: global batches, each split evenly over the ranks of every run (beside or
+    # instead of batch_sizes; each run is one or the other and is reported as what it is)
+    global_batch_sizes: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,17 +233,54 @@ def _rate_tag(mbit: float | None) -> str:
 
 
 def train_run_id(nodes: int, ppn: int, batch: int, mbit: float | None, repeat: int,
-                 comm: str = "") -> str:
+                 comm: str = "", global_batch: int | None = None) -> str:
     """Id of a train run: stable, sortable within a group, readable. comm: the segment of its
-    communication settings (comm_tag), "" at the defaults.
+    communication settings (comm_tag), "" at the defaults; global_batch: a strong-scaling
+    run's global batch, which names it instead of its share per worker.
 
     >>> train_run_id(4, 1, 64, 1000.0, 0)
     'train-n04-p1-b064-bw1000-r0'
     >>> train_run_id(4, 1, 64, 1000.0, 0, "bk50-fp16")
     'train-n04-p1-b064-bw1000-bk50-fp16-r0'
+    >>> train_run_id(4, 1, 128, 1000.0, 0, global_batch=512)
+    'train-n04-p1-g0512-bw1000-r0'
     """
     seg = f"-{comm}" if comm else ""
-    return f"train-n{nodes:02d}-p{ppn}-b{batch:03d}-{_rate_tag(mbit)}{seg}-r{repeat}"
+    size = f"g{global_batch:04d}" if global_batch else f"b{batch:03d}"
+    return f"train-n{nodes:02d}-p{ppn}-{size}-{_rate_tag(mbit)}{seg}-r{repeat}"
+
+
+def batches(spec: SweepSpec, world: int) -> list[tuple[int, int | None]]:
+    """(batch per worker, global batch or None) of every train run at one world size: the
+    per-worker batches (weak scaling), then each global batch split over the world (strong;
+    check_global_batches has made sure it splits evenly).
+
+    >>> batches(SweepSpec(nodes=[1, 2], batch_sizes=[32], global_batch_sizes=[256]), 4)
+    [(32, None), (64, 256)]
+    """
+    return ([(b, None) for b in spec.batch_sizes]
+            + [(g // world, g) for g in spec.global_batch_sizes or []])
+
+
+def check_global_batches(spec: SweepSpec, worlds: Sequence[int]) -> None:
+    """Every global batch must split evenly over every planned world size: InputError naming
+    the first that does not and a global batch that does.
+
+    >>> check_global_batches(SweepSpec(nodes=[1, 2, 3], batch_sizes=[],
+    ...                                global_batch_sizes=[256]), [1, 2, 3])
+    Traceback (most recent call last):
+    ...
+    scalelab.errors.InputError: --global-batch-size 256 does not split evenly over 3 ranks; give a global batch that every planned world size (1, 2, 3) divides, e.g. 258, or drop the node counts that do not divide it
+    """
+    step = math.lcm(*worlds) if worlds else 1
+    for g in spec.global_batch_sizes or []:
+        for world in worlds:
+            if g % world:
+                fit = -(-g // step) * step
+                raise InputError(
+                    f"--global-batch-size {g} does not split evenly over {world} ranks; give a "
+                    f"global batch that every planned world size ({', '.join(map(str, worlds))})"
+                    f" divides, e.g. {fit}, or drop the node counts that do not divide it")
 
 
 def _num_tag(value: float) -> str:
@@ -399,9 +443,14 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
     _check_precision(spec, used, placed.device, cluster)
     info = MODELS[spec.model]
     image = spec.image_size or info.image_size
+    worlds = sorted({n * ppn for n in spec.nodes for ppn in spec.procs_per_node})
+    check_global_batches(spec, worlds)
+    per_worker = sorted({b for w in worlds for b, _ in batches(spec, w)})
+    if spec.accelerator and spec.global_batch_sizes:
+        check_emulation(spec, image, per_worker)
     if not spec.accelerator:  # an emulated rank holds no activations; its profile was
         # checked when the spec was built (sweepfile, check_emulation)
-        memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, model=spec.model,
+        memory.check(used, spec.nodes, spec.procs_per_node, per_worker, model=spec.model,
                      params=info.params, activation_bytes=info.activation_bytes,
                      image_scale=(image / info.image_size) ** 2,
                      amp=all(p in ("amp", "bf16") for p in spec.precisions))
@@ -427,37 +476,42 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                                   "precision": spec.precisions[0],
                                   "channels_last": False, "batch_size": None, "bandwidth_mbit": mbit,
                                   "repeat": 0, "steps": spec.allreduce_iters, "warmup": 1,
-                                  "image_size": None, "data": None}
+                                  "image_size": None, "data": None,
+                                  "global_batch_size": None}
                         runs.append(RunPlan("allreduce", allreduce_run_id(n, ppn, mbit),
                                             _ordered(params), names, spec.timeout_s,
                                             tuple(spec.allreduce_sizes)))
-                    for batch in spec.batch_sizes:
+                    for batch, global_batch in batches(spec, n * ppn):
                         for var in combos:
                             params = {**common, **var, "batch_size": batch,
                                       "bandwidth_mbit": mbit, "repeat": repeat,
                                       "steps": spec.steps, "warmup": spec.warmup,
-                                      "image_size": image, "data": spec.data}
+                                      "image_size": image, "data": spec.data,
+                                      "global_batch_size": global_batch}
                             rid = train_run_id(n, ppn, batch, mbit, repeat,
-                                               variant_tag(spec, var))
+                                               variant_tag(spec, var), global_batch)
                             runs.append(RunPlan("train", rid, _ordered(params), names,
                                                 spec.timeout_s))
     return runs
 
 
 def _ordered(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params[k] for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS}
+    return {k: params[k]
+            for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS + SCALING_KEYS}
 
 
-def check_emulation(spec: SweepSpec, image_size: int) -> None:
-    """An emulated accelerator must have a usable profile for every batch size, with real
-    (synthetic) input only: InputError otherwise, before anything runs."""
+def check_emulation(spec: SweepSpec, image_size: int,
+                    per_worker: Sequence[int] | None = None) -> None:
+    """An emulated accelerator must have a usable profile for every batch size per worker (the
+    spec's, or per_worker: those the plan's global batches split into), with real (synthetic)
+    input only: InputError otherwise, before anything runs."""
     from scalelab import accel
 
     if spec.data != SYNTHETIC:
         raise InputError(f"--accelerator {spec.accelerator} emulates compute and reads no data: "
                          "leave data synthetic")
     for precision in spec.precisions:
-        for batch in spec.batch_sizes:
+        for batch in spec.batch_sizes if per_worker is None else per_worker:
             accel.resolve(spec.accelerator, spec.model, precision, batch, image_size)
 
 
@@ -486,6 +540,8 @@ def describe(run: RunPlan) -> str:
     >>> describe(RunPlan("train", "x", {**r.params, "precision": "bf16", "channels_last": True},
     ...                  (), 1.0))
     'train      4 nodes x 1  batch 64   1gbit    repeat 0  bf16 channels_last'
+    >>> describe(RunPlan("train", "x", {**r.params, "global_batch_size": 256}, (), 1.0))
+    'train      4 nodes x 1  global batch 256 (64/worker)  1gbit    repeat 0'
     """
     p = run.params
     plural = "s" if p["nodes"] != 1 else " "
@@ -505,6 +561,9 @@ def describe(run: RunPlan) -> str:
         sizes = run.allreduce_sizes
         span = f"{_size_text(sizes[0])}..{_size_text(sizes[-1])}" if sizes else "-"
         return f"{head}  {'probe':<9}  {rate:<8} sizes {span}{where}"
+    if p.get("global_batch_size"):
+        return (f"{head}  global batch {p['global_batch_size']} ({p['batch_size']}/worker)  "
+                f"{rate:<8} repeat {p['repeat']}{where}")
     return f"{head}  batch {p['batch_size']:<3}  {rate:<8} repeat {p['repeat']}{where}"
 
 

@@ -232,6 +232,8 @@ def _strip_what(exc: InputError, what: str) -> str:
 _KEYS: dict[str, tuple[str, Any]] = {
     "nodes": ("nodes", lambda v, w: _int_list(v, w)),
     "batch_size": ("batch_sizes", lambda v, w: _int_list(v, w)),
+    # strong scaling: global batches split over each run's ranks (beside or instead of batch_size)
+    "global_batch_size": ("global_batch_sizes", lambda v, w: _int_list(v, w)),
     "bandwidth": ("bandwidths", _rates),
     "procs_per_node": ("procs_per_node", lambda v, w: _int_list(v, w)),
     "model": ("model", lambda v, w: _choice(v, w, list(MODELS))),
@@ -290,10 +292,14 @@ def _fields_from(values: Mapping[str, Any], label: Any) -> dict[str, Any]:
 def _build(fields: dict[str, Any], source: str | None) -> SweepSpec:
     missing = [k for k, f in (("nodes", "nodes"), ("batch_size", "batch_sizes"))
                if f not in fields]
+    if fields.get("global_batch_sizes") and "batch_size" in missing:
+        missing.remove("batch_size")  # strong scaling alone
+        fields = {**fields, "batch_sizes": []}
     if missing:
         flags = " and ".join(f"--{k.replace('_', '-')}" for k in missing)
         where = f"{source} gives no {' or '.join(missing)}; add it there or " if source else ""
-        raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64")
+        raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64 (or "
+                         "--global-batch-size 256 for a global batch split over the ranks)")
     spec = SweepSpec(**fields)
     check_comm(spec)  # another engine's setting is refused before any cluster is looked at
     if spec.accelerator:
@@ -410,6 +416,7 @@ def spec_from_options(
     nodes: str | int | None = None,
     batch_size: str | int | None = None,
     bandwidth: str | None = None,
+    global_batch_size: str | int | None = None,
     procs_per_node: str | int | None = None,
     model: str | None = None,
     engine: str | None = None,
@@ -478,7 +485,7 @@ def spec_to_dict(spec: SweepSpec) -> dict[str, Any]:
             value = [format_rate(v) for v in value]
         elif isinstance(value, list):
             value = list(value)
-        if value is None:
+        if value is None or (key == "batch_size" and value == []):  # strong scaling only
             continue
         out[key] = value
     return out

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalelab.analysis import SERIES_KEYS
+from scalelab.analysis import SERIES_KEYS, batch_text
 
 COMPUTE_BOUND_EFFICIENCY = 0.90  # efficiency at or above this: little is lost to scaling
 NETWORK_SHARE = 0.10  # predicted exposed communication at or above this share of a step: network
@@ -414,7 +414,7 @@ class Bottleneck:
     @property
     def label(self) -> str:
         s = self.series
-        return (f"batch {s.get('batch_size')}, {s.get('bandwidth')}, "
+        return (f"{batch_text(s.get('batch_size'), s.get('scaling'))}, {s.get('bandwidth')}, "
                 f"{s.get('procs_per_node')} proc/node")
 
 

@@ -165,6 +165,7 @@ def test_driver_killed_mid_sweep_then_resume_runs_only_the_missing(cluster, repo
     (["--nodes", "1", "--batch-size", "32", "--model", "resnet9000"], "resnet9000"),
     (["--nodes", "1", "--batch-size", "32", "--engine", "mpi4ever"], "mpi4ever"),
     (["--nodes", "1", "--batch-size", "32", "--bandwidth", "fast"], "fast"),
+    (["--nodes", "1-2", "--global-batch-size", "15"], "does not split evenly over 2 ranks"),
     (["--sweep", "no-such-sweep"], "not found"),
     (["--resume", "20990101-000000-dead"], "not found"),
 ])
@@ -205,6 +206,39 @@ def test_horovod_engine_runs_across_two_nodes(cluster, reports):
     assert two["env"]["horovod"]
     assert two["placement"]["backend"] == "horovod-gloo"
     assert two["placement"]["transport"] == "gloo-tcp"
+
+
+def test_strong_scaling_splits_the_global_batch_and_is_reported_as_such(cluster, reports):
+    """--global-batch-size 16 over 1 and 2 nodes: each rank of the 2-node run trains on 8, the
+    run's images/s is the global batch's, and results.csv and the page say strong scaling,
+    beside a weak-scaling series of the same sweep."""
+    proc = bench(cluster, reports, "--nodes", "1,2", "--global-batch-size", "16",
+                 "--batch-size", "16", "--model", "resnet20", "--steps", "3", "--repeats", "1",
+                 "--bandwidth", "native")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    train = {r["run_id"]: r for r in runs_of(sweep_dir) if r["kind"] == "train"}
+    assert sorted(train) == ["train-n01-p1-b016-native-r0", "train-n01-p1-g0016-native-r0",
+                             "train-n02-p1-b016-native-r0", "train-n02-p1-g0016-native-r0"]
+    assert {r["status"] for r in train.values()} == {"ok"}, [r["error"] for r in train.values()]
+    two = train["train-n02-p1-g0016-native-r0"]
+    assert two["params"]["global_batch_size"] == 16 and two["params"]["batch_size"] == 8
+    for rank in two["ranks"]:  # each rank trained on its share: 8 images a step
+        assert rank["images_per_sec"] == pytest.approx(8 / rank["step_time_mean_s"], rel=0.25)
+    assert train["train-n02-p1-b016-native-r0"]["params"]["global_batch_size"] is None
+    with open(sweep_dir / "results.csv") as fh:
+        rows = {r["run_id"]: r for r in csv.DictReader(fh)}
+    strong = rows["train-n02-p1-g0016-native-r0"]
+    assert (strong["scaling"], strong["batch_size"], strong["batch_per_worker"]) == (
+        "strong", "16", "8")
+    weak = rows["train-n02-p1-b016-native-r0"]
+    assert (weak["scaling"], weak["batch_size"], weak["batch_per_worker"]) == ("weak", "16", "16")
+    # strong: efficiency = images/s(2) / (2 x images/s(1)), against its own 1-node run
+    base = float(rows["train-n01-p1-g0016-native-r0"]["images_per_sec"])
+    assert float(strong["scaling_efficiency"]) == pytest.approx(
+        float(strong["images_per_sec"]) / (2 * base), rel=1e-6)
+    page = (sweep_dir / "index.html").read_text()
+    assert "16 global" in page and "16/worker" in page
 
 
 def test_precision_and_memory_format_are_axes_each_run_as_asked(cluster, reports):

@@ -19,6 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from scalelab import analysis
+from scalelab.analysis import batch_text
 from scalelab.report import model
 from scalelab.report.data import Analysis
 
@@ -55,6 +56,7 @@ class Layout:
     batch_colour: dict[int, str]
     style_cols: list[str]
     styles: dict[tuple, tuple[str, str]]  # style key -> (linestyle, marker)
+    strong: frozenset = frozenset()  # batch sizes that are global batches (strong scaling)
 
     def style_key(self, row: Any) -> tuple:
         return tuple(row[c] for c in self.style_cols)
@@ -87,8 +89,11 @@ def layout(modelled: pd.DataFrame, compare: bool) -> Layout:
               for i, k in enumerate(keys)}
     batches = sorted(int(b) for b in modelled["batch_size"].unique())
     colours = {b: OKABE_ITO[i % len(OKABE_ITO)] for i, b in enumerate(batches)}
+    strong = frozenset(int(b) for b in modelled.loc[
+        modelled.get("scaling", pd.Series("weak", index=modelled.index)) == "strong",
+        "batch_size"].unique())
     return Layout("bandwidth" if by_panel else None, bws if by_panel else ["all"], colours,
-                   style_cols, styles)
+                   style_cols, styles, strong)
 
 
 def _figure(n_panels: int, height: float = 3.3) -> tuple[Figure, list[Any]]:
@@ -122,7 +127,8 @@ def _series(df: pd.DataFrame, lay: Layout) -> Iterable[tuple[tuple, int, pd.Data
 
 
 def _legend(fig: Figure, lay: Layout, extra: list[tuple[Any, str]] = ()) -> None:
-    handles = [Line2D([], [], color=c, lw=2.5, label=f"batch {b}/worker")
+    handles = [Line2D([], [], color=c, lw=2.5,
+                      label=batch_text(b, "strong" if b in lay.strong else "weak"))
                for b, c in lay.batch_colour.items()]
     if len(lay.styles) > 1:
         handles += [Line2D([], [], color="#444", ls=ls, marker=mk, label=lay.style_label(k))

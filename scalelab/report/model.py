@@ -16,6 +16,7 @@ import pandas as pd
 
 from scalelab import analysis, stragglers, verdict
 from scalelab import overlap as bucket_model
+from scalelab.analysis import batch_text
 from scalelab.report.data import Analysis
 
 WHAT_IF_SIZES = (16, 32, 64)  # world sizes the what-if table adds beyond twice the largest
@@ -78,7 +79,7 @@ def bottleneck_rows(a: Analysis) -> pd.DataFrame:
     rows = []
     for b in sorted(a.bottlenecks, key=order):
         s = b.series
-        rows.append({"sweep": s["sweep_id"], "series": f"batch {s['batch_size']}/worker, link "
+        rows.append({"sweep": s["sweep_id"], "series": f"{batch_text(s['batch_size'], s.get('scaling'))}, link "
                      f"{s['bandwidth']}, {s['procs_per_node']} proc/node, {s['model']} "
                      f"{s['engine']} {s['precision']} {s['data']}"
                      + (f", {s['memory_format']}" if s.get("memory_format") == "channels_last"
@@ -157,7 +158,7 @@ def findings(a: Analysis) -> list[str]:
                 slow.append(f"from N = {int(stuck.iloc[0]['world_size'])} at {bw}")
             if last["verdict"] == "emulation-bound":
                 emu.append(f"at {bw} the emulation, not the network, limits the largest runs")
-        what = f"{series['model']}, batch {int(series['batch_size'])}"
+        what = f"{series['model']}, {batch_text(series['batch_size'], series.get('scaling'))}"
         acc = str(grp["accelerator"].iloc[0]) if "accelerator" in grp else ""
         if acc:
             what += f" on emulated {acc}"
@@ -191,12 +192,13 @@ def what_if_rows(a: Analysis, emulated: pd.DataFrame) -> pd.DataFrame:
     predicts for (link_mbit), never by the measured series' ("from"): a "10x faster" row of
     the 1gbit series is a 10gbit row."""
     rows = []
-    for _, g in emulated.groupby(["bandwidth", "batch_size"], sort=False):
+    for _, g in emulated.groupby(["bandwidth", "batch_size", "scaling"], sort=False):
         last = g.iloc[-1]
         nmax = int(last["world_size"])
         sizes = sorted({nmax * 2, *WHAT_IF_SIZES} - {nmax})
         for r in bucket_model.what_if(last, sizes, WHAT_IF_LINKS, a.alpha_s):
-            rows.append({"from": f"{last['bandwidth']}, batch {int(last['batch_size'])}", **r})
+            rows.append({"from": f"{last['bandwidth']}, "
+                         f"{batch_text(last['batch_size'], last.get('scaling'))}", **r})
     if not rows:
         return pd.DataFrame()
     return pd.DataFrame(rows).sort_values(["from", "link_mbit", "world_size"], kind="stable")
