@@ -255,12 +255,16 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
         if not (sweep or nodes):
             sweep = "demo"
         elif not (sweep or batch_size or global_batch_size):
-            # the mission's own first line, invoke bench --nodes 1-10: the reference's batches
-            batch_size = sweepfile.reference_batch_sizes()
-            print(f"--batch-size not given: {batch_size} per worker, from the reference "
-                  f"experiment (bench/sweeps/{sweepfile.REFERENCE}.yml)"
-                  + ("" if bandwidth else "; links at their current rate (its rates: "
-                     "--bandwidth 1gbit,10gbit)"), flush=True)
+            # the mission's own first line, invoke bench --nodes 1-10: every axis not given is
+            # the reference experiment's, as this cluster can run it
+            fill, line = driver.reference_fill(cluster, {
+                "bandwidth": bandwidth, "precision": precision, "device": device,
+                "accelerator": accelerator, "batch_size": batch_size, "model": model,
+                "engine": engine, "repeats": repeats, "steps": steps})
+            bandwidth = bandwidth or fill.get("bandwidth", "")
+            precision = precision or fill.get("precision", "")
+            sweep = sweepfile.REFERENCE
+            print(line, flush=True)
         spec = sweepfile.spec_from_options(
             nodes=nodes or None, batch_size=batch_size or None, bandwidth=bandwidth or None,
             global_batch_size=global_batch_size or None,

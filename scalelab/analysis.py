@@ -364,6 +364,9 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         busbw_mb_s=("busbw_mb_s", "mean"),
         gradient_bytes=("gradient_bytes", "mean"),
         batch_per_worker=("batch_per_worker", "first"),
+        # one series holds one communication setting (comm_setting is a series key)
+        **{k: (k, "first") for k in ("bucket_cap_mb", "fusion_threshold_mb", "compression")
+           if k in work},
         bandwidth_mbit=("bandwidth_mbit", "first"),
         baseline_world_size=("baseline_world_size", "first"),
         accelerator=("accelerator", "first"),

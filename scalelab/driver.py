@@ -480,6 +480,38 @@ def _device(runs: list) -> str:
     return "gpu" if any(r.params.get("device") == "cuda" for r in runs) else "cpu"
 
 
+def reference_fill(cluster: str, given: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """What a command line that names nodes but no batch takes from the reference experiment
+    (bench/sweeps/slices.yml): every axis it does not give, as the cluster can run it: links
+    at their own rate where the target cannot shape them, fp32 where no GPU computes (amp needs
+    one). Returns the options to add (over the reference file) and the one line that says so.
+    """
+    from scalelab import sweepfile
+
+    rec = load_cluster(cluster)
+    caps = targets.capabilities(rec)
+    ref = sweepfile.spec_from_options(sweep_file=sweepfile.REFERENCE)
+    fill: dict[str, Any] = {}
+    notes = []
+    if not given.get("bandwidth") and not caps.shape_links:
+        fill["bandwidth"] = "native"
+        notes.append("links at their own rate (this cluster cannot shape them)")
+    on_gpus = given.get("device") != "cpu" and (
+        given.get("accelerator") or any(n.gpus > 0 for n in nodes_of(rec)))
+    if not given.get("precision") and not on_gpus and set(ref.precisions) & {"amp", "bf16"}:
+        fill["precision"] = "fp32"
+        notes.append("fp32 (its amp needs GPUs; these nodes have none)")
+    taken = [f"{k.replace('_', '-')} {v}" for k, v in (
+        ("batch_size", ",".join(map(str, ref.batch_sizes))), ("model", ref.model),
+        ("engine", ref.engine), ("precision", ",".join(ref.precisions)),
+        ("bandwidth", ",".join(format_rate(b) for b in ref.bandwidths)),
+        ("repeats", ref.repeats), ("steps", ref.steps)) if not given.get(k) and k not in fill]
+    line = (f"axes not given come from the reference experiment (bench/sweeps/"
+            f"{sweepfile.REFERENCE}.yml): {', '.join(taken)}"
+            + (f"; {'; '.join(notes)}" if notes else "") + "; give any of them to override")
+    return fill, line
+
+
 def prepare(cluster: str, spec) -> Prepared:
     """Validate the sweep against the cluster and expand it; writes nothing."""
     from scalelab import estimate, sweep

@@ -151,6 +151,22 @@ def _profile_or_reason(row: Any, batch: int | None = None) -> tuple[dict[str, An
                       "was found")
 
 
+def _run_setting(row: Any) -> tuple[float | None, str]:
+    """The bucket (DDP) or fusion (Horovod) size in MB and the compression a row's runs used
+    (None and "none": the engine's defaults, as a row from before the settings were recorded).
+
+    >>> _run_setting({"engine": "ddp", "bucket_cap_mb": 50.0, "compression": "fp16"})
+    (50.0, 'fp16')
+    >>> _run_setting({"engine": "horovod", "fusion_threshold_mb": float("nan")})
+    (None, 'none')
+    """
+    key = "fusion_threshold_mb" if row.get("engine") == "horovod" else "bucket_cap_mb"
+    mb = row.get(key)
+    mb = float(mb) if isinstance(mb, int | float) and mb == mb else None
+    comp = row.get("compression")
+    return mb, comp if comp in ("none", "fp16") else "none"
+
+
 def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
     """Adds overlap_step_s, overlap_compute_s (the profile's step alone: forward, backward,
     optimizer), overlap_eff (step(N0) / step(N)) and overlap_note (why a row has no overlap
@@ -174,11 +190,12 @@ def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) 
             doc, why = None, "no link rate known"
         out.at[i, "overlap_note"] = why
         if doc is not None:
+            group_mb, compression = _run_setting(row)
             out.at[i, "overlap_compute_s"] = predict_step_s(
                 doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
             out.at[i, "overlap_step_s"] = predict_step_s(
                 doc, str(row["engine"]), int(row["world_size"]), rate, str(row["precision"]),
-                alpha_s)
+                alpha_s, group_mb, compression)
     keys = list(analysis.SERIES_KEYS)
     out = analysis.with_series_columns(out)
     base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min")

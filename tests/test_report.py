@@ -329,7 +329,7 @@ def test_a_failed_baseline_empties_efficiency_and_says_so(tmp_path):
         lines.append(json.dumps(rec))
     (d / "runs.jsonl").write_text("\n".join(lines) + "\n")
     page = report.build("nobase", root=tmp_path)[0].read_text()
-    assert "No scaling efficiency for resnet18 ddp batch 32 at 1gbit, 1 per node (N0 = 1)" in page
+    assert "No scaling efficiency for resnet18 ddp batch 32/worker at 1gbit, 1 per node (N0 = 1)" in page
     assert "invoke bench --resume nobase --retry-failed" in page
     assert "batch 64" not in page.split("No scaling efficiency")[1].split("</div>")[0]
     with open(d / "results.csv") as fh:
@@ -371,10 +371,34 @@ def test_the_bottleneck_follows_the_data(tmp_path):
 
 def test_step_split_shows_hidden_and_exposed_communication(built):
     page = built.read_text()
-    assert "comm in flight (s)" in page and "comm exposed (s)" in page
+    assert "comm in flight (ms)" in page and "comm exposed (ms)" in page
     assert "comm hidden" in page
     assert "the stack is the measured step (black tick) less input time" in page
     assert "exceeds the measured step" not in page
+
+
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?%?")
+
+
+def test_no_table_cell_writes_a_number_a_person_cannot_read(built, demo_page):
+    """Every number in every table cell is plain: no exponent (1.744e+04) and no time below
+    10 ms written in seconds (0.0005521); times per step are in ms, as their headers say."""
+    for page in (built.read_text(), demo_page):
+        cells = [html.unescape(re.sub(r"<[^>]+>", "", c))
+                 for c in re.findall(r"<td[^>]*>(.*?)</td>", page, re.S)]
+        numbers = [t for c in cells for t in c.split() if _NUMBER.fullmatch(t)]
+        assert numbers
+        assert not [t for t in numbers if re.search(r"\d[eE][-+]\d", t)]
+        assert not [t for t in numbers if re.fullmatch(r"[-+]?0\.00\d*%?", t)]
+        for cls, times in (("scaling", ("step (ms)", "comm in flight (ms)", "comm exposed (ms)")),
+                           ("runs", ("step mean (ms)", "step p95 (ms)"))):
+            header = _rows(page, cls)[0]
+            assert all(t in header for t in times), header
+            assert not [h for h in header if "(s)" in h and h != "duration (s)"], header
+    emulated = _rows(demo_page, "emulation")
+    assert "profile step (ms)" in emulated[0] and "emulated compute (ms)" in emulated[0]
+    # the demo's 175 ms V100 step at batch 64, as a person reads it
+    assert all(50 < _num(r["profile step (ms)"]) < 500 for r in emulated)
 
 
 # ------------------------------------------------------------------------------ one model, one verdict
@@ -397,9 +421,9 @@ def _pct(cell: str) -> float:
 
 
 def test_the_verdict_the_table_and_the_figure_agree_for_every_point_of_the_demo(demo_page):
-    scaling = {(r["link"], r["batch/worker"], r["world size"]): r
+    scaling = {(r["link"], r["batch"], r["world size"]): r
                for r in _rows(demo_page, "scaling")}
-    figure = {(r["link"], r["batch/worker"], r["world size"]): r
+    figure = {(r["link"], r["batch"], r["world size"]): r
               for r in _rows(demo_page, "figdata")}
     assert set(scaling) == set(figure) and len(scaling) == 16
     for point, row in scaling.items():
@@ -415,7 +439,7 @@ def test_the_verdict_the_table_and_the_figure_agree_for_every_point_of_the_demo(
         assert row["verdict"].split(",")[0] in ("network-bound", "compute-bound"), point
     # each series' bottleneck is its largest point's verdict, with that point's prediction
     for b in _rows(demo_page, "bottlenecks"):
-        batch = b["series"].split("/")[0].removeprefix("batch ")
+        batch = b["series"].split(",")[0].removeprefix("batch ")
         link = b["series"].split(",")[1].strip().removeprefix("link ")
         row = scaling[(link, batch, b["at world size"])]
         assert b["model efficiency"] == row["model efficiency"]
@@ -594,6 +618,43 @@ def test_the_demo_report_fits_a_1280_px_window(demo_page, browser, tmp_path):
     assert any(t["cls"] == "scaling" for t in info["tables"])
 
 
+FULL_TABLES = ("scaling", "bottlenecks", "slowranks", "linkpairs", "cost", "comm-settings",
+               "emulation", "whatif")
+
+
+@needs_chromium
+def test_every_table_of_a_full_page_fits_a_1280_px_window(browser, tmp_path):
+    """The tables the demo page lacks (slow ranks, every pair's link rate, cost, communication
+    settings) on one page of an emulated V100 sweep with a slow node, two bucket sizes (a
+    comm-settings column in the scaling table too), a price per node-hour and a link check:
+    at 1280 px each table's own width fits its box, so none needs scrolling sideways (the
+    box's overflow-x:auto keeps the page width under the window whatever the table does)."""
+    from scalelab import linkprobe
+
+    d = _two_bucket_store(tmp_path, {1000.0: 50.0, 10000.0: 25.0}, accelerator="v100",
+                          nodes=(1, 2, 3, 4), slow_nodes={"demo-n2": 1.3})
+    meta = json.loads((d / "sweep.json").read_text())
+    meta["plan"]["price_per_node_hour"] = 3.0
+    names = [f"demo-n{i}" for i in range(4)]
+    meta["link_pairs"] = linkprobe.links_doc(
+        [linkprobe.Measurement(a, b, 410.0 if "demo-n2" in (a, b) else 958.0)
+         for i, a in enumerate(names) for b in names[i + 1:]], 3.0, "2026-11-25T16:00:00Z")
+    (d / "sweep.json").write_text(json.dumps(meta))
+    path = report.build_report(d)
+    page = path.read_text()
+    for cls in FULL_TABLES:
+        assert f'<table class="{cls}">' in page, cls
+    assert {r["node"] for r in _rows(page, "slowranks")} == {"demo-n2"}
+    assert any(r[""] == "SLOW" for r in _rows(page, "linkpairs"))
+    info = browser.open(path, screenshot=ARTIFACTS / "full-1280.png")
+    assert info["errors"] == []
+    assert info["viewport"] == 1280 and info["width"] <= 1280, info["width"]
+    shown = [t for t in info["tables"] if t["cls"] in FULL_TABLES]
+    assert {t["cls"] for t in shown} == set(FULL_TABLES)
+    wide = [t for t in shown if t["width"] > t["box"] + 1]
+    assert not wide, wide
+
+
 def test_the_readme_example_report_is_current(tmp_path):
     """reports/example/index.html is what this code makes of the demo sweep stored beside it:
     when the report changes, `invoke report --example` must be run (this fails until it is)."""
@@ -633,11 +694,17 @@ def test_a_price_per_node_hour_gives_the_cost_per_million_images(tmp_path):
     assert next(r for r in rows if r["link"] == "100mbit" and r[""] == "cheapest")["nodes"] == "1"
 
 
-def _two_bucket_store(root, faster):
+def _two_bucket_store(root, faster, accelerator="", **sweep):
     """A synthetic sweep at 1 and 10 Gbit/s, run again at bucket_cap_mb 50: faster[rate] names
-    the bucket size (MB) whose multi-node runs are measured 10 % faster at that rate."""
-    d = synthetic.synthetic_sweep(root, "buckets", nodes=(1, 2), batch_sizes=(64,),
-                                  bandwidths=(1000.0, 10000.0), repeats=2, allreduce=False)
+    the bucket size (MB) whose multi-node runs are measured 10 % faster at that rate. With an
+    accelerator (e.g. "v100") the runs are ResNet-50 on that emulated device, so the overlap
+    model finds its per-layer profile, and every run measured its link at 95 % of the rate.
+    ``sweep`` overrides synthetic_sweep's arguments (nodes, slow_nodes, ...)."""
+    d = synthetic.synthetic_sweep(root, "buckets", **{
+        "nodes": (1, 2), "batch_sizes": (64,), "bandwidths": (1000.0, 10000.0), "repeats": 2,
+        "allreduce": False,
+        **({"model": "resnet50", "gradient_bytes": 4 * 25_557_032} if accelerator else {}),
+        **sweep})
     runs = d / "runs.jsonl"
     out = []
     for line in runs.read_text().splitlines():
@@ -651,6 +718,9 @@ def _two_bucket_store(root, faster):
                                 "cycle_time_ms": None, "compression": "none"})
             r["run_id"] = rec["run_id"].replace("-r", f"-bk{mb:g}-r")
             rate = r["params"]["bandwidth_mbit"]
+            if accelerator:
+                r["params"]["accelerator"] = accelerator
+                r["link_mbit_measured"] = 0.95 * rate
             factor = 1.0 if r["params"]["nodes"] == 1 else (1.1 if faster[rate] == mb else 1.0)
             for rk in r["ranks"]:
                 rk["images_per_sec"] *= factor
@@ -689,6 +759,34 @@ def test_comm_settings_name_the_setting_measured_faster_per_rate(tmp_path):
     marked2 = {(r["link"], r["setting"]) for r in _rows(page2, "comm-settings")
                if r[""].startswith("best")}
     assert marked2 == {("1gbit", "bucket 25 MB"), ("10gbit", "bucket 50 MB")}
+
+
+def test_comm_settings_predict_the_settings_not_run_from_the_profile(tmp_path):
+    """On an emulated V100 the overlap model has a per-layer profile: every row, measured or
+    predicted only, carries the efficiency predicted for its own bucket size, the one
+    scalelab.overlap.predict_step_s gives for that setting (step of 1 rank / step of 2 over
+    the measured link), and the bucket size changes it."""
+    from scalelab import accel, analysis, overlap
+    from scalelab.models import MODELS
+
+    d = _two_bucket_store(tmp_path, {1000.0: 50.0, 10000.0: 25.0}, accelerator="v100")
+    page = report.build_report(d).read_text()
+    assert f"alpha = {analysis.DEFAULT_ALPHA_S * 1e6:.1f} us" in page  # no probes: the default
+    rows = _rows(page, "comm-settings")
+    predicted = [r for r in rows if r["row"].startswith("predicted only")]
+    assert {(r["link"], r["setting"]) for r in predicted} == {
+        (link, f"bucket {mb} MB") for link in ("1gbit", "10gbit") for mb in ("12.5", "100")}
+    doc = accel.resolve("v100", "resnet50", "fp32", 64, MODELS["resnet50"].image_size)
+    one = overlap.predict_step_s(doc, "ddp", 1, float("inf"), "fp32", analysis.DEFAULT_ALPHA_S)
+    rates = {"1gbit": 950.0, "10gbit": 9500.0}
+    for r in rows:
+        assert r["efficiency predicted"], r  # measured rows too
+        mb = float(r["setting"].removeprefix("bucket ").removesuffix(" MB"))
+        step = overlap.predict_step_s(doc, "ddp", int(r["world size"]), rates[r["link"]], "fp32",
+                                      analysis.DEFAULT_ALPHA_S, mb, "none")
+        assert r["efficiency predicted"] == f"{100 * one / step:.1f}%", r
+    ten = {r["setting"]: _pct(r["efficiency predicted"]) for r in rows if r["link"] == "10gbit"}
+    assert ten["bucket 12.5 MB"] > ten["bucket 100 MB"] + 10  # one 100 MB bucket hides nothing
 
 
 def test_no_comm_settings_section_when_no_setting_varies(tmp_path):

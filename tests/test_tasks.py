@@ -38,9 +38,10 @@ def test_help_runs_and_every_task_is_in_the_readme(name):
     assert re.search(rf"`{name}`", readme), f"README does not mention invoke {name}"
 
 
-def test_bench_with_nodes_only_sweeps_the_reference_batch_sizes(tmp_path):
-    """The mission's first line, `invoke bench --nodes 1-2`: no "give --batch-size", but the
-    reference experiment's batch sizes, named in one line before the plan."""
+def test_bench_with_nodes_only_sweeps_the_reference_experiment(tmp_path):
+    """The mission's first line, `invoke bench --nodes 1-2`: no "give --batch-size", but every
+    axis not given from the reference experiment, as this CPU cluster that cannot shape runs it,
+    named in one line before the plan."""
     from test_bad_inputs import FAKE, _fake_cluster
 
     state = tmp_path / "state"
@@ -50,8 +51,11 @@ def test_bench_with_nodes_only_sweeps_the_reference_batch_sizes(tmp_path):
                                     "SCALELAB_REPORTS": str(tmp_path / "reports")})
     assert proc.returncode == 0, proc.stderr
     first = proc.stdout.splitlines()[0]
-    assert first.startswith("--batch-size not given: 32,64,96 per worker, from the reference "
-                            "experiment (bench/sweeps/slices.yml)"), first
-    planned = re.findall(r"train-n0\d-p1-b(\d+)-native-r0", proc.stdout)
-    assert sorted({int(b) for b in planned}) == [32, 64, 96]
+    assert first.startswith("axes not given come from the reference experiment "
+                            "(bench/sweeps/slices.yml): batch-size 32,64,96, engine horovod"), first
+    assert "fp32 (its amp needs GPUs" in first and "model" not in first  # --model was given
+    planned = re.findall(r"train-n0\d-p1-b(\d+)-(\w+)-r(\d)", proc.stdout)
+    assert sorted({int(b) for b, _, _ in planned}) == [32, 64, 96]
+    assert {r for _, _, r in planned} == {"0", "1", "2"}  # its 3 repeats
+    assert "probe" in proc.stdout  # and its allreduce probes
     assert not (tmp_path / "reports").exists()  # a dry run writes nothing

@@ -7,7 +7,7 @@ import importlib.metadata
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab import analysis, store, verdict
+from scalelab.analysis import batch_text
 from scalelab.report import model
 from scalelab.report.data import Analysis, SweepData
 from scalelab.report.figures import draw_figures, layout
@@ -74,6 +75,8 @@ def _col_text(series: pd.Series, kind: str) -> pd.Series:
         out = (vals * 100).map(lambda v: "" if math.isnan(v) else f"{v:.1f}%")
     elif kind == "num":
         out = series.astype(float).map(lambda v: readable(v, 4))
+    elif kind == "ms":  # a time in seconds, shown in ms rounded as verdict.ms writes it
+        out = series.astype(float).map(lambda v: readable(model._ms_number(v), 4))
     elif kind == "int":
         out = series.map(lambda v: "" if pd.isna(v) else str(int(v)))
     else:
@@ -81,19 +84,39 @@ def _col_text(series: pd.Series, kind: str) -> pd.Series:
     return out
 
 
+def batch_cells(frame: pd.DataFrame) -> pd.Series:
+    """Cell text of a frame's batch_size as what it is: 64/worker (weak scaling) or 512 global
+    (strong scaling: split over the ranks).
+
+    >>> batch_cells(pd.DataFrame({"batch_size": [64, 512], "scaling": ["weak", "strong"]})).tolist()
+    ['64/worker', '512 global']
+    >>> batch_cells(pd.DataFrame({"batch_size": [32]})).tolist()  # a frame from before
+    ['32/worker']
+    """
+    strong = (frame["scaling"] == "strong") if "scaling" in frame else pd.Series(
+        False, index=frame.index)
+    return pd.Series([("" if pd.isna(b) else f"{int(b)} global" if s else f"{int(b)}/worker")
+                      for b, s in zip(frame["batch_size"], strong, strict=True)],
+                     index=frame.index)
+
+
 def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]], cls: str = "") -> str:
-    """An HTML table; columns are (frame column, header, kind: str|num|int|pct|pre|wrap), wrap
-    being text that may wrap in a table whose cells otherwise do not."""
+    """An HTML table; columns are (frame column, header, kind: str|num|ms|int|pct|pre|wrap),
+    ms a time in seconds shown in milliseconds (the header says ms), wrap being text that may
+    wrap in a table whose cells otherwise do not."""
     head = "".join(f"<th>{_e(h)}</th>" for _, h, _ in columns)
     if frame.empty:
         return (f'<div class="fit"><table class="{cls}"><thead><tr>{head}</tr></thead>'
                 "<tbody></tbody></table></div>")
     cells = []
     for col, _, kind in columns:
-        text = _col_text(frame[col], "str" if kind in ("pre", "wrap") else kind)
+        if kind == "batch":  # the batch a series holds fixed: each worker's, or the global one
+            text = batch_cells(frame)
+        else:
+            text = _col_text(frame[col], "str" if kind in ("pre", "wrap") else kind)
         if kind == "pre":
             text = "<pre>" + text + "</pre>"
-        tag = ('<td class="n">' if kind in ("num", "int", "pct") else
+        tag = ('<td class="n">' if kind in ("num", "ms", "int", "pct", "batch") else
                '<td class="w">' if kind == "wrap" else "<td>")
         cells.append(tag + text + "</td>")
     rows = cells[0]
@@ -149,6 +172,7 @@ thead th{background:#eef4fa;position:sticky;top:0}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 .fit{max-width:100%;overflow-x:auto}
 table.scaling{font-size:.8rem}
+table.scaling th,table.scaling td{padding:.2rem .3rem}
 th{font-weight:600}
 table.runs td{white-space:nowrap}
 table td.n{white-space:nowrap}
@@ -206,7 +230,8 @@ def _baseline_banner(s: SweepData) -> list[str]:
     if missing.empty:
         return []
     series = "; ".join(
-        f"{r.model} {r.engine} batch {int(r.batch_size)} at {r.bandwidth}, "
+        f"{r.model} {r.engine} {batch_text(r.batch_size, getattr(r, 'scaling', 'weak'))} at "
+        f"{r.bandwidth}, "
         f"{int(r.procs_per_node)} per node (N0 = {int(r.baseline_world_size)})"
         for r in missing.itertuples())
     return [f'<div class="banner partial">No scaling efficiency for {_e(series)}: no run at '
@@ -426,23 +451,23 @@ def _scaling_table(a: Analysis) -> str:
     df = a.modelled.assign(_bw=a.modelled["bandwidth_mbit"].astype(float).fillna(np.inf))
     df = df.sort_values(["sweep_id", "_bw", "batch_size", "procs_per_node", "model", "engine",
                          "precision", "data", "world_size"], kind="stable")
-    df["thr_ci"] = _ci_text(df["thr_lo"], df["thr_hi"], "{:.4g}")
-    df["eff_ci"] = _ci_text(df["eff_lo"] * 100, df["eff_hi"] * 100, "{:.1f}")
+    df["thr_ci"] = _ci_text(df["thr_lo"], df["thr_hi"], lambda v: readable(v, 4))
+    df["eff_ci"] = _ci_text(df["eff_lo"] * 100, df["eff_hi"] * 100, "{:.1f}".format)
     # the share of the time gradients were in flight that backward computation hid
     inflight = df["comm_inflight_mean_s"].astype(float)
     df["hidden"] = ((inflight - df["comm_time_mean_s"].astype(float)).clip(lower=0)
                     / inflight.where(inflight > 0))
     # to fit a 1280-px window: no column that another one implies (comm fraction is exposed
     # over step; where the model's link rate came from is said under Bottleneck per series)
-    cols = [("bandwidth", "link", "str"), ("batch_size", "batch/worker", "int"),
+    cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "batch"),
             ("world_size", "world size", "int"),
             ("n", "repeats", "int"), ("thr_mean", "images/s", "num"),
             ("thr_ci", "95% CI", "str"), ("per_worker_mean", "per worker", "num"),
             ("eff_mean", "efficiency", "pct"), ("eff_ci", "95% CI (%)", "str"),
             ("model_eff", "model efficiency", "pct"),
-            ("step_time_mean_s", "step (s)", "num"),
-            ("comm_inflight_mean_s", "comm in flight (s)", "num"),
-            ("comm_time_mean_s", "comm exposed (s)", "num"), ("hidden", "comm hidden", "pct"),
+            ("step_time_mean_s", "step (ms)", "ms"),
+            ("comm_inflight_mean_s", "comm in flight (ms)", "ms"),
+            ("comm_time_mean_s", "comm exposed (ms)", "ms"), ("hidden", "comm hidden", "pct"),
             ("link_mbit_model", "model link (Mbit/s)", "num"),
             ("verdict_text", "verdict", "wrap")]
     if df["procs_per_node"].nunique() > 1 or (df["procs_per_node"] != 1).any():
@@ -470,7 +495,7 @@ def _slow_ranks_section(a: Analysis) -> str:
     parts += [f'<p class="note">{_e(x)}</p>' for x in model.slow_rank_notes(a)]
     if not frame.empty:
         cols = [("run", "run", "str"), ("node", "node", "str"), ("rank", "rank", "int"),
-                ("world_size", "world size", "int"), ("batch_size", "batch/worker", "int"),
+                ("world_size", "world size", "int"), ("batch_size", "batch", "batch"),
                 ("link", "link", "str"), ("compute_ms", "its compute (ms/step)", "num"),
                 ("others_ms", "others' median (ms/step)", "num"),
                 ("excess", "slower by", "pct"), ("wait_ms", "others wait (ms/step)", "num")]
@@ -509,7 +534,7 @@ def _cost_section(a: Analysis) -> str:
              "price_per_node_hour): price x nodes / images per hour, from each point&#39;s mean "
              "throughput; the cheapest node count per link and batch is marked. More nodes cost "
              "more per image wherever scaling efficiency is below 100%.</p>"]
-    cols = [("link", "link", "str"), ("batch_size", "batch/worker", "int"),
+    cols = [("link", "link", "str"), ("batch_size", "batch", "batch"),
             ("nodes", "nodes", "int"), ("world_size", "world size", "int"),
             ("thr_mean", "images/s", "num"), ("cost", "cost per million images", "num"),
             ("cheapest", "", "str")]
@@ -545,7 +570,8 @@ def _comm_settings_section(a: Analysis) -> str:
         if best.empty:
             continue
         b = best.iloc[0]
-        text = (f"{key[1]}, batch {int(key[2])}, {int(key[3])} ranks: best measured setting "
+        text = (f"{key[1]}, {batch_text(key[2], b.get('scaling'))}, {int(key[3])} ranks: best "
+                "measured setting "
                 f"{b['setting']} ({100 * b['eff']:.1f}% efficiency, {b['images_per_sec']:,.1f} "
                 "images/s)")
         if b["gain_points"] == b["gain_points"]:
@@ -556,7 +582,7 @@ def _comm_settings_section(a: Analysis) -> str:
             text += "; the default was not run"
         parts.append(f'<li class="best-setting">{_e(text)}</li>')
     parts.append("</ul>")
-    cols = [("bandwidth", "link", "str"), ("batch_size", "batch/worker", "int"),
+    cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "batch"),
             ("world_size", "world size", "int"), ("setting", "setting", "str"),
             ("what", "row", "str"), ("eff", "efficiency measured", "pct"),
             ("model_eff", "efficiency predicted", "pct"),
@@ -586,11 +612,11 @@ def _emulation_section(a: Analysis) -> str:
              f"model is the overlap model: it replays the bucket timeline (a bucket&#39;s "
              f"transfer starts when its last gradient is ready and the previous bucket&#39;s "
              f"transfer is done); its error is stated once, under Bottleneck per series.</p>"]
-    cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "int"),
+    cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "batch"),
             ("world_size", "world size", "int"), ("dilation", "k", "num"),
             ("eff_mean", "measured efficiency", "pct"), ("model_eff", "model efficiency", "pct"),
-            ("profile_step_s", "profile step (s)", "num"),
-            ("compute_time_mean_s", "emulated compute (s)", "num"),
+            ("profile_step_s", "profile step (ms)", "ms"),
+            ("compute_time_mean_s", "emulated compute (ms)", "ms"),
             ("host_cpu_idle", "host idle", "pct"), ("link_utilisation", "link busy", "pct"),
             ("fidelity_text", "fidelity", "str")]
     if model.mixed(df):
@@ -612,20 +638,20 @@ def _emulation_section(a: Analysis) -> str:
     return "\n".join(parts)
 
 
-def _ci_text(lo: pd.Series, hi: pd.Series, fmt: str) -> pd.Series:
-    return pd.Series([("" if math.isnan(a) else f"{fmt.format(a)} – {fmt.format(b)}")
+def _ci_text(lo: pd.Series, hi: pd.Series, fmt: Callable[[float], str]) -> pd.Series:
+    return pd.Series([("" if math.isnan(a) else f"{fmt(a)} – {fmt(b)}")
                       for a, b in zip(lo.astype(float), hi.astype(float), strict=True)],
                      index=lo.index)
 
 
 RUN_COLUMNS = [("run_id", "run", "str"), ("nodes", "nodes", "int"),
                ("procs_per_node", "proc/node", "int"), ("world_size", "world", "int"),
-               ("batch_size", "batch", "int"), ("bandwidth", "link", "str"),
+               ("batch_size", "batch", "batch"), ("bandwidth", "link", "str"),
                ("repeat", "repeat", "int"), ("status", "status", "str"),
                ("images_per_sec", "images/s", "num"),
                ("images_per_sec_per_worker", "images/s/worker", "num"),
-               ("step_time_mean_s", "step mean (s)", "num"),
-               ("step_time_p95_s", "step p95 (s)", "num"), ("comm_fraction", "comm", "pct"),
+               ("step_time_mean_s", "step mean (ms)", "ms"),
+               ("step_time_p95_s", "step p95 (ms)", "ms"), ("comm_fraction", "comm", "pct"),
                ("busbw_mb_s", "busbw (MB/s)", "num"),
                ("link_mbit_measured", "link (Mbit/s)", "num"),
                ("scaling_efficiency", "efficiency", "pct"), ("started_at", "started", "str"),
@@ -644,7 +670,7 @@ def _runs_tables(a: Analysis) -> str:
     else:
         parts.append(_table(failed, ([("sweep_id", "sweep", "str")] if multi else [])
                             + [("run_id", "run", "str"), ("status", "status", "str"),
-                               ("world_size", "world", "int"), ("batch_size", "batch", "int"),
+                               ("world_size", "world", "int"), ("batch_size", "batch", "batch"),
                                ("bandwidth", "link", "str"), ("started_at", "started", "str"),
                                *jobs, ("error", "error", "pre")], "failed"))
     bad_probes = pd.concat([s.probes for s in a.sweeps], ignore_index=True)
@@ -758,7 +784,7 @@ def _figure_data(data: pd.DataFrame | None, multi: bool) -> str:
     """The numbers a figure plots, folded under it: what a screen reader and a test can read."""
     if data is None or data.empty:
         return ""
-    cols = [("bandwidth", "link", "str"), ("batch_size", "batch/worker", "int"),
+    cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "batch"),
             ("procs_per_node", "proc/node", "int"), ("world_size", "world size", "int"),
             ("eff_mean", "measured efficiency", "pct"), ("model_eff", "predicted efficiency", "pct"),
             ("predicted_by", "predicted by", "str")]
