@@ -71,6 +71,16 @@ class Layout:
 
 
 def layout(modelled: pd.DataFrame, compare: bool) -> Layout:
+    """Panels (one per bandwidth), one Okabe-Ito colour per batch size (a global batch is
+    labelled as one) and line styles for whatever else varies.
+
+    >>> m = pd.DataFrame({"bandwidth": ["1gbit", "1gbit", "10gbit"], "sweep_id": "s",
+    ...     "bandwidth_mbit": [1000.0, 1000.0, 10000.0], "batch_size": [64, 256, 64],
+    ...     "scaling": ["weak", "strong", "weak"]})
+    >>> lay = layout(m, compare=False)
+    >>> lay.panels, lay.batch_colour == {64: OKABE_ITO[0], 256: OKABE_ITO[1]}, sorted(lay.strong)
+    (['1gbit', '10gbit'], True, [256])
+    """
     mbit = dict(zip(modelled["bandwidth"], modelled["bandwidth_mbit"].astype(float), strict=False))
     bws = _bw_order(modelled["bandwidth"], mbit)
     per_bw_sweeps = modelled.groupby("bandwidth")["sweep_id"].nunique()
