@@ -382,9 +382,11 @@ def configure(c, cluster="demo", tags="", check=False, verify=False, bundle="", 
                  "Horovod wheel cache of scripts/build_horovod.sh",
     "force": "build again even when the cache holds an image made of the same inputs",
     "dry_run": "print what the image would be made of and where it would go; build nothing",
+    "base": "build on a vendor's image instead of Debian: docker-archive:PATH (what docker save "
+            "wrote, e.g. of nvcr.io/nvidia/pytorch) or a tag a Docker engine here holds",
 })
 @friendly
-def image(c, wheel_dir="", force=False, dry_run=False):
+def image(c, wheel_dir="", force=False, dry_run=False, base=""):
     """Build the training image (Debian + the bundle's wheelhouse + workloads) as an archive."""
     from pathlib import Path
 
@@ -394,11 +396,21 @@ def image(c, wheel_dir="", force=False, dry_run=False):
         [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
               Path.home() / ".cache" / "scalelab" / "wheels")]
     constraints = Path(__file__).resolve().parent / "constraints.txt"
-    if dry_run:
+    if base:
+        from scalelab import imagebase
+
+        if dry_run:
+            print(f"image on {base}: its layers as they are, then /opt/scalelab (a venv over its "
+                  "Python, Horovod where it lacks one and the wheel fits, bench/workloads)")
+            return
+        meta = imagebase.build_on_base(base, wheel_dirs=dirs, constraints=constraints,
+                                       force=force, progress=lambda line: print(line, flush=True))
+    elif dry_run:
         print("\n".join(images.plan(dirs, constraints).describe()))
         return
-    meta = images.build(wheel_dirs=dirs, constraints=constraints, force=force,
-                        progress=lambda line: print(line, flush=True))
+    else:
+        meta = images.build(wheel_dirs=dirs, constraints=constraints, force=force,
+                            progress=lambda line: print(line, flush=True))
     print(f"image: {meta['archive']} ({meta['tag']}, {meta['id']}); load it with "
           f"invoke configure --cluster NAME --image {meta['archive']}")
 

@@ -153,17 +153,17 @@ def write_archive(rootfs_tar: Path, out: Path, tag: str, labels: dict[str, str],
                  "Layers": [f"{diff}/layer.tar"]}]
     repo, _, version = tag.rpartition(":")
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
-        _add_bytes(tar, f"{image_id}.json", blob)
+        add_bytes(tar, f"{image_id}.json", blob)
         info = tar.gettarinfo(str(rootfs_tar), arcname=f"{diff}/layer.tar")
         info.mode, info.uid, info.gid, info.uname, info.gname = 0o644, 0, 0, "", ""
         with open(rootfs_tar, "rb") as fh:
             tar.addfile(info, fh)
-        _add_bytes(tar, "manifest.json", json.dumps(manifest).encode())
-        _add_bytes(tar, "repositories", json.dumps({repo: {version: diff}}).encode())
+        add_bytes(tar, "manifest.json", json.dumps(manifest).encode())
+        add_bytes(tar, "repositories", json.dumps({repo: {version: diff}}).encode())
     return f"sha256:{image_id}"
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     import io
 
     info = tarfile.TarInfo(name)
@@ -220,7 +220,7 @@ def _contents(rootfs_tar: Path) -> dict[str, Any]:
     return found
 
 
-def _prune(root: Path, keep: Path, newest: int = 2) -> None:
+def prune(root: Path, keep: Path, newest: int = 2) -> None:
     """Keep the image just built and the newest others, up to `newest` in all: an image is
     over a GB, and a cluster's record names the archive it loaded (invoke configure --image)."""
     built = sorted((d for d in root.iterdir() if d.is_dir() and (d / META).is_file()
@@ -320,7 +320,7 @@ def build(*, wheel_dirs: Sequence[Path], constraints: Path,
         if final.exists():
             shutil.rmtree(final)
         os.rename(staging, final)
-        _prune(root, keep=final)
+        prune(root, keep=final)
         say(f"image: {tag} {image_id[:19]} built in {meta['build_s']:.0f} s")
         return {**meta, "archive": str(final / ARCHIVE), "cached": False}
     finally:

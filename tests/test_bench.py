@@ -236,7 +236,7 @@ def test_strong_scaling_splits_the_global_batch_and_is_reported_as_such(cluster,
     # strong: efficiency = images/s(2) / (2 x images/s(1)), against its own 1-node run
     base = float(rows["train-n01-p1-g0016-native-r0"]["images_per_sec"])
     assert float(strong["scaling_efficiency"]) == pytest.approx(
-        float(strong["images_per_sec"]) / (2 * base), rel=1e-6)
+        float(strong["images_per_sec"]) / (2 * base), rel=1e-4)  # csv: 6 digits
     page = (sweep_dir / "index.html").read_text()
     assert "16 global" in page and "16/worker" in page
 

@@ -200,6 +200,78 @@ def test_containers_a_killed_driver_left_are_ended_by_the_next_bench(dcluster, t
     assert not any(_docker_ps(dcluster).values()), _docker_ps(dcluster)
 
 
+def _vendor_base(archive: Path, out: Path, with_torch: bool = True) -> Path:
+    """A stand-in for a vendor's image (no registry here): the training image's Debian with its
+    venv's packages moved into the system Python's dist-packages, where vendor images keep
+    torch, and neither Horovod nor anything of scalelab's; with_torch=False keeps Debian only."""
+    import tarfile
+
+    site = "opt/scalelab/venv/lib/python3.11/site-packages/"
+    layer = out.with_suffix(".layer.tar")
+    with tarfile.open(archive) as outer:
+        name = next(m.name for m in outer if m.name.endswith("/layer.tar"))
+        with tarfile.open(fileobj=outer.extractfile(name), mode="r|") as src, \
+                tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as dst:
+            for m in src:
+                path = m.name.removeprefix("./")
+                if path.startswith(site):
+                    rest = path[len(site):]
+                    if not with_torch or rest.startswith(("horovod", "Horovod")):
+                        continue
+                    m.name = "usr/local/lib/python3.11/dist-packages/" + rest
+                    if m.islnk():
+                        m.linkname = ("usr/local/lib/python3.11/dist-packages/"
+                                      + m.linkname.removeprefix("./")[len(site):])
+                elif path.startswith(("opt/scalelab", ".scalelab")):
+                    continue
+                # a long name lives in the member's pax header, which would win over .name
+                m.pax_headers = {k: v for k, v in m.pax_headers.items()
+                                 if k not in ("path", "linkpath")}
+                dst.addfile(m, src.extractfile(m) if m.isreg() else None)
+    images.write_archive(layer, out, "vendor/pytorch:stand-in", {}, "2026-01-01T00:00:00Z")
+    layer.unlink()
+    return out
+
+
+def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, tmp_path):
+    """invoke image --base docker-archive:PATH: the base's layer unchanged and one of
+    scalelab's on top; its torch is the base's own, Horovod went in from the wheelhouse, the
+    image loads on the nodes (configure verifies it in a container) and ranks train in it.
+    A base without torch is refused in one line."""
+    from scalelab import imagebase
+
+    env = {"SCALELAB_IMAGE_CACHE": str(tmp_path / "cache")}
+    base = _vendor_base(built[0], tmp_path / "vendor.tar")
+    proc = invoke("image", "--base", f"docker-archive:{base}", env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    archive = Path(proc.stdout.strip().splitlines()[-1].split()[1])
+    meta = images.read_meta(archive)
+    assert meta["contents"]["torch"] == built[1]["contents"]["torch"]
+    assert meta["contents"]["horovod"] and meta["contents"]["horovod_gloo"], meta
+    assert meta["base"]["ref"] == f"docker-archive:{base}" and meta["base"]["python"] == "3.11"
+    base_entry, base_conf = imagebase.archive_parts(base)
+    entry, conf = imagebase.archive_parts(archive)
+    assert entry["Layers"][:-1] == base_entry["Layers"] and len(entry["Layers"]) == 2
+    assert conf["rootfs"]["diff_ids"][:-1] == base_conf["rootfs"]["diff_ids"]
+    assert meta["id"] != built[1]["id"]
+    _configure(dcluster, archive)  # loads it on both nodes and imports torch and Horovod there
+    reports = tmp_path / "reports"
+    sweep = _sweep(tmp_path, "onbase", engine="horovod", nodes=[2], steps=3,
+                   allreduce_probe=False, netprobe=False, timeout_s=300)
+    run = fl.run_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime", "container",
+                       "--no-report", timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    recs = [r for r in fl.records(fl.latest(reports)) if r["kind"] == "train"]
+    assert [r["status"] for r in recs] == ["ok"], [r["error"] for r in recs]
+    assert recs[0]["env"]["image"]["id"] == meta["id"]
+
+    bare = _vendor_base(built[0], tmp_path / "bare.tar", with_torch=False)
+    refused = invoke("image", "--base", f"docker-archive:{bare}", env=env, timeout=600)
+    assert refused.returncode != 0
+    err = refused.stderr.strip()
+    assert len(err.splitlines()) == 1 and "cannot import torch" in err, err
+
+
 def test_destroy_leaves_no_engine_mount_or_namespace(built):
     lc = LocalCluster(unique_name("d"))
     lc.provision(1)

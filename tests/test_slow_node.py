@@ -26,9 +26,12 @@ def test_the_report_names_the_node_with_less_cpu(local_cluster, tmp_path):
     lc._shape_node(2, 100.0)
     proc = invoke("check", "--cluster", lc.name, "--links", timeout=300)
     assert proc.returncode == 1 and "2 of 3 pairs are slow" in proc.stderr, proc.stderr
+    # 4 repeats: 9 run-to-run differences per layout, enough (stragglers.MIN_SAMPLES) to take
+    # the noise from the runs, where the slow rank's steady excess cancels out; with 3 the
+    # noise falls back to the spread over all ranks, which a loaded host can widen past 50 %
     sweep = tmp_path / "slow.yml"
     sweep.write_text("model: resnet20\nengine: ddp\nnodes: [3]\nbatch_size: [16]\n"
-                     "bandwidth: native\nrepeats: 3\nsteps: 10\nwarmup: 2\n"
+                     "bandwidth: native\nrepeats: 4\nsteps: 10\nwarmup: 2\n"
                      "allreduce_probe: false\nnetprobe: false\ntimeout_s: 300\n")
     proc = invoke("bench", "--cluster", lc.name, "--sweep", str(sweep), timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -37,7 +40,7 @@ def test_the_report_names_the_node_with_less_cpu(local_cluster, tmp_path):
     page = page_path.read_text()
     section = page.split('id="slow-ranks"', 1)[1].split("<h2", 1)[0]
     named = set(re.findall(rf"<td>({re.escape(lc.name)}-n\d+)</td>", section))
-    assert named == {slow}, (named, section[:3000])
+    assert named == {slow}, (named, re.sub(r"<[^>]+>", " ", section)[:3000])
     assert f"Node {slow} was slow in" in page
     # every pair's rate on the same page, the slow node's pairs flagged and no other
     table = section.split('id="link-pairs"', 1)[1]
