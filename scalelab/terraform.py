@@ -267,7 +267,7 @@ def required_version(module: Path | str) -> str:
     """A module's `required_version` constraint from its .tf files ("" when none).
 
     >>> required_version(Path(__file__).resolve().parent.parent / "terraform" / "aws")
-    '>= 1.3.0'
+    '>= 1.0.0'
     """
     for tf in sorted(Path(module).glob("*.tf")):
         m = _REQUIRED.search(tf.read_text())

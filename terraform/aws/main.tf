@@ -63,13 +63,6 @@ resource "aws_subnet" "cluster" {
   cidr_block        = var.subnet_cidr
   availability_zone = local.zone
   tags              = { Name = local.prefix }
-
-  lifecycle {
-    precondition {
-      condition     = local.zone != null
-      error_message = "The instance_type is not offered in any availability zone of this region; pick another region or instance type."
-    }
-  }
 }
 
 resource "aws_route_table" "cluster" {
@@ -211,15 +204,6 @@ resource "aws_instance" "node" {
     # A newer AMI or template must never replace running nodes when the cluster is resized.
     ignore_changes = [launch_template]
 
-    precondition {
-      condition     = local.gpus > 0
-      error_message = "The instance_type has no GPU; pick a GPU type such as g5.xlarge, p3.2xlarge, p4d.24xlarge or p5.48xlarge."
-    }
-
-    precondition {
-      condition     = !var.enable_efa || data.aws_ec2_instance_type.node.efa_supported
-      error_message = "The instance_type does not support EFA; set enable_efa = false or pick an EFA type such as p4d.24xlarge or p5.48xlarge."
-    }
   }
 
   depends_on = [
@@ -227,4 +211,12 @@ resource "aws_instance" "node" {
     aws_vpc_security_group_ingress_rule.cluster_internal,
     aws_vpc_security_group_egress_rule.all,
   ]
+}
+
+# Terraform 1.0 has no lifecycle preconditions: each check fails the plan with its message
+# (tobool of a sentence), as terraform/static does, before anything is created.
+locals {
+  check_zone = local.zone != null ? true : tobool("The instance_type is not offered in any availability zone of this region; pick another region or instance type.")
+  check_gpu  = local.gpus > 0 ? true : tobool("The instance_type has no GPU; pick a GPU type such as g5.xlarge, p3.2xlarge, p4d.24xlarge or p5.48xlarge.")
+  check_efa  = !var.enable_efa || data.aws_ec2_instance_type.node.efa_supported ? true : tobool("The instance_type does not support EFA; set enable_efa = false or pick an EFA type such as p4d.24xlarge or p5.48xlarge.")
 }

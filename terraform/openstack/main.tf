@@ -163,13 +163,6 @@ resource "openstack_compute_instance_v2" "node" {
     }
   }
 
-  lifecycle {
-    precondition {
-      condition     = !(var.baremetal && var.boot_volume_size_gb != null)
-      error_message = "Bare-metal instances boot from their local disk: leave boot_volume_size_gb null when baremetal is true."
-    }
-  }
-
   depends_on = [openstack_networking_router_interface_v2.cluster]
 }
 
@@ -185,4 +178,10 @@ resource "openstack_networking_floatingip_associate_v2" "head" {
   port_id     = openstack_networking_port_v2.node[0].id
 
   depends_on = [openstack_compute_instance_v2.node, openstack_networking_router_interface_v2.cluster]
+}
+
+# Terraform 1.0 has no lifecycle preconditions: the check fails the plan with its message
+# (tobool of a sentence), as terraform/static does, before anything is created.
+locals {
+  check_boot_volume = !(var.baremetal && var.boot_volume_size_gb != null) ? true : tobool("Bare-metal instances boot from their local disk: leave boot_volume_size_gb null when baremetal is true.")
 }
