@@ -66,6 +66,12 @@ def invoke(*args: str, env: dict | None = None, timeout: float = 120) -> subproc
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def bench_exit(statuses) -> int:
+    """The exit code invoke bench owes for the runs it ran: 1 when one failed or timed out
+    (every result is kept, and a script must see it), else 0."""
+    return 1 if any(s in ("failed", "timeout") for s in statuses) else 0
+
+
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 

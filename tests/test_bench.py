@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, invoke, needs_root, needs_sshd, unique_name
+from conftest import ROOT, bench_exit, invoke, needs_root, needs_sshd, unique_name
 
 from scalelab import store
 
@@ -143,9 +143,10 @@ def test_driver_killed_mid_sweep_then_resume_runs_only_the_missing(cluster, repo
     assert len(done_before) < len(planned)
 
     proc = bench(cluster, reports, "--resume", sweep_dir.name, "--no-report")
-    assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"{len(planned) - len(done_before)} runs missing" in proc.stdout
     records = runs_of(sweep_dir)
+    assert proc.returncode == bench_exit(r["status"] for r in records
+                                         if r["run_id"] not in done_before), proc.stderr[-2000:]
     ids = [r["run_id"] for r in records]
     assert len(ids) == len(set(ids)), "duplicate run records after resume"
     assert sorted(ids) == sorted(planned)
