@@ -574,7 +574,7 @@ def test(c, k="", fast=False, no_lint=False, gpu=False):
         return
     if not k and not no_lint:
         lint(c)
-    args = ["-q"]
+    args = ["-q", "--durations=15"]  # CI prints where its time goes
     if k:
         args += ["-k", k]
     if fast:

@@ -168,6 +168,19 @@ def test_a_slurm_sweep_gives_the_same_results_as_ssh_and_one_job_per_run(slurm_c
     with open(ssh_dir / "results.csv") as f:
         ssh_rows = list(csv.DictReader(f))
     assert list(sl_rows[0]) == list(ssh_rows[0])  # the same columns
+    # and the same runs measured alike: every SSH run is in the Slurm sweep with the same
+    # plan, at the same rate, and trained at a comparable speed (a wrong world size or device
+    # would be off by 2x or more; 5 steps on shared cores are not closer than that)
+    sl_by_id = {r["run_id"]: r for r in sl_rows}
+    assert ssh_rows and {r["run_id"] for r in ssh_rows} <= set(sl_by_id)
+    for r in ssh_rows:
+        s = sl_by_id[r["run_id"]]
+        for k in ("nodes", "world_size", "batch_size", "bandwidth_mbit", "model", "engine"):
+            assert s[k] == r[k], (r["run_id"], k, s[k], r[k])
+        assert 800 < float(r["link_mbit_measured"]) < 1100, r
+        if r["run_id"].startswith("train-"):
+            ratio = float(s["images_per_sec"]) / float(r["images_per_sec"])
+            assert 0.5 < ratio < 2.0, (r["run_id"], s["images_per_sec"], r["images_per_sec"])
     assert [r["nodes"] for r in sl_rows] == ["1", "2", "3"]
     assert all(r["status"] == "ok" and float(r["images_per_sec"]) > 0 for r in sl_rows)
     assert {r["launcher"] for r in sl_rows} == {"slurm"}

@@ -653,7 +653,8 @@ def test_docstring_examples():
 
     for mod in (scalelab.terraform, tf, scalelab.targets.static):
         result = doctest.testmod(mod)
-        assert result.failed == 0, f"{mod.__name__}: {result.failed} doctest(s) failed"
+        assert result.attempted > 0 and result.failed == 0, \
+            f"{mod.__name__}: {result.failed} of {result.attempted} doctest(s) failed"
 
 
 @pytest.mark.parametrize("target", ["aws", "openstack"])
