@@ -178,6 +178,32 @@ def test_a_killed_rank_leaves_no_container(dcluster, tmp_path):
     assert not any(_docker_ps(dcluster).values())
 
 
+def test_a_frozen_rank_times_out_and_leaves_no_container(dcluster, tmp_path):
+    """A rank stopped mid-run (SIGSTOP: alive, holding its peers, never finishing): the run
+    times out, its containers on both nodes are removed by its launch token, and the sweep
+    exits 1 for it."""
+    reports = tmp_path / "reports"
+    sweep = _sweep(tmp_path, "frozen", nodes=[2], steps=400, timeout_s=45)
+    proc = fl.start_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime",
+                          "container", "--no-report")
+    try:
+        pid = fl.wait_for(lambda: _container_rank(dcluster, 1), 120, "the rank in a container")
+        fl.wait_for(lambda: _cpu_s(pid) >= 1.0, 60, "the rank in a container to compute")
+        of_run = {c for names in _docker_ps(dcluster).values() for c in names}
+        assert len(of_run) == 2, of_run
+        os.kill(pid, signal.SIGSTOP)  # the rank this sweep started on node 1: frozen, not gone
+        out, err = fl.finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            fl.kill_pid(proc.pid)
+            proc.wait(timeout=30)
+    assert proc.returncode == 1 and "1 of 1 runs failed or timed out" in err, err[-2000:]
+    (rec,) = fl.records(fl.latest(reports))
+    assert rec["status"] == "timeout", (rec["status"], rec["error"])
+    assert not any(_docker_ps(dcluster).values()), _docker_ps(dcluster)
+    assert _cpu_s(pid) == 0.0 or not Path(f"/proc/{pid}").exists()  # the frozen rank is gone
+
+
 def test_containers_a_killed_driver_left_are_ended_by_the_next_bench(dcluster, tmp_path):
     reports = tmp_path / "reports"
     sweep = _sweep(tmp_path, "long", nodes=[2], steps=400, timeout_s=600)
