@@ -319,10 +319,14 @@ def test_security_groups_admit_only_the_operator_and_the_cluster(module):
         else:
             assert src in internal or "security_group" in src or "secgroup" in src, r
     assert any(r["source"] == "var.operator_cidr" and r["from"] == 22 for r in rules)
-    if module == "openstack":
-        # its subnet may be an existing one other tenants share: the cluster's own group only
-        internal_rules = [r for r in rules if r["source"] != "var.operator_cidr"]
-        assert internal_rules and all("secgroup" in str(r["source"]) for r in internal_rules)
+    # between nodes: the cluster's own group only (a subnet may hold other machines, and on
+    # OpenStack other tenants), and TCP only, except AWS's EFA rule, which EFA needs
+    internal_rules = [r for r in rules if r["source"] != "var.operator_cidr"]
+    assert internal_rules
+    for r in internal_rules:
+        assert "secgroup" in str(r["source"]) or "security_group" in str(r["source"]), r
+        if not r["resource"].endswith(".efa_self"):
+            assert str(r["protocol"]).lower() == "tcp", r
 
 
 @pytest.mark.parametrize("module", CLOUD_MODULES)

@@ -107,11 +107,17 @@ resource "aws_vpc_security_group_ingress_rule" "jupyter_from_operator" {
   to_port           = var.jupyter_port
 }
 
+# TCP between the cluster's own nodes: SSH, the torchrun and Horovod rendezvous, and the ports
+# NCCL's and Gloo's sockets, NFS, Slurm and iperf3 listen on (NCCL and Gloo take theirs from
+# the OS); members of this group only, whatever else is launched into the subnet. EFA's own
+# all-protocol rule is below.
 resource "aws_vpc_security_group_ingress_rule" "cluster_internal" {
-  security_group_id = aws_security_group.cluster.id
-  description       = "Any protocol between the cluster's nodes (NCCL, Gloo, torchrun rendezvous, SSH)"
-  cidr_ipv4         = var.subnet_cidr
-  ip_protocol       = "-1"
+  security_group_id            = aws_security_group.cluster.id
+  description                  = "TCP between the cluster's own nodes (NCCL, Gloo, rendezvous, NFS, SSH)"
+  referenced_security_group_id = aws_security_group.cluster.id
+  ip_protocol                  = "tcp"
+  from_port                    = 0
+  to_port                      = 65535
 }
 
 # EFA's OS-bypass traffic needs a group that allows all traffic to and from itself.

@@ -101,9 +101,10 @@ resource "openstack_networking_secgroup_rule_v2" "jupyter_from_operator" {
 # other tenants must not reach the unauthenticated Gloo/torchrun ports or JupyterLab.
 resource "openstack_networking_secgroup_rule_v2" "cluster_internal" {
   security_group_id = openstack_networking_secgroup_v2.cluster.id
-  description       = "Any protocol between the cluster's own nodes (NCCL, Gloo, torchrun rendezvous, SSH)"
+  description       = "TCP between the cluster's own nodes (NCCL, Gloo, rendezvous, NFS, SSH)"
   direction         = "ingress"
   ethertype         = "IPv4"
+  protocol          = "tcp"
   remote_group_id   = openstack_networking_secgroup_v2.cluster.id
 }
 
