@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab import bundle as bundles
+from scalelab.errors import ScalelabError
 from scalelab.image import (
     ARCHIVE,
     BUILD_TIMEOUT_S,
@@ -85,50 +86,84 @@ def archive_parts(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return entry, config
 
 
-def unpack_layers(archive: Path, layers: Sequence[str], dest: Path) -> None:
-    """Apply an image's layers in order onto dest, whiteouts included (.wh.NAME removes NAME of
-    the layers below, .wh..wh..opq all of its directory's)."""
-    with tarfile.open(archive) as outer:
-        for name in layers:
-            inner = outer.extractfile(name)
-            if inner is None:
-                raise ImageError(f"{archive}: layer {name} is missing")
-            mine: set[str] = set()  # what this layer has put down so far
-            with tarfile.open(fileobj=inner, mode="r|*") as tar:
-                for m in tar:
-                    path = os.path.normpath(m.name.lstrip("/"))
-                    if path.startswith(".."):
-                        continue  # the extraction filter would refuse it too
-                    parent, base = os.path.split(path)
-                    if base == ".wh..wh..opq":
-                        for old in (dest / parent).glob("*") if (dest / parent).is_dir() else ():
-                            if os.path.join(parent, old.name) not in mine:
-                                _remove(old)
-                        continue
-                    if base.startswith(".wh."):
-                        _remove(dest / parent / base[4:])
-                        continue
-                    target = dest / path
-                    if target.is_dir() and not target.is_symlink() and not m.isdir():
-                        shutil.rmtree(target)
-                    elif (target.exists() or target.is_symlink()) and m.isdir() \
-                            and not target.is_dir():
-                        target.unlink()
-                    tar.extract(m, dest, set_attrs=not m.issym(), filter="tar")
-                    mine.add(path)
+def unpack_layers(archive: Path, layers: Sequence[str], dest: Path) -> int:
+    """Apply an image's layers in order onto dest, as an overlay would: a later layer's entry
+    replaces what lay at its path (never writing through a link), .wh.NAME removes NAME of the
+    layers below, .wh..wh..opq all of its directory's. An entry whose directory resolves out of
+    dest (through an absolute link, say /var/run -> /run) is skipped, never followed: the tree
+    only serves the checks inside it, the archive keeps the layers as they are. Returns how
+    many entries were skipped."""
+    skipped = 0
+    try:
+        with tarfile.open(archive) as outer:
+            for name in layers:
+                inner = outer.extractfile(name)
+                if inner is None:
+                    raise ImageError(f"{archive}: layer {name} is missing")
+                mine: set[str] = set()  # what this layer has put down so far
+                with tarfile.open(fileobj=inner, mode="r|*") as tar:
+                    for m in tar:
+                        skipped += not _apply(tar, m, dest, mine)
+    except (tarfile.TarError, EOFError) as exc:
+        raise ImageError(f"{archive}: a layer could not be read ({exc}); docker save writes "
+                         "plain or gzip layers, which is what --base takes") from None
+    return skipped
+
+
+def _apply(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, mine: set[str]) -> bool:
+    """One layer entry onto dest (see unpack_layers); False when it was skipped."""
+    path = os.path.normpath(m.name.lstrip("/"))
+    if path.startswith("..") or path == ".":
+        return path == "."
+    parent, base = os.path.split(path)
+    where = _local(dest, parent)
+    if where is None:
+        return False
+    if base == ".wh..wh..opq":
+        for old in where.iterdir() if where.is_dir() else ():
+            if os.path.join(parent, old.name) not in mine:
+                _remove(old)
+        return True
+    if base.startswith(".wh."):
+        _remove(where / base[4:])
+        return True
+    target = where / base
+    if os.path.lexists(target) and not (m.isdir() and target.is_dir()
+                                        and not target.is_symlink()):
+        _remove(target)  # the entry replaces it, whatever it was (a link is not followed)
+    try:
+        tar.extract(m, dest, set_attrs=not m.issym(), filter="tar")
+    except tarfile.FilterError:
+        return False
+    mine.add(path)
+    return True
+
+
+def _local(dest: Path, rel: str) -> Path | None:
+    """dest/rel with its links resolved, when that stays inside dest; None when it leads out.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> (d / "usr/lib").mkdir(parents=True); (d / "lib").symlink_to("usr/lib")
+    >>> (d / "run").symlink_to("/run")
+    >>> _local(d, "lib") == (d / "usr/lib").resolve(), _local(d, "run") is None
+    (True, True)
+    """
+    root = os.path.realpath(dest)
+    real = os.path.realpath(os.path.join(root, rel))
+    return Path(real) if real == root or real.startswith(root + os.sep) else None
 
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
+    elif os.path.lexists(path):
         path.unlink()
 
 
 def in_root(root: Path, script: str, path_env: str, timeout: float = 600.0
             ) -> subprocess.CompletedProcess:
-    """Run a shell script inside an unpacked root file system, in a mount namespace of its
-    own (proc and the few device files Python reads; gone with the namespace)."""
+    """Run a shell script inside an unpacked root file system, in mount, pid and network
+    namespaces of its own (proc and the few device files Python reads; gone with them)."""
     import shlex
 
     for d in ("proc", "dev", "tmp"):
@@ -140,9 +175,11 @@ def in_root(root: Path, script: str, path_env: str, timeout: float = 600.0
             f"exec chroot {r} /usr/bin/env -i PATH={shlex.quote(path_env)} HOME=/root "
             f"LANG=C.UTF-8 /bin/sh -c {shlex.quote(script)}")
     try:
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "--fork",
-                               "sh", "-c", line], capture_output=True, text=True,
-                              timeout=timeout)
+        # its own mount, pid and (empty) network namespaces: the base's code sees no host
+        # process and reaches no network, and dies with unshare
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "--pid",
+                               "--net", "--fork", "--kill-child", "sh", "-c", line],
+                              capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise ImageError(f"a step inside the base did not finish in {timeout:g} s") from None
 
@@ -199,10 +236,12 @@ def _horovod_fits(found: dict[str, Any], wheel: Path | None) -> str:
         return "there is no Horovod wheel (scripts/build_horovod.sh builds one)"
     import re
 
-    m = re.search(r"_torch-([^_+]+)(?:\+[^_]*)?_cp(\d)(\d+)", wheel.parent.name)
-    want_torch, want_py = (m[1], f"{m[2]}.{m[3]}") if m else ("?", "?")
+    m = re.search(r"_torch-([^_+]+)(?:\+[^_]*)?_", wheel.parent.name)
+    want_torch = m[1] if m else None  # a wheel outside build_horovod.sh's cache: not known
+    tag = re.search(r"-cp(\d)(\d+)-", wheel.name)
+    want_py = f"{tag[1]}.{tag[2]}" if tag else "?"
     have_torch = (found.get("torch") or "none").split("+")[0]
-    if have_torch == want_torch and found.get("python") == want_py:
+    if have_torch == (want_torch or have_torch) and found.get("python") == want_py:
         return ""
     return (f"its Horovod wheel is built for torch {want_torch} and Python {want_py}, the base "
             f"has torch {have_torch} and Python {found.get('python')}: build Horovod inside the "
@@ -214,9 +253,12 @@ def base_plan(ref: str, wheel_dirs: Sequence[Path], constraints: Path,
     """The inputs of an image on a base (hashed into its key)."""
     entry, config = archive_parts(archive)
     blob = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
-    local = bundles.pick_local_wheels(wheel_dirs, bundles.torch_pin([], constraints))
+    # every wheel that could go in (which Horovod wheel does depends on the base's torch) and
+    # the constraints its dependencies are resolved under
+    wheels = sorted(w for d in wheel_dirs if Path(d).is_dir() for w in Path(d).rglob("*.whl"))
     return {"format": BASE_FORMAT, "base": ref, "base_config": hashlib.sha256(blob).hexdigest(),
-            "wheels": {w.name: bundles.sha256_of(w) for w in sorted(local)},
+            "wheels": {str(w): bundles.sha256_of(w) for w in wheels},
+            "constraints": constraints.read_text() if constraints.is_file() else "",
             "workloads": workloads_now()}
 
 
@@ -259,16 +301,22 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
                              "--base")
         notes = []
         if not found["horovod"]:
-            wheel = next((w for w in bundles.pick_local_wheels(
-                wheel_dirs, found["torch"].split("+")[0]) if w.name.startswith("horovod-")),
-                None)
-            why = _horovod_fits(found, wheel)
+            try:
+                wheel = next((w for w in bundles.pick_local_wheels(
+                    wheel_dirs, found["torch"].split("+")[0]) if w.name.startswith("horovod-")),
+                    None)
+                why = _horovod_fits(found, wheel)
+            except ScalelabError as exc:  # e.g. several Horovod wheels, none for this torch
+                why = str(exc)
             if why:
                 notes.append(f"no Horovod: {why}")
             else:
                 say(f"image: Horovod from {wheel.name} into the base's torch {found['torch']}")
                 _install_horovod(rootfs, wheel, constraints, staging, found["python"], say)
                 found = _found(in_root(rootfs, _check_script(), path_env).stdout)
+                if not found["horovod"]:
+                    notes.append(f"no Horovod: {wheel.name} went in but does not import with "
+                                 f"the base's torch {found['torch']}")
         bench = rootfs / PREFIX.lstrip("/") / "bench"
         shutil.rmtree(bench, ignore_errors=True)
         shutil.copytree(WORKLOADS, bench / "workloads",
@@ -317,10 +365,13 @@ def _install_horovod(rootfs: Path, wheel: Path, constraints: Path, staging: Path
     wheels.mkdir()
     work = staging / "hvd-work"
     work.mkdir()
-    bundles.build_wheels(wheels, ["horovod"], constraints, [wheel], None, say, work)
+    # for the base's Python, whatever the controller's is
+    tags = ["--python-version", python, "--implementation", "cp", "--only-binary=:all:"]
+    bundles.build_wheels(wheels, ["horovod"], constraints, [wheel], None, say, work,
+                         pip_args=tags)
     site = rootfs / PREFIX.lstrip("/") / "venv" / "lib" / f"python{python}" / "site-packages"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
-                           "--no-compile", "--disable-pip-version-check", "--find-links",
+                           "--no-compile", "--disable-pip-version-check", *tags, "--find-links",
                            str(wheels), "--target", str(site), "horovod"],
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:

@@ -450,10 +450,23 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
         check_emulation(spec, image, per_worker)
     if not spec.accelerator:  # an emulated rank holds no activations; its profile was
         # checked when the spec was built (sweepfile, check_emulation)
-        memory.check(used, spec.nodes, spec.procs_per_node, per_worker, model=spec.model,
-                     params=info.params, activation_bytes=info.activation_bytes,
-                     image_scale=(image / info.image_size) ** 2,
-                     amp=all(p in ("amp", "bf16") for p in spec.precisions))
+        fit = {"model": spec.model, "params": info.params,
+               "activation_bytes": info.activation_bytes,
+               "image_scale": (image / info.image_size) ** 2,
+               "amp": all(p in ("amp", "bf16") for p in spec.precisions)}
+        if spec.batch_sizes:
+            memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, **fit)
+        # a global batch: its share at each layout, against that layout's memory (the most
+        # ranks per host hold the smallest shares)
+        for n in spec.nodes:
+            for ppn in spec.procs_per_node:
+                for g in spec.global_batch_sizes or []:
+                    try:
+                        memory.check(used, [n], [ppn], [g // (n * ppn)], **fit)
+                    except InputError as exc:
+                        raise InputError(f"--global-batch-size {g} gives each of {n * ppn} "
+                                         f"ranks {g // (n * ppn)} ({n} nodes x {ppn}); "
+                                         f"{exc}") from None
     combos = variants(spec)  # refuses another engine's settings
     runs: list[RunPlan] = []
     for mbit in spec.bandwidths:

@@ -67,8 +67,9 @@ def invoke(*args: str, env: dict | None = None, timeout: float = 120) -> subproc
 
 
 def bench_exit(statuses) -> int:
-    """The exit code invoke bench owes for the runs it ran: 1 when one failed or timed out
-    (every result is kept, and a script must see it), else 0."""
+    """The exit code invoke bench owes for a sweep whose runs' last records have these
+    statuses: 1 when one failed or timed out (every result is kept, and a script must see
+    it, a resumed sweep's earlier runs too), else 0."""
     return 1 if any(s in ("failed", "timeout") for s in statuses) else 0
 
 

@@ -353,6 +353,32 @@ def _rows(page: str, cls: str) -> list[dict[str, str]]:
             for tr in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
 
 
+def test_a_weak_and_a_strong_series_of_the_same_batch_stay_apart_everywhere(tmp_path):
+    """Batch 16 per worker beside a global batch of 16 in one sweep: two series in the scaling
+    table, the figure's numbers and the cost table, each labelled as what it is."""
+    d = synthetic.synthetic_sweep(tmp_path, "both", nodes=(1, 2), batch_sizes=(16,),
+                                  bandwidths=(1000.0,), repeats=1, allreduce=False)
+    meta = json.loads((d / "sweep.json").read_text())
+    meta["plan"]["price_per_node_hour"] = 2.0
+    (d / "sweep.json").write_text(json.dumps(meta))
+    lines = (d / "runs.jsonl").read_text().splitlines()
+    for line in list(lines):  # each run again as a strong-scaling run: 16 split over its ranks
+        rec = json.loads(line)
+        ws = rec["params"]["world_size"]
+        rec["run_id"] = rec["run_id"].replace("-b016-", "-g0016-")
+        rec["params"].update(batch_size=16 // ws, global_batch_size=16)
+        for rank in rec["ranks"]:
+            rank["images_per_sec"] = rank["images_per_sec"] / ws
+        lines.append(json.dumps(rec))
+    (d / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    page = report.build("both", root=tmp_path)[0].read_text()
+    for cls in ("scaling", "figdata", "cost"):
+        labels = sorted({r["batch"] for r in _rows(page, cls)})
+        assert labels == ["16 global", "16/worker"], (cls, labels)
+    scaling = _rows(page, "scaling")
+    assert len(scaling) == 4  # 2 series x 2 world sizes, none merged
+
+
 def _bottleneck_rows(page: str) -> dict[str, str]:
     """Series text -> the bottleneck the report names for it, read from its table."""
     return {r["series"].split(",")[1].strip(): r["bottleneck"] for r in _rows(page, "bottlenecks")}

@@ -456,6 +456,25 @@ def test_emulated_nodes_share_their_hosts_memory():
     assert plan(s, own, can_shape=True)
 
 
+def test_a_global_batch_is_checked_at_each_layout_by_its_share():
+    """Strong scaling on 4 emulated nodes sharing 8 GiB: 40 images fit one rank alone (7.2 GiB)
+    and 10 per rank when 4 share; a global batch of 40 is 40 at 1 node and 10 at 4, so it fits
+    both (a check of 40 per rank against 4 ranks would refuse it), while 48 leaves 12 per rank
+    at 4 nodes, which does not fit, and the line says where."""
+    shared = [Node(name=f"n{i}", address=f"10.1.0.{i + 2}", private_address=f"10.1.0.{i + 2}",
+                   role="head" if i == 0 else "worker", target="local", cpus=1,
+                   facts={"memory_mb": 8192, "memory_pool": "host h"}) for i in range(4)]
+    ok = plan(spec(nodes="1,4", batch_size=None, global_batch_size="40", model="resnet50"),
+              shared, can_shape=True)
+    assert sorted({(r.params["world_size"], r.params["batch_size"]) for r in ok
+                   if r.kind == "train"}) == [(1, 40), (4, 10)]
+    with pytest.raises(InputError) as e:
+        plan(spec(nodes="1,4", batch_size=None, global_batch_size="48", model="resnet50"),
+             shared, can_shape=True)
+    assert str(e.value).startswith("--global-batch-size 48 gives each of 4 ranks 12 (4 nodes "
+                                   "x 1); --batch-size 12: resnet50 needs"), str(e.value)
+
+
 def test_demo_estimate_on_the_local_target_matches_the_measured_sweep():
     # measured (README, bench/perf/sweep_overhead.py): 152-159 s with warm-started ranks;
     # 233 s when every rank imported torch itself, which the cold estimate stands for

@@ -66,7 +66,8 @@ class Layout:
         for col, val in zip(self.style_cols, key, strict=True):
             parts.append({"procs_per_node": f"{val} proc/node", "sweep_id": f"{val}",
                           "bandwidth": f"{val}",
-                          "comm_setting": f"{val or 'default settings'}"}.get(col, f"{val}"))
+                          "comm_setting": f"{val or 'default settings'}",
+                          "scaling": f"{val} scaling"}.get(col, f"{val}"))
         return " · ".join(parts)
 
 
@@ -86,7 +87,7 @@ def layout(modelled: pd.DataFrame, compare: bool) -> Layout:
     per_bw_sweeps = modelled.groupby("bandwidth")["sweep_id"].nunique()
     by_panel = not compare or (len(bws) > 1 and bool((per_bw_sweeps > 1).any()))
     candidates = ["sweep_id", "model", "engine", "precision", "memory_format", "data",
-                  "procs_per_node", "comm_setting"]
+                  "procs_per_node", "comm_setting", "scaling"]
     if not by_panel:
         candidates.insert(1, "bandwidth")
     style_cols = [c for c in candidates
@@ -99,9 +100,12 @@ def layout(modelled: pd.DataFrame, compare: bool) -> Layout:
               for i, k in enumerate(keys)}
     batches = sorted(int(b) for b in modelled["batch_size"].unique())
     colours = {b: OKABE_ITO[i % len(OKABE_ITO)] for i, b in enumerate(batches)}
-    strong = frozenset(int(b) for b in modelled.loc[
-        modelled.get("scaling", pd.Series("weak", index=modelled.index)) == "strong",
-        "batch_size"].unique())
+    scaling = modelled.get("scaling", pd.Series("weak", index=modelled.index))
+    # a batch that is a global one in every series that has it (a batch both ways is told
+    # apart by the line style of the scaling)
+    strong = frozenset(int(b) for b in modelled.loc[scaling == "strong", "batch_size"].unique()
+                       ) - frozenset(int(b) for b in modelled.loc[scaling != "strong",
+                                                                  "batch_size"].unique())
     return Layout("bandwidth" if by_panel else None, bws if by_panel else ["all"], colours,
                    style_cols, styles, strong)
 
@@ -378,8 +382,8 @@ def _fig_model(a: Analysis, lay: Layout) -> _Fig:
                "bottleneck (see the bottleneck table).")
     if len(lay.styles) > 1:
         caption += " Line markers tell the series apart; line style is measured vs model here."
-    cols = ["sweep_id", "bandwidth", "batch_size", "procs_per_node", "model", "engine",
-            "precision", "data", "world_size", "eff_mean", "model_eff", "predicted_by"]
+    cols = ["sweep_id", "bandwidth", "batch_size", "scaling", "procs_per_node", "model",
+            "engine", "precision", "data", "world_size", "eff_mean", "model_eff", "predicted_by"]
     data = df.assign(_bw=df["bandwidth_mbit"].astype(float).fillna(np.inf)).sort_values(
         ["sweep_id", "_bw", "batch_size", "procs_per_node", "world_size"], kind="stable")[cols]
     return _Fig(title, caption, _png(fig), title, data)

@@ -568,13 +568,13 @@ def _comm_settings_section(a: Analysis) -> str:
              "images/s, beside the overlap model&#39;s prediction for it (bucket or fusion size "
              "and fp16 compression change the timeline it replays; no prediction without a "
              "per-layer profile). Rows marked predicted only were not run.</p><ul>"]
-    point = ["sweep_id", "bandwidth", "batch_size", "world_size"]
+    point = ["sweep_id", "bandwidth", "batch_size", "scaling", "world_size"]
     for key, grp in frame.groupby(point, sort=False):
         best = grp[grp["best"]]
         if best.empty:
             continue
         b = best.iloc[0]
-        text = (f"{key[1]}, {batch_text(key[2], b.get('scaling'))}, {int(key[3])} ranks: best "
+        text = (f"{key[1]}, {batch_text(key[2], key[3])}, {int(key[4])} ranks: best "
                 "measured setting "
                 f"{b['setting']} ({100 * b['eff']:.1f}% efficiency, {b['images_per_sec']:,.1f} "
                 "images/s)")

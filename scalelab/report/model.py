@@ -206,8 +206,8 @@ def what_if_rows(a: Analysis, emulated: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- slow ranks
 
-SLOW_RANK_COLUMNS = ["sweep", "run", "node", "rank", "world_size", "batch_size", "link",
-                     "compute_ms", "others_ms", "excess", "wait_ms"]
+SLOW_RANK_COLUMNS = ["sweep", "run", "node", "rank", "world_size", "batch_size", "scaling",
+                     "link", "compute_ms", "others_ms", "excess", "wait_ms"]
 # a sweep measures one link per run (head to second node); every pair comes from the last
 # `invoke check --links` before it, kept in sweep.json "link_pairs"
 LINK_PAIRS_NOTE = (
@@ -259,10 +259,11 @@ def cost_rows(a: Analysis) -> tuple[float | None, pd.DataFrame]:
     df["nodes"] = (df["world_size"].astype(int) // df["procs_per_node"].astype(int)).clip(lower=1)
     df["cost"] = price * df["nodes"] / (df["thr_mean"].astype(float) * 3600) * 1e6
     df["link"] = df["bandwidth"].astype(str)
-    cheapest = df.groupby(["sweep_id", "link", "batch_size"])["cost"].transform("min")
+    df = analysis.with_series_columns(df)
+    cheapest = df.groupby(["sweep_id", "link", "batch_size", "scaling"])["cost"].transform("min")
     df["cheapest"] = np.where(np.isclose(df["cost"], cheapest), "cheapest", "")
-    keep = ["sweep_id", "link", "batch_size", "nodes", "world_size", "thr_mean", "cost",
-            "cheapest"]
+    keep = ["sweep_id", "link", "batch_size", "scaling", "nodes", "world_size", "thr_mean",
+            "cost", "cheapest"]
     order = df.assign(_bw=df["bandwidth_mbit"].astype(float).fillna(np.inf)).sort_values(
         ["sweep_id", "_bw", "batch_size", "nodes"], kind="stable")
     return next(iter(prices.values())), order[keep].reset_index(drop=True)
@@ -284,7 +285,8 @@ def slow_rank_rows(a: Analysis) -> pd.DataFrame:
         ["sweep_id", "_bw", "batch_size", "world_size", "run_id", "rank"], kind="stable")
     return pd.DataFrame({
         "sweep": f["sweep_id"], "run": f["run_id"], "node": f["host"], "rank": f["rank"],
-        "world_size": f["world_size"], "batch_size": f["batch_size"], "link": f["bandwidth"],
+        "world_size": f["world_size"], "batch_size": f["batch_size"],
+        "scaling": f["scaling"] if "scaling" in f else "weak", "link": f["bandwidth"],
         "compute_ms": f["compute_s"].map(_ms_number), "others_ms": f["others_s"].map(_ms_number),
         "excess": f["excess"], "wait_ms": f["wait_s"].map(_ms_number)},
         columns=SLOW_RANK_COLUMNS)
