@@ -58,6 +58,10 @@ BUILD_TIMEOUT_S = 1800.0
 NEEDS = {"torch": "import torch; print(torch.__version__)",
          "horovod": "import horovod, horovod.torch as h; print(horovod.__version__, "
                     "h.gloo_built(), h.nccl_built())"}
+# the one proof run inside an image (Debian's or on a vendor's base): the Python version, then
+# what NEEDS finds, read back by parse_contents
+CHECKS = "; ".join(["import sys; print('SCALELAB_PY', *sys.version_info[:2])",
+                    *(f"print('SCALELAB_HAS', '{k}', end=' '); {code}" for k, code in NEEDS.items())])
 
 
 class ImageError(ScalelabError):
@@ -176,8 +180,6 @@ def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def _mmdebstrap_argv(wheels: Path, workloads: Path, requirements: Sequence[str],
                      out: Path) -> list[str]:
     install = " ".join(f"'{r}'" for r in requirements)
-    checks = "; ".join(f"print('SCALELAB_HAS', '{k}', end=' '); {code}"
-                       for k, code in NEEDS.items())
     hooks = [
         f'mkdir -p "$1{PREFIX}/bench" "$1/tmp/scalelab-wheels"',
         f"copy-in {workloads} {PREFIX}/bench",
@@ -194,7 +196,7 @@ def _mmdebstrap_argv(wheels: Path, workloads: Path, requirements: Sequence[str],
         f'chroot "$1" {PYTHON} -m compileall -q --invalidation-mode unchecked-hash '
         f'{PREFIX}/venv/lib {PREFIX}/bench/workloads || true',  # (as pip: a few test files
         # of some packages are not valid Python 3.11, and need no bytecode)
-        f'chroot "$1" {PYTHON} -c "{checks}" > "$1/.scalelab-contents"',
+        f'chroot "$1" {PYTHON} -c "{CHECKS}" > "$1/.scalelab-contents"',
     ]
     argv = ["mmdebstrap", "--variant=minbase", "--format=tar",
             f"--include={','.join(APT_PACKAGES)}", "--aptopt=Acquire::Retries 3"]
@@ -208,15 +210,32 @@ def _contents(rootfs_tar: Path) -> dict[str, Any]:
         member = next((m for m in tar if m.name.removeprefix("./") == ".scalelab-contents"),
                       None)
         text = tar.extractfile(member).read().decode() if member else ""
+    found = parse_contents(text)
+    found.pop("python")  # the record of a Debian image keeps its keys
+    return found
+
+
+def parse_contents(text: str) -> dict[str, Any]:
+    """What the checks inside an image printed: torch, Horovod and the Python version.
+
+    >>> parse_contents("SCALELAB_PY 3 11\\nSCALELAB_HAS torch 2.13.0+cpu\\nSCALELAB_HAS horovod 0.28.1 True False")
+    {'torch': '2.13.0+cpu', 'horovod': '0.28.1', 'horovod_gloo': True, 'horovod_nccl': False, 'python': '3.11'}
+    >>> parse_contents("SCALELAB_PY 3 10\\nSCALELAB_HAS torch 2.4.0a0\\nSCALELAB_HAS horovod Traceback")["horovod"] is None
+    True
+    """
     found: dict[str, Any] = {"torch": None, "horovod": None, "horovod_gloo": False,
-                             "horovod_nccl": False}
+                             "horovod_nccl": False, "python": None}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) >= 3 and parts[0] == "SCALELAB_HAS" and parts[1] == "torch":
-            found["torch"] = parts[2]
-        if len(parts) >= 5 and parts[0] == "SCALELAB_HAS" and parts[1] == "horovod":
-            found["horovod"] = parts[2]
-            found["horovod_gloo"], found["horovod_nccl"] = parts[3] == "True", parts[4] == "True"
+        if len(parts) >= 3 and parts[0] == "SCALELAB_PY":
+            found["python"] = f"{parts[1]}.{parts[2]}"
+        for chunk in line.split("SCALELAB_HAS ")[1:]:
+            bits = chunk.split()
+            if len(bits) >= 2 and bits[0] == "torch" and bits[1][:1].isdigit():
+                found["torch"] = bits[1]
+            if len(bits) >= 4 and bits[0] == "horovod" and bits[1][:1].isdigit():
+                found["horovod"] = bits[1]
+                found["horovod_gloo"], found["horovod_nccl"] = bits[2] == "True", bits[3] == "True"
     return found
 
 

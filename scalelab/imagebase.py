@@ -28,8 +28,8 @@ from scalelab.errors import ScalelabError
 from scalelab.image import (
     ARCHIVE,
     BUILD_TIMEOUT_S,
+    CHECKS,
     META,
-    NEEDS,
     PREFIX,
     PYTHON,
     REPO,
@@ -38,6 +38,7 @@ from scalelab.image import (
     add_bytes,
     cache_root,
     key_of,
+    parse_contents,
     prune,
     read_meta,
     workloads_now,
@@ -184,43 +185,16 @@ def in_root(root: Path, script: str, path_env: str, timeout: float = 600.0
         raise ImageError(f"a step inside the base did not finish in {timeout:g} s") from None
 
 
+def _check(rootfs: Path, path_env: str) -> dict[str, Any]:
+    """What the image's venv holds, proved inside it (image.CHECKS)."""
+    return parse_contents(in_root(rootfs, f'{PYTHON} -c "{CHECKS}" 2>&1 || true', path_env).stdout)
+
+
 def _env_path(config: dict[str, Any]) -> str:
     for item in (config.get("config") or {}).get("Env") or []:
         if item.startswith("PATH="):
             return item[5:]
     return "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def _check_script() -> str:
-    """Shell that prints the Python version and what NEEDS finds, inside an image."""
-    checks = "; ".join(f"print('SCALELAB_HAS', '{k}', end=' '); {code}"
-                       for k, code in NEEDS.items())
-    return (f'{PYTHON} -c "import sys; print(\'SCALELAB_PY\', *sys.version_info[:2])"; '
-            f'{PYTHON} -c "{checks}" 2>&1 || true')
-
-
-def _found(text: str) -> dict[str, Any]:
-    """What the checks inside an image printed: torch, Horovod and the Python version.
-
-    >>> _found("SCALELAB_PY 3 11\\nSCALELAB_HAS torch 2.13.0+cpu\\nSCALELAB_HAS horovod 0.28.1 True False")
-    {'torch': '2.13.0+cpu', 'horovod': '0.28.1', 'horovod_gloo': True, 'horovod_nccl': False, 'python': '3.11'}
-    >>> _found("SCALELAB_PY 3 10\\nSCALELAB_HAS torch 2.4.0a0\\nSCALELAB_HAS horovod Traceback")["horovod"] is None
-    True
-    """
-    found: dict[str, Any] = {"torch": None, "horovod": None, "horovod_gloo": False,
-                             "horovod_nccl": False, "python": None}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[0] == "SCALELAB_PY":
-            found["python"] = f"{parts[1]}.{parts[2]}"
-        for chunk in line.split("SCALELAB_HAS ")[1:]:
-            bits = chunk.split()
-            if len(bits) >= 2 and bits[0] == "torch" and bits[1][:1].isdigit():
-                found["torch"] = bits[1]
-            if len(bits) >= 4 and bits[0] == "horovod" and bits[1][:1].isdigit():
-                found["horovod"] = bits[1]
-                found["horovod_gloo"], found["horovod_nccl"] = bits[2] == "True", bits[3] == "True"
-    return found
 
 
 def _horovod_fits(found: dict[str, Any], wheel: Path | None) -> str:
@@ -294,7 +268,7 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
         if made.returncode != 0:
             raise ImageError(f"--base {ref}: its python3 cannot make a virtual environment "
                              f"({(made.stderr or made.stdout).strip().splitlines()[-1:]})")
-        found = _found(in_root(rootfs, _check_script(), path_env).stdout)
+        found = _check(rootfs, path_env)
         if not found["torch"]:
             raise ImageError(f"--base {ref}: its python3 cannot import torch; pick a base that "
                              "holds PyTorch (e.g. nvcr.io/nvidia/pytorch), or build without "
@@ -313,7 +287,7 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
             else:
                 say(f"image: Horovod from {wheel.name} into the base's torch {found['torch']}")
                 _install_horovod(rootfs, wheel, constraints, staging, found["python"], say)
-                found = _found(in_root(rootfs, _check_script(), path_env).stdout)
+                found = _check(rootfs, path_env)
                 if not found["horovod"]:
                     notes.append(f"no Horovod: {wheel.name} went in but does not import with "
                                  f"the base's torch {found['torch']}")

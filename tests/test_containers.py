@@ -145,18 +145,24 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _rank_in_its_steps(lc: LocalCluster) -> tuple[int, set[str]]:
+    """The containerised rank a background 2-node bench runs on node 1, once it is into its
+    steps (it has burnt a second of CPU: importing torch and building the model take less on
+    this machine's one-core nodes only when it is training), and the run's containers."""
+    pid = fl.wait_for(lambda: _container_rank(lc, 1), 120, "the rank in a container")
+    fl.wait_for(lambda: _cpu_s(pid) >= 1.0, 60, "the rank in a container to compute")
+    of_run = {c for names in _docker_ps(lc).values() for c in names}
+    assert len(of_run) == 2, of_run  # one per node
+    return pid, of_run
+
+
 def test_a_killed_rank_leaves_no_container(dcluster, tmp_path):
     reports = tmp_path / "reports"
     sweep = _sweep(tmp_path, "kill", nodes=[2], repeats=2, steps=80, timeout_s=240)
     proc = fl.start_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime",
                           "container", "--no-report")
     try:
-        pid = fl.wait_for(lambda: _container_rank(dcluster, 1), 120, "the rank in a container")
-        # into its steps: it has burnt a second of CPU (importing torch and building the model
-        # take less than that on this machine's one-core nodes only when it is training)
-        fl.wait_for(lambda: _cpu_s(pid) >= 1.0, 60, "the rank in a container to compute")
-        of_run = {c for names in _docker_ps(dcluster).values() for c in names}
-        assert len(of_run) == 2, of_run  # one per node
+        pid, of_run = _rank_in_its_steps(dcluster)
         fl.kill_pid(pid)  # the resnet.py rank this sweep started on node 1, in its container
         sweep_dir = fl.wait_for(lambda: fl.latest(reports), 10, "the sweep directory")
         fl.wait_for(lambda: fl.records(sweep_dir), 240, "the failed run's record")
@@ -187,10 +193,7 @@ def test_a_frozen_rank_times_out_and_leaves_no_container(dcluster, tmp_path):
     proc = fl.start_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime",
                           "container", "--no-report")
     try:
-        pid = fl.wait_for(lambda: _container_rank(dcluster, 1), 120, "the rank in a container")
-        fl.wait_for(lambda: _cpu_s(pid) >= 1.0, 60, "the rank in a container to compute")
-        of_run = {c for names in _docker_ps(dcluster).values() for c in names}
-        assert len(of_run) == 2, of_run
+        pid, _ = _rank_in_its_steps(dcluster)
         os.kill(pid, signal.SIGSTOP)  # the rank this sweep started on node 1: frozen, not gone
         out, err = fl.finish(proc, 300)
     finally:
