@@ -190,6 +190,9 @@ def _print_nodes(result) -> None:
     "device": "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
     "fabric": "tcp, rdma or auto (default: rdma where every node has an active RDMA port and "
               "no rate is shaped; a shaped rate is always tcp)",
+    "fabric_profile": "what an allreduce achieves on the fabric: ethernet-tcp (shaped links "
+                      "carry its share of the line rate, sourced in bench/fabrics/, and the "
+                      "model uses it) or ideal (the default: the line rate as tc gives it)",
     "channels_last": "NHWC memory format (faster convolutions on tensor cores); the same as "
                      "--memory-format channels_last",
     "memory_format": "memory formats to sweep: contiguous (NCHW, the default), channels_last "
@@ -235,7 +238,8 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
           procs_per_node="",
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
-          launcher="", partition="", timeout="", device="", fabric="", channels_last=False,
+          launcher="", partition="", timeout="", device="", fabric="", fabric_profile="",
+          channels_last=False,
           memory_format="", loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True,
           price_per_node_hour="", bucket_cap_mb="", fusion_threshold_mb="", cycle_time_ms="",
           compression=""):
@@ -272,7 +276,8 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
             precision=precision or None, repeats=repeats or None, steps=steps or None,
             accelerator=accelerator or None, dilation=dilation or None,
             launcher=launcher or None, partition=partition or None, timeout_s=timeout or None,
-            device=device or None, fabric=fabric or None, channels_last=channels_last or None,
+            device=device or None, fabric=fabric or None,
+            fabric_profile=fabric_profile or None, channels_last=channels_last or None,
             memory_format=memory_format or None,
             loader_workers=loader_workers or None, pin_memory=pin_memory or None,
             allreduce_sizes=allreduce_sizes or None, runtime=runtime or None,

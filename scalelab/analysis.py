@@ -343,7 +343,8 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     # frames from before emulated accelerators
     for col, empty in (("accelerator", ""), ("fidelity", ""), ("dilation", 1.0),
                        ("host_cpu_idle", np.nan), ("link_utilisation", np.nan),
-                       ("profile_step_s", np.nan), ("accelerator_source", "")):
+                       ("profile_step_s", np.nan), ("accelerator_source", ""),
+                       ("fabric_profile", "ideal")):
         if col not in work:
             work[col] = empty
     g = work.groupby(keys, dropna=False, sort=True)
@@ -370,6 +371,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         bandwidth_mbit=("bandwidth_mbit", "first"),
         baseline_world_size=("baseline_world_size", "first"),
         accelerator=("accelerator", "first"),
+        fabric_profile=("fabric_profile", "first"),
         accelerator_source=("accelerator_source", "first"),
         dilation=("dilation", "mean"),
         profile_step_s=("profile_step_s", "mean"),
@@ -444,6 +446,45 @@ def model_link_mbit(measured_mbit: Any, requested_mbit: Any, busbw_mb_s: Any) ->
     return rate, source
 
 
+def fabric_terms(frame: pd.DataFrame, alpha_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the requested rate as the row's fabric profile says collectives carry it
+    (bandwidth_mbit x the profile's share; the line rate itself on the ideal fabric), and the
+    per-hop latency (the profile's; alpha_s on the ideal fabric).
+
+    >>> f = pd.DataFrame({"bandwidth_mbit": [1000.0, 1000.0], "procs_per_node": [1, 1],
+    ...                   "fabric_profile": ["ideal", "ethernet-tcp"]})
+    >>> rate, alpha = fabric_terms(f, 50e-6)
+    >>> rate.tolist(), (alpha * 1e6).round(1).tolist()
+    ([1000.0, 941.0], [50.0, 40.0])
+    """
+    from scalelab import fabric
+
+    requested = frame["bandwidth_mbit"].astype(float).to_numpy().copy()
+    alpha = np.full(len(frame), float(alpha_s))
+    profiles = frame["fabric_profile"] if "fabric_profile" in frame else [None] * len(frame)
+    ppns = frame["procs_per_node"] if "procs_per_node" in frame else [1] * len(frame)
+    for i, (name, ppn) in enumerate(zip(profiles, ppns, strict=True)):
+        fab = fabric.maybe(name)
+        if fab is None:
+            continue
+        if requested[i] == requested[i]:
+            requested[i] = fab.collective_mbit(requested[i], int(ppn) if ppn == ppn else 1)
+        alpha[i] = fab.per_hop_latency_s
+    return requested, alpha
+
+
+def row_alpha_s(row: Any, alpha_s: float) -> float:
+    """One row's per-hop latency: the model's column where the row has one, else its fabric
+    profile's, else alpha_s."""
+    from scalelab import fabric
+
+    a = row.get("model_alpha_s") if hasattr(row, "get") else None
+    if isinstance(a, float | int) and a == a:
+        return float(a)
+    fab = fabric.maybe(row.get("fabric_profile") if hasattr(row, "get") else None)
+    return fab.per_hop_latency_s if fab is not None else alpha_s
+
+
 def fit_alpha_s(allreduce: pd.DataFrame) -> float | None:
     """Per-hop latency from the allreduce probes: at each multi-node probe's smallest message,
     alpha = (time - 2(N-1)/N x size/B) / (2(N-1)); the median over probes, floored at 0.
@@ -499,13 +540,14 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
                     "predicted_step_s", "predicted_comm_share", "predicted_eff"):
             out[col] = pd.Series(dtype=float)
         return out
-    rate, source = model_link_mbit(out["link_mbit_measured"], out["bandwidth_mbit"],
-                                   out["busbw_mb_s"])
+    requested, alpha = fabric_terms(out, alpha_s)
+    rate, source = model_link_mbit(out["link_mbit_measured"], requested, out["busbw_mb_s"])
     rate = np.where(out["nodes"].to_numpy() <= 1, np.inf, rate)
     out["link_mbit_model"] = np.where(np.isinf(rate), np.nan, rate)
     out["link_source"] = np.where(out["nodes"].to_numpy() <= 1, "intra-node", source)
+    out["model_alpha_s"] = alpha
     comm = ring_allreduce_time_s(out["world_size"].to_numpy(), out["gradient_bytes"].to_numpy(),
-                                 rate, alpha_s)
+                                 rate, alpha)
     out["predicted_comm_s"] = comm
     keys = list(SERIES_KEYS)
     base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min")

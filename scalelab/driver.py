@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab import facts, launch, netshape, ssh, store
+from scalelab import fabric, facts, launch, netshape, ssh, store
 from scalelab.emulation import Emulation
 from scalelab.errors import ClusterError, InputError, ScalelabError
 from scalelab.nodes import Node, nodes_of
@@ -361,7 +361,10 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             run = emu.with_dilation(run, dilation)
             p = run.params
             requested = p.get("bandwidth_mbit")
-            rate = requested / dilation if requested else requested  # what tc is set to
+            # what tc is set to: the line rate, or the share of it a fabric profile's
+            # collectives achieve, in the emulated device's time
+            line = fabric.tc_line_mbit(requested, p.get("fabric_profile"), p["procs_per_node"])
+            rate = line / dilation if line else line
             nodes = all_nodes[: p["nodes"]]
             shaper.set(rate)
             if rate not in links:

@@ -98,11 +98,15 @@ def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, li
 
 def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: float,
                    precision: str = "fp32", alpha_s: float = analysis.DEFAULT_ALPHA_S,
-                   group_mb: float | None = None, compression: str = "none") -> float:
+                   group_mb: float | None = None, compression: str = "none",
+                   gpu_stretch: float = 1.0) -> float:
     """A step of `world` ranks over links of link_mbit with this profile (see module doc).
 
     group_mb: the run's DDP bucket_cap_mb or Horovod fusion threshold in MB (None: the
-    engine's default); compression "fp16" sends 2 bytes per gradient element.
+    engine's default); compression "fp16" sends 2 bytes per gradient element. gpu_stretch:
+    the GPU-side cost of training beside other GPUs and communication (kernels and copies that
+    compete with compute, a shared PCIe root and host), as the factor every compute time of a
+    rank grows by when world > 1; measured on one node of G GPUs as 1 / its efficiency.
 
     >>> doc = {"optimizer_s": 0.0, "layers": [{"fwd_s": 0.1, "bwd_s": 0.1, "numel": 25_000_000},
     ...                                       {"fwd_s": 0.1, "bwd_s": 0.1, "numel": 1000}]}
@@ -118,6 +122,11 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     bwd = sum(layer["bwd_s"] for layer in doc["layers"])
     if world <= 1 or not link_mbit or math.isnan(link_mbit):
         return fwd + bwd + doc["optimizer_s"]
+    if gpu_stretch != 1.0:
+        doc = {**doc, "optimizer_s": doc["optimizer_s"] * gpu_stretch,
+               "layers": [{**ly, "fwd_s": ly["fwd_s"] * gpu_stretch,
+                           "bwd_s": ly["bwd_s"] * gpu_stretch} for ly in doc["layers"]]}
+        fwd, bwd = fwd * gpu_stretch, bwd * gpu_stretch
     ready = ready_times(doc, 2 if precision in ("amp", "bf16") or compression == "fp16" else 4)
     group = None if group_mb is None else int(group_mb * MIB)
     end = timeline_end(ready, engine, world, link_mbit, alpha_s, group)
@@ -191,11 +200,12 @@ def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) 
         out.at[i, "overlap_note"] = why
         if doc is not None:
             group_mb, compression = _run_setting(row)
+            alpha = analysis.row_alpha_s(row, alpha_s)
             out.at[i, "overlap_compute_s"] = predict_step_s(
-                doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
+                doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha)
             out.at[i, "overlap_step_s"] = predict_step_s(
                 doc, str(row["engine"]), int(row["world_size"]), rate, str(row["precision"]),
-                alpha_s, group_mb, compression)
+                alpha, group_mb, compression)
     keys = list(analysis.SERIES_KEYS)
     out = analysis.with_series_columns(out)
     base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min")
@@ -248,6 +258,7 @@ def what_if(row: Any, world_sizes: Sequence[int], link_factors: Sequence[float],
     rate = float(row["link_mbit_model"])
     if doc is None or not rate > 0:
         return []
+    alpha_s = analysis.row_alpha_s(row, alpha_s)
     strong = row.get("scaling") == "strong"  # a fixed global batch: its share per rank shrinks
     g = int(row["batch_size"])
     engine, precision = str(row["engine"]), str(row["precision"])
@@ -340,7 +351,8 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
                              "eff": ips / (ws / n0 * base), "images_per_sec": ips,
                              "bandwidth_mbit": first["bandwidth_mbit"],
                              "link_mbit": wg["link_mbit_measured"].mean(),
-                             "accelerator": first.get("accelerator", "")})
+                             "accelerator": first.get("accelerator", ""),
+                             "fabric_profile": first.get("fabric_profile", "ideal")})
     out = pd.DataFrame(rows)
     out = out[out["world_size"] > out.groupby(keys, dropna=False)["world_size"].transform("min")]
     # predicted-only rows: the default and half and double the measured group sizes
@@ -398,9 +410,17 @@ def _setting_prediction(row: Any, alpha_s: float) -> float:
     g = int(row["batch_size"])
     doc = _profile_or_reason(row, g // ws if strong else g)[0]
     one_doc = _profile_or_reason(row, g)[0] if strong else doc
-    rate = row["link_mbit"] if row["link_mbit"] == row["link_mbit"] else row["bandwidth_mbit"]
+    rate = row["link_mbit"]
+    if rate != rate:  # not measured: the requested rate as the fabric's collectives carry it
+        from scalelab import fabric
+
+        fab = fabric.maybe(row.get("fabric_profile"))
+        rate = row["bandwidth_mbit"] if fab is None or row["bandwidth_mbit"] != row[
+            "bandwidth_mbit"] else fab.collective_mbit(row["bandwidth_mbit"],
+                                                       int(row.get("procs_per_node") or 1))
     if doc is None or one_doc is None or not (rate and rate > 0):
         return float("nan")
+    alpha_s = analysis.row_alpha_s(row, alpha_s)
     one = predict_step_s(one_doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
     step = predict_step_s(doc, str(row["engine"]), ws, float(rate),
                           str(row["precision"]), alpha_s, float(row["group_mb"]),

@@ -48,6 +48,9 @@ CSV_COLUMNS = [
     # batch_size is that global batch, split evenly over the ranks); batch_per_worker is what
     # each rank trained on either way
     "scaling", "batch_per_worker",
+    # the fabric profile (bench/fabrics/) the shaped links carried and the model used; ideal:
+    # the line rate as tc gives it
+    "fabric_profile",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -268,6 +271,7 @@ def to_frame(records: Sequence[dict[str, Any]],
             **_comm_params(p),
             "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
             **_scaling(p),
+            "fabric_profile": str(p.get("fabric_profile") or "ideal"),
         })
     frame = pd.DataFrame(runs, columns=[
         "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
@@ -277,7 +281,7 @@ def to_frame(records: Sequence[dict[str, Any]],
         "launcher", "slurm_job_id", *TIMELINE_KEYS, "device", "backend", "transport",
         "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime",
         "image_id", "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
-        "comm_setting", "memory_format", "scaling", "batch_per_worker"])
+        "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile"])
     ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
                                                 "inflight", "idle", "tx", "wall", "data"])
     for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall", "data"):

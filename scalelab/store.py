@@ -48,6 +48,7 @@ from scalelab.sweep import (
     COMM_ENGINE,
     COMM_KEYS,
     EMULATION_KEYS,
+    FABRIC_KEYS,
     KINDS,
     PARAM_KEYS,
     PLACEMENT_KEYS,
@@ -524,6 +525,8 @@ def same_params(stored: Any, planned: dict[str, Any]) -> bool:
     stored = {**{k: _comm_default(k, stored) for k in COMM_KEYS if k in planned}, **stored}
     # a run recorded before strong scaling had a batch per worker
     stored = {**{k: None for k in SCALING_KEYS if k in planned}, **stored}
+    # a run recorded before fabric profiles ran on the ideal fabric
+    stored = {**{k: "ideal" for k in FABRIC_KEYS if k in planned}, **stored}
     return stored == planned
 
 

@@ -88,6 +88,10 @@ COMM_KEYS = ("bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compressi
 # batch_size is then that batch / world size); None for a run with a fixed batch per worker
 # (weak scaling) and for allreduce probes. A store without the key scaled weakly
 SCALING_KEYS = ("global_batch_size",)
+# appended since fabric profiles: the profile (bench/fabrics/) whose collective share the run's
+# emulated links carried and its model uses; "ideal" is the line rate as tc gives it. A store
+# without the key ran on the ideal fabric
+FABRIC_KEYS = ("fabric_profile",)
 COMPRESSIONS = ("none", "fp16")
 # the engines' own defaults: torch DDP's bucket_cap_mb; Horovod's HOROVOD_FUSION_THRESHOLD
 # (128 MB, and HOROVOD_CYCLE_TIME 1 ms, since Horovod 0.21: horovodrun --help of 0.28)
@@ -165,6 +169,9 @@ class SweepSpec:
     loader_workers: int = 2  # real data: DataLoader worker processes per rank
     pin_memory: str = "auto"  # real data: on | off | auto (on when the ranks train on GPUs)
     runtime: str = "host"  # host: ranks on the nodes; container: in the training image
+    # what an allreduce achieves on the fabric (bench/fabrics/): shaped links carry its share
+    # of the line rate and the model uses it; ideal: the line rate as tc gives it
+    fabric_profile: str = "ideal"
     # what a node-hour costs (any currency): the report then tables the cost per million
     # images across node count x link rate
     price_per_node_hour: float | None = None
@@ -480,7 +487,8 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                               "dilation": spec.dilation, "device": placed.device,
                               "fabric": placed.fabric,
                               "loader_workers": spec.loader_workers,
-                              "pin_memory": spec.pin_memory, "runtime": spec.runtime}
+                              "pin_memory": spec.pin_memory, "runtime": spec.runtime,
+                              "fabric_profile": spec.fabric_profile}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
                         # a probe reduces fp32 tensors; it carries the sweep's first
                         # precision because the emulation picks a rate's dilation from the
@@ -510,7 +518,8 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
 
 def _ordered(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params[k]
-            for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS + SCALING_KEYS}
+            for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS + SCALING_KEYS
+            + FABRIC_KEYS}
 
 
 def check_emulation(spec: SweepSpec, image_size: int,

@@ -144,6 +144,12 @@ def _choice(value: Any, what: str, allowed: Sequence[str]) -> str:
     return text
 
 
+def _fabric_profile(value: Any, what: str) -> str:
+    from scalelab import fabric
+
+    return _choice(value, what, fabric.names())
+
+
 def _data(value: Any, what: str) -> str:
     text = str(value).strip()
     if text == SYNTHETIC:
@@ -257,6 +263,8 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "partition": ("partition", lambda v, w: _partition(v, w)),
     "device": ("device", lambda v, w: _choice(v, w, DEVICES)),
     "fabric": ("fabric", lambda v, w: _choice(v, w, FABRICS)),
+    # what an allreduce achieves on the fabric: the share of the line rate shaped links carry
+    "fabric_profile": ("fabric_profile", lambda v, w: _fabric_profile(v, w)),
     "memory_format": ("memory_formats", lambda v, w: _choice_list(v, w, MEMORY_FORMATS)),
     # the flag of before memory_format became an axis: true is memory_format channels_last
     "channels_last": ("memory_formats",
@@ -437,6 +445,7 @@ def spec_from_options(
     partition: str | None = None,
     device: str | None = None,
     fabric: str | None = None,
+    fabric_profile: str | None = None,
     channels_last: bool | str | None = None,
     memory_format: str | None = None,
     loader_workers: str | int | None = None,

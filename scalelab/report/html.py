@@ -597,6 +597,48 @@ def _comm_settings_section(a: Analysis) -> str:
     return "\n".join(parts)
 
 
+def _fabric_note(a: Analysis) -> str:
+    """Which fabric the shaped links stood for, what it made them carry, and the sources."""
+    from scalelab import fabric
+
+    runs = a.runs
+    if runs.empty or runs["bandwidth_mbit"].isna().all():
+        return ""
+    names = sorted(set(runs.get("fabric_profile", ["ideal"])) - {""}) or [fabric.IDEAL]
+    out = []
+    for name in names:
+        fab = fabric.maybe(name)
+        if fab is None:
+            out.append('<p class="note" id="fabric">Fabric profile: ideal. A shaped link '
+                       "carried its line rate as tc gives it (Gloo reaches 90-96 % of it on a "
+                       "veth). Real Ethernet with TCP carries less, most of all with several GPUs "
+                       "per node: <code>--fabric-profile ethernet-tcp</code> shapes and models "
+                       "that.</p>")
+            continue
+        sel = runs[(runs["fabric_profile"] == name) & runs["bandwidth_mbit"].notna()]
+        pairs = sorted({(float(b), int(p)) for b, p in zip(sel["bandwidth_mbit"],
+                                                          sel["procs_per_node"], strict=True) if p == p})
+        lines = "; ".join(
+            f"{_e(units_rate(b))} with {p} rank{'s' if p > 1 else ''} per node carried "
+            f"{fab.share(b, p) * 100:.1f} % of it ({_e(units_rate(fab.collective_mbit(b, p)))}, "
+            f"tc at {_e(units_rate(fab.tc_mbit(b, p)))} for the framing tc does not count); "
+            f"source: {_e(fab.source_for(b))}" for b, p in pairs)
+        out.append(f'<p class="note" id="fabric">Fabric profile: {_e(fab.name)} '
+                   f"({_e(fab.description)}). {lines}. Per-hop latency in the model "
+                   f"{fab.per_hop_latency_s * 1e6:g} us; source: "
+                   f"{_e(' '.join(fab.latency_source.split()))}</p>")
+    return "\n".join(out)
+
+
+def units_rate(mbit: float) -> str:
+    """A rate for a sentence: 3 significant digits.
+
+    >>> units_rate(941.0), units_rate(9410.0), units_rate(25000.0)
+    ('941 Mbit/s', '9.41 Gbit/s', '25 Gbit/s')
+    """
+    return f"{mbit / 1000:.3g} Gbit/s" if mbit >= 1000 else f"{mbit:.3g} Mbit/s"
+
+
 def _emulation_section(a: Analysis) -> str:
     """Emulated accelerators: fidelity per point, the model against the measurement, and
     predictions beyond the measured points."""
@@ -616,6 +658,7 @@ def _emulation_section(a: Analysis) -> str:
              f"model is the overlap model: it replays the bucket timeline (a bucket&#39;s "
              f"transfer starts when its last gradient is ready and the previous bucket&#39;s "
              f"transfer is done); its error is stated once, under Bottleneck per series.</p>"]
+    parts.append(_fabric_note(a))
     cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "batch"),
             ("world_size", "world size", "int"), ("dilation", "k", "num"),
             ("eff_mean", "measured efficiency", "pct"), ("model_eff", "model efficiency", "pct"),

@@ -1,0 +1,165 @@
+"""scalelab's model against published multi-node scaling tables (issue 27).
+
+For every point of the published data-parallel ResNet tables in docs/dev/published-scaling-tables.md
+that states its network and lies at 32 GPUs or fewer, this sets up what was published (model,
+precision, batch per GPU, GPUs per node, nodes, line rate, Horovod's fusion threshold of the
+time) and predicts the scaling efficiency with scalelab's overlap model:
+
+  * the device: the shipped V100 profile of the model and precision, its per-layer times
+    scaled so that one GPU trains at the table's own single-GPU images/s (so only the
+    communication is predicted, never the compute);
+  * between nodes: a ring of all N x G GPUs over the line rate times the fabric profile's
+    allreduce share for nodes of several GPUs (bench/fabrics/ethernet-tcp.yml), and its
+    per-hop latency; inside a node: the intra-node rate of the node kind (NVLink or PCIe);
+  * two columns of prediction: the ideal fabric (the line rate as tc gives it, what
+    scalelab's emulation assumed before fabric profiles) and the fabric profile.
+
+It prints one row per point (published against predicted, in points) and, per table, whether
+every point is within the aim of 10 points. Nothing here is fitted to the published
+efficiencies; the single-GPU rate is the table's own baseline.
+
+With --emulate it also runs the reduced emulated form on the local target: see
+bench/perf/multi_gpu_emulation.py.
+
+Usage: .venv/bin/python bench/perf/published_check.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from scalelab import accel, fabric, overlap  # noqa: E402
+from scalelab.models import MODELS  # noqa: E402
+
+AIM_POINTS = 10.0
+# inside a node: what an allreduce among its GPUs achieves (Gbit/s of bus bandwidth)
+INTRA = {
+    # V100 SXM2 with NVLink (p3.16xlarge, DGX-1): NCCL's allreduce bus bandwidth in one node
+    # is above 100 GB/s; any rate that high leaves ResNet's allreduce under 2 ms, so the
+    # exact figure does not move these points
+    "nvlink-v100": 100 * 8000.0,
+    # Pascal GPUs on PCIe gen3 x16 (12 GB/s per direction; a ring's bus bandwidth there is
+    # about 10 GB/s)
+    "pcie3": 10 * 8000.0,
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    table: str
+    model: str
+    precision: str  # fp32 or amp (the tables' fp16 mixed precision)
+    batch: int  # per GPU
+    gpus_per_node: int
+    nodes: int
+    line_gbit: float
+    intra: str
+    single_ips: float  # the table's own one-GPU images/s
+    published: float  # efficiency
+    base_gpus: int  # the table's efficiency is relative to this many GPUs (1, or one node)
+    fusion_mb: float  # Horovod's fusion threshold of the time
+    one_node: float | None = None  # the table's own efficiency of one node of G GPUs
+    note: str = ""
+
+
+# Horovod 0.9-0.15 fused up to 64 MB (HOROVOD_FUSION_THRESHOLD's default before 0.21)
+POINTS = [
+    # T1: Horovod README (2017-09-05), 4 servers x 4 Pascal GPUs, 25 Gbit/s, TCP with NCCL
+    Point("T1 Horovod README, 25GbE TCP", "resnet101", "fp32", 64, 4, 4, 25, "pcie3",
+          119.4, 0.882, 1, 64.0, None, "no one-node point; Pascal model not named"),
+    # T4: horovod issue 779, p3.16xlarge (8 V100 NVLink), 25 Gbit/s TCP, synthetic data
+    Point("T4 horovod#779, p3.16xlarge 25GbE", "resnet50", "amp", 256, 8, 2, 25, "nvlink-v100",
+          872.0, 0.919, 1, 64.0, 0.957, "fp16, batch 256 inferred (872 img/s per V100)"),
+    Point("T4 horovod#779, p3.16xlarge 25GbE", "resnet50", "amp", 256, 8, 4, 25, "nvlink-v100",
+          872.0, 0.855, 1, 64.0, 0.957, "fp16, batch 256 inferred"),
+    # the same user's real-data run (horovod issue 871), efficiency relative to one node
+    Point("T4' horovod#871, real data", "resnet50", "amp", 256, 8, 2, 25, "nvlink-v100",
+          750.3, 0.924, 8, 64.0, None, "ImageNet on FSx; relative to one node"),
+    Point("T4' horovod#871, real data", "resnet50", "amp", 256, 8, 4, 25, "nvlink-v100",
+          750.3, 0.7788, 8, 64.0, None, "ImageNet on FSx; relative to one node"),
+    # T5: aws-samples/deep-learning-models issue 2, p3.16xlarge, hierarchical allreduce, 16 MB
+    Point("T5 aws-samples#2, p3.16xlarge 25GbE", "resnet50", "amp", 256, 8, 2, 25,
+          "nvlink-v100", 740.0, 0.83, 1, 16.0, 0.845, "published 83 %; fp16 inferred"),
+    Point("T5 aws-samples#2, p3.16xlarge 25GbE", "resnet50", "amp", 256, 8, 4, 25,
+          "nvlink-v100", 740.0, 0.899, 1, 16.0, 0.845, "derived; above its own 16-GPU point"),
+]
+
+
+def device_doc(p: Point) -> dict:
+    """The shipped V100 profile for the point's model and precision at its batch, every time
+    scaled so that one GPU trains at the table's own images/s."""
+    doc = accel.resolve("v100", p.model, p.precision, p.batch, MODELS[p.model].image_size)
+    want = p.batch / p.single_ips
+    f = want / accel.step_s(doc)
+    return {**doc, "optimizer_s": doc["optimizer_s"] * f,
+            "layers": [{**ly, "fwd_s": ly["fwd_s"] * f, "bwd_s": ly["bwd_s"] * f}
+                       for ly in doc["layers"]]}
+
+
+def step_s(doc: dict, p: Point, nodes: int, fab: fabric.Fabric | None,
+           stretch: float = 1.0) -> float:
+    """One step of `nodes` x G GPUs: the ring's slowest link sets its pace, the NIC between
+    nodes (line x share) or the intra-node path on one node; per-hop latency from the
+    profile (50 us on the ideal fabric, scalelab's default). stretch: the GPU-side cost."""
+    world = nodes * p.gpus_per_node
+    line = p.line_gbit * 1000.0
+    if nodes <= 1:
+        link = INTRA[p.intra]
+    else:
+        link = fab.collective_mbit(line, p.gpus_per_node) if fab else line
+    alpha = fab.per_hop_latency_s if fab else 50e-6
+    return overlap.predict_step_s(doc, "horovod", world, link, p.precision, alpha, p.fusion_mb,
+                                  gpu_stretch=stretch)
+
+
+def efficiency(p: Point, fab: fabric.Fabric | None, stretch: float = 1.0) -> float:
+    """throughput(W) / (W / W0 x throughput(W0)) with a fixed batch per GPU, which is
+    step(W0) / step(W); W0 is the table's base (one GPU, or one node)."""
+    doc = device_doc(p)
+    if p.base_gpus > 1:
+        base = step_s(doc, p, max(1, p.base_gpus // p.gpus_per_node), fab, stretch)
+    else:
+        base = overlap.predict_step_s(doc, "horovod", 1, math.inf, p.precision)
+    return base / step_s(doc, p, p.nodes, fab, stretch)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fabric-profile", default="ethernet-tcp")
+    a = ap.parse_args()
+    fab = fabric.load(a.fabric_profile)
+    print(f"fabric profile: {fab.summary()}")
+    print("columns: published; predicted on the ideal fabric (network only); with the fabric "
+          "profile (network only); with the profile and the GPU-side cost of the table's own "
+          "one-node point (1 / its efficiency, where the table has one); the miss of the last "
+          "prediction there is, in points\n")
+    print(f"{'table':<36} {'GPUs':>5} {'published':>9} {'ideal':>6} {'profile':>7} "
+          f"{'+GPU side':>9} {'miss':>6}  note")
+    worst: dict[str, float] = {}
+    for p in POINTS:
+        ideal = efficiency(p, None)
+        prof = efficiency(p, fab)
+        side = efficiency(p, fab, 1 / p.one_node) if p.one_node else float("nan")
+        best = side if p.one_node else prof
+        miss = (best - p.published) * 100
+        worst[p.table] = max(worst.get(p.table, 0.0), abs(miss))
+        gpus = f"{p.nodes}x{p.gpus_per_node}"
+        side_text = f"{side * 100:8.1f}%" if p.one_node else f"{'-':>9}"
+        print(f"{p.table:<36} {gpus:>5} {p.published * 100:8.1f}% {ideal * 100:5.1f}% "
+              f"{prof * 100:6.1f}% {side_text} {miss:+6.1f}  {p.note}")
+    print()
+    for table, w in worst.items():
+        print(f"{table:<36} largest miss {w:4.1f} points: "
+              f"{'within' if w <= AIM_POINTS else 'OUTSIDE'} the aim of {AIM_POINTS:g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
