@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, bench_exit, invoke, needs_root, needs_sshd, unique_name
 
-from scalelab import store
+from scalelab import netshape, store
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
 
@@ -302,3 +302,33 @@ def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(clu
     assert "What this sweep found" in page and "on emulated v100" in page
     assert "Emulated accelerator" in page and "overlap model" in page
     assert "Predictions, not measurements" in page
+
+
+def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports):
+    """2 nodes x 2 emulated V100s (the reduced form of 8 x 4) on the ethernet-tcp profile:
+    every rank trains, tc holds the profile's share of the line, the model and the report
+    name the profile and its sources."""
+    from scalelab import fabric
+
+    proc = bench(cluster, reports, "--nodes", "1,2", "--procs-per-node", "2", "--batch-size",
+                 "32", "--model", "resnet50", "--accelerator", "v100", "--bandwidth", "1gbit",
+                 "--fabric-profile", "ethernet-tcp", "--steps", "3", "--repeats", "1",
+                 "--allreduce-sizes", "4K,64K")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    with open(sweep_dir / "results.csv") as fh:
+        rows = {r["world_size"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"2", "4"} and {r["status"] for r in rows.values()} == {"ok"}, rows
+    assert {r["fabric_profile"] for r in rows.values()} == {"ethernet-tcp"}
+    records = {x["params"]["world_size"]: x for x in runs_of(sweep_dir) if x["kind"] == "train"}
+    four = records[4]
+    assert len(four["ranks"]) == 4 and four["params"]["procs_per_node"] == 2
+    # tc held the profile's share of 1 Gbit/s for nodes of several GPUs, dilated
+    fab = fabric.load("ethernet-tcp")
+    want = fabric.tc_line_mbit(1000.0, "ethernet-tcp", 2) / four["params"]["dilation"]
+    assert four["env"]["tc"] == netshape.describe(want)
+    assert want * four["params"]["dilation"] < 0.99 * 1000.0
+    # what the link carried, in the emulated device's time: below the line rate, near the share
+    assert 0.8 * fab.collective_mbit(1000.0, 2) < four["link_mbit_measured"] < 1000.0
+    page = (sweep_dir / "index.html").read_text()
+    assert "Fabric profile: ethernet-tcp" in page and "own ceiling at MTU 1500" in page
