@@ -188,12 +188,15 @@ def fidelity(frame: pd.DataFrame) -> pd.Series:
      "compute waits stretched: 0.3 s per step against the profile's 0.2 s (+50%)", '']
     """
     out = []
-    for row in frame.itertuples(index=False):
+    # the rate a link should carry: the fabric profile's share of the line, the line itself
+    # on the ideal fabric
+    target, _ = fabric_terms(frame, DEFAULT_ALPHA_S)
+    for i, row in enumerate(frame.itertuples(index=False)):
         why = ""
         if getattr(row, "accelerator", ""):
             idle = float(row.host_cpu_idle)
             comp, prof = float(row.compute_time_mean_s), float(row.profile_step_s)
-            link, rate = float(row.link_mbit_measured), float(row.bandwidth_mbit)
+            link, rate = float(row.link_mbit_measured), float(target[i])
             if idle == idle and idle < HOST_IDLE_MIN:
                 why = f"host saturated: {idle * 100:.0f}% CPU idle in the timed steps"
             elif comp == comp and prof > 0 and comp > prof * (1 + COMPUTE_FIDELITY):

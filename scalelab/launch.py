@@ -15,6 +15,7 @@ inflight file and is ended before the next run, on --resume, or by destroy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -389,6 +390,15 @@ def token_mark(token: str, node: str = "") -> str:
     return f"{token}@{node}" if node else token
 
 
+def warm_comm(mark: str) -> str:
+    """The process name a warm-started rank of launch mark takes (warm.py's comm_of).
+
+    >>> warm_comm("ab12@lab-n1")
+    'sl2784d3eb1e09b'
+    """
+    return "sl" + hashlib.sha256(mark.encode()).hexdigest()[:13]
+
+
 def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str = "") -> str:
     """Shell line that ends a launch on a node: TERM, up to grace_s, then KILL.
 
@@ -411,8 +421,11 @@ def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str
         # engine), then its processes
         # one grep over every environ (NUL-separated entries), not a process per process:
         # the scan must stay cheap on a node with hundreds of processes
+        # and a rank forked by a warm-start server (whose environ is the server's) by the
+        # name it took from the mark (bench/workloads/warm.py comm_of)
         find = ("gs=$(for e in $(grep -lzxF '" + f"{TOKEN_VAR}={mark}" + "' /proc/[0-9]*/environ "
-                "2>/dev/null); do p=${e#/proc/}; p=${p%/environ}; "
+                f"2>/dev/null; grep -lxF '{warm_comm(mark)}' /proc/[0-9]*/comm 2>/dev/null); "
+                "do p=${e#/proc/}; p=${p%/*}; "
                 "{ read -r l < /proc/$p/stat; } 2>/dev/null || continue; set -- ${l##*) }; "
                 "echo $3; done | sort -u); ")
         return (containers.reap_clause(mark) + find + "[ -n \"$gs\" ] || exit 0; "

@@ -32,6 +32,11 @@ if sys.argv[1] == "sleep":
     signal.signal(signal.SIGTERM, on_term)
     open(sys.argv[2], "w").write(str(os.getpid()))
     time.sleep(60)
+if sys.argv[1] == "nap":  # a rank that ends the way resnet.py's ranks do
+    import common
+    open(sys.argv[2], "w").write(str(os.getpid()))
+    time.sleep(float(sys.argv[3]))
+    common.exit_now(4)
 if sys.argv[1] == "spin":
     import re
     open(sys.argv[2], "w").write(str(os.getpid()))
@@ -61,10 +66,10 @@ def rank_script(tmp_path):
     return p
 
 
-def client(name, script, *args, cwd=None, env_var="x"):
+def client(name, script, *args, cwd=None, env_var="x", env=None):
     return subprocess.Popen([sys.executable, str(WARM), "run", name, "--", str(script), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env={**os.environ, "WARM_TEST_VAR": env_var})
+                            env={**os.environ, "WARM_TEST_VAR": env_var, **(env or {})})
 
 
 def test_forked_rank_gets_the_clients_io_env_cwd_args_and_exit_code(server, rank_script,
@@ -158,3 +163,104 @@ def _gone(pid: int, within_s: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_bad_request_leaves_no_descriptor_in_the_server(server):
+    import importlib.util
+    import socket
+
+    spec = importlib.util.spec_from_file_location("warm_under_test", WARM)
+    warm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(warm)
+    name, server_pid = server
+    before = _fds(server_pid)
+    for _ in range(3):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(warm._address(name))
+        socket.send_fds(s, [b"this is not a request"], [0, 1, 2])
+        assert s.recv(16) == b""  # the server refused it and closed the connection
+        s.close()
+    # the three descriptors that came with each request went with it
+    assert _fds(server_pid) == before
+
+
+def test_a_server_that_dies_does_not_fail_a_good_rank(rank_script, tmp_path):
+    name = f"scalelab-warm-test-{secrets.token_hex(4)}"
+    proc = subprocess.Popen([sys.executable, str(WARM), "serve", name], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().startswith("SCALELAB_WARM ready")
+        pidfile = tmp_path / "pid"
+        c = client(name, rank_script, "nap", str(pidfile), "2")
+        rank = _started(pidfile)
+        os.kill(proc.pid, signal.SIGKILL)  # the server alone, while its rank trains on
+        proc.wait(timeout=10)
+        c.wait(timeout=30)
+        # the rank's own exit code, as a rank started fresh would give it
+        assert c.returncode == 4, c.stderr.read()
+        assert _gone(rank, 10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def test_a_forked_rank_left_alone_is_reaped_by_its_launch_token(rank_script, tmp_path):
+    """Server dead, client killed, the rank holding the GIL (its own watch cannot run): the
+    launch's reaper still finds it by its token, although its environ is the server's. (A
+    stopped rank would not do: when the server dies its orphaned group gets SIGHUP.)"""
+    from scalelab import launch
+
+    name = f"scalelab-warm-test-{secrets.token_hex(4)}"
+    token, node = secrets.token_hex(8), "warmtest"
+    proc = subprocess.Popen([sys.executable, str(WARM), "serve", name], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    rank = None
+    try:
+        assert proc.stdout.readline().startswith("SCALELAB_WARM ready")
+        pidfile = tmp_path / "pid"
+        c = client(name, rank_script, "spin", str(pidfile),
+                   env={launch.TOKEN_VAR: launch.token_mark(token, node)})
+        rank = _started(pidfile)
+        assert launch.token_mark(token, node) not in Path(f"/proc/{rank}/environ").read_text()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        c.kill()
+        c.wait(timeout=10)
+        assert not _gone(rank, 1.0), "nothing was left to reap"
+        done = subprocess.run(["sh", "-c", launch.reap_line(None, token, 1.0, node)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert _gone(rank, 10), "the reaper did not find the forked rank by its token"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        if rank is not None and not _gone(rank, 0.1):
+            os.kill(rank, signal.SIGKILL)  # the rank this test started, should the reaper fail
+
+
+def test_a_silent_client_does_not_hold_up_the_next(server, rank_script, tmp_path):
+    import importlib.util
+    import socket
+
+    spec = importlib.util.spec_from_file_location("warm_under_test", WARM)
+    warm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(warm)
+    name, _ = server
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    silent.connect(warm._address(name))  # connects, sends nothing
+    try:
+        c = client(name, rank_script, "0", cwd=tmp_path)
+        out, err = c.communicate(timeout=60)
+        assert c.returncode == 0, err
+        assert out.split()[-1] == "True"  # forked from the server, not started cold
+        # served while the silent request was still waiting for its words
+        with pytest.raises(BlockingIOError):
+            silent.recv(16, socket.MSG_DONTWAIT)
+    finally:
+        silent.close()

@@ -288,6 +288,10 @@ def sample_delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float | 
             "tx_bytes": diff("tx_bytes"), "rx_bytes": diff("rx_bytes")}
 
 
+# set by warm.py in a rank it forked: tells the rank's client its exit code, then leaves
+exit_hook = None
+
+
 def exit_now(code: int) -> None:
     """Leave the process once its result is printed and its process group left.
 
@@ -298,4 +302,6 @@ def exit_now(code: int) -> None:
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    if exit_hook is not None:  # a rank forked by warm.py: its client hears how it ended
+        exit_hook(code)
     os._exit(code)

@@ -28,6 +28,7 @@ This file imports no torch at module level: the client must start in millisecond
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -73,17 +74,30 @@ def serve(name: str, idle_exit_s: float = IDLE_EXIT_S) -> int:
     lst.listen(64)
     print(f"SCALELAB_WARM ready {os.getpid()}", flush=True)
     children: dict[int, socket.socket] = {}
+    # connections whose request has not come yet, with when they are given up: a client that
+    # connects and sends nothing must not hold up the next one
+    pending: dict[socket.socket, float] = {}
     killed: set[int] = set()
     last_busy = time.monotonic()
     while True:
-        if children:
-            last_busy = time.monotonic()
-        elif time.monotonic() - last_busy > idle_exit_s:
+        now = time.monotonic()
+        if children or pending:
+            last_busy = now
+        elif now - last_busy > idle_exit_s:
             return 0
-        ready, _, _ = select.select([lst, *children.values()], [], [], 0.05)
+        for conn in [c for c, t in pending.items() if t < now]:
+            print("warm.py: bad request: nothing sent", file=sys.stderr, flush=True)
+            del pending[conn]
+            conn.close()
+        ready, _, _ = select.select([lst, *pending, *children.values()], [], [], 0.05)
         for sock in ready:
             if sock is lst:
-                _accept(lst, children)
+                conn, _ = lst.accept()
+                pending[conn] = time.monotonic() + REQUEST_TIMEOUT_S
+                continue
+            if sock in pending:
+                del pending[sock]
+                _accept(lst, sock, children, list(pending))
                 last_busy = time.monotonic()
                 continue
             # a client sends nothing after its request: readable means it is gone (killed with
@@ -112,21 +126,21 @@ def serve(name: str, idle_exit_s: float = IDLE_EXIT_S) -> int:
                 conn.close()
 
 
-def _accept(lst: socket.socket, children: dict[int, socket.socket]) -> None:
-    """Take one request and fork its rank."""
-    conn, _ = lst.accept()
+def _accept(lst: socket.socket, conn: socket.socket, children: dict[int, socket.socket],
+            pending: list[socket.socket]) -> None:
+    """Take the request that has come on conn and fork its rank."""
     try:
-        conn.settimeout(REQUEST_TIMEOUT_S)
-        msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
-        conn.settimeout(None)
+        msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3, socket.MSG_DONTWAIT)
         req = json.loads(msg)
     except (OSError, ValueError) as exc:
         print(f"warm.py: bad request: {exc}", file=sys.stderr, flush=True)
+        for fd in locals().get("fds") or []:  # passed with a request that did not parse
+            os.close(fd)
         conn.close()
         return
     pid = os.fork()
     if pid == 0:
-        _child(lst, conn, req, fds, [c for c in children.values()])  # never returns
+        _child(lst, conn, req, fds, [*children.values(), *pending])  # never returns
     for fd in fds:
         os.close(fd)
     try:
@@ -146,12 +160,29 @@ def _watch(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _leave(code: int) -> None:
-    """Flush and leave at once: no destructor runs (a rank's DDP reducer freed on the way out
-    can deadlock with a gloo worker over the GIL; see resnet.py)."""
+def comm_of(mark: str) -> str:
+    """The name (/proc/PID/comm, 15 bytes at most) a forked rank of launch mark takes: its
+    /proc/PID/environ still shows the server's environment, so the launch's reaper finds it
+    by this name too (scalelab.launch.reap_line computes the same).
+
+    >>> comm_of("ab12@lab-n1")
+    'sl2784d3eb1e09b'
+    """
+    return "sl" + hashlib.sha256(mark.encode()).hexdigest()[:13]
+
+
+def _leave(code: int, conn: socket.socket | None = None) -> None:
+    """Flush, tell the client how the rank ended, and leave at once: no destructor runs (a
+    rank's DDP reducer freed on the way out can deadlock with a gloo worker over the GIL; see
+    resnet.py). The rank says it itself, so a server that died meanwhile does not turn a good
+    rank into a failed one (the server reports only the ranks killed by a signal first)."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
+        if conn is not None:
+            conn.send(json.dumps({"status": (code & 0xFF) << 8}).encode())
+    except OSError:
+        pass
     finally:
         os._exit(code)
 
@@ -172,6 +203,13 @@ def _child(lst: socket.socket, conn: socket.socket, req: dict, fds: list[int],
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        # a group of its own (the reaper ends groups, and the server's is not the launch's),
+        # and a name its launch's reaper finds it by
+        os.setpgid(0, 0)
+        mark = req["env"].get("SCALELAB_LAUNCH")
+        if mark:
+            with open("/proc/self/comm", "w") as fh:
+                fh.write(comm_of(mark))
         import torch
 
         # libgomp read OMP_NUM_THREADS when the server imported torch: apply the rank's own
@@ -179,19 +217,22 @@ def _child(lst: socket.socket, conn: socket.socket, req: dict, fds: list[int],
         if threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))
         threading.Thread(target=_watch, args=(conn,), daemon=True).start()
+        import common
+
+        common.exit_hook = lambda code: _leave(code, conn)
         import runpy
 
         sys.argv = list(req["argv"])
         runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit as exc:  # left from inside the handler: the rank's frames stay alive
         if exc.code is None or isinstance(exc.code, int):
-            _leave(exc.code or 0)
+            _leave(exc.code or 0, conn)
         print(exc.code, file=sys.stderr)
-        _leave(1)
+        _leave(1, conn)
     except BaseException:  # noqa: BLE001 - a rank's crash is reported like a fresh process's
         traceback.print_exc()
-        _leave(1)
-    _leave(0)
+        _leave(1, conn)
+    _leave(0, conn)
 
 
 # ------------------------------------------------------------------ client
