@@ -138,6 +138,10 @@ class Emulation:
             k_cpu = cpu_dilation(ranks, p["nodes"], grad, bwd, p.get("precision", "fp32"),
                                  self.pass_s_per_byte or 0.0, self.host_cpus,
                                  self.node_cpus(p["nodes"]))
+            if ranks > p["nodes"] and k_link > 1:
+                # several ranks per node: their loopback copies and the links' own copies
+                # take the same cores, so the two shares add up rather than take turns
+                k_link = accel.auto_dilation(p["nodes"], key[0], self.host_mbit) + k_cpu
             self._k[key] = float(max(1, k_link, k_cpu))
         return self._k[key]
 

@@ -90,7 +90,12 @@ class Fabric:
 
 
 def names() -> list[str]:
-    return [IDEAL] + sorted(p.stem for p in FABRICS_DIR.glob("*.yml"))
+    return list(_names())
+
+
+@functools.lru_cache(maxsize=1)
+def _names() -> tuple[str, ...]:
+    return (IDEAL, *sorted(p.stem for p in FABRICS_DIR.glob("*.yml")))
 
 
 def check_name(name: str) -> str:

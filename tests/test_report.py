@@ -835,3 +835,11 @@ def test_comm_settings_predict_the_settings_not_run_from_the_profile(tmp_path):
 def test_no_comm_settings_section_when_no_setting_varies(tmp_path):
     d = synthetic.synthetic_sweep(tmp_path, "plain", nodes=(1, 2), batch_sizes=(64,), repeats=1)
     assert 'id="comm-settings"' not in report.build_report(d).read_text()
+
+
+def test_the_demo_report_names_its_fabric_profile_and_its_sources(demo_page):
+    text = " ".join(re.sub(r"<[^>]+>", " ", demo_page).split())
+    assert "Fabric profile: ethernet-tcp" in text
+    # what each of its line rates carried and where the figure comes from
+    assert "1 Gbit/s with 1 rank per node carried 94.1 %" in text
+    assert "own ceiling at MTU 1500" in text and "nccl-tests issue 82" in text

@@ -337,6 +337,8 @@ def test_demo_sweep_is_the_reference_experiment_in_miniature():
     assert (s.model, s.accelerator, s.engine) == ("resnet50", "v100", "ddp")
     assert s.nodes == [1, 2, 4, 8] and len(s.batch_sizes) == 2
     assert s.bandwidths == [1000.0, 10000.0]
+    # links as Ethernet with TCP carries them, not as tc's ideal rate
+    assert s.fabric_profile == "ethernet-tcp"
     runs = plan(s, make_cluster(8), can_shape=True, cluster="demo")
     assert len(runs) == 16 and all(r.kind == "train" for r in runs)
     assert all(r.params["accelerator"] == "v100" and r.params["dilation"] is None for r in runs)
