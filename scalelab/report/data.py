@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalelab import analysis, results, store, stragglers, verdict
+from scalelab import analysis, fabric, results, store, stragglers, verdict
 from scalelab import overlap as bucket_model
 from scalelab.results import ReportError
 from scalelab.state import reports_dir
@@ -137,6 +137,10 @@ def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> An
                          (analysis.DEFAULT_ALPHA_S, "default constant (no allreduce probes)"))
     else:
         alpha, source = alpha_s, "given"
+    profiles = set(runs["fabric_profile"]) if "fabric_profile" in runs and len(runs) else set()
+    if len(profiles) == 1 and (fab := fabric.maybe(next(iter(profiles)))) is not None:
+        # every run's links stood for one profiled fabric: the model takes its latency
+        alpha, source = fab.per_hop_latency_s, f"the {fab.name} fabric profile's"
     ring = analysis.add_model(analysis.summarize(runs), alpha, overlap)
     # one prediction per point: the overlap model where a profile exists, else the ring model
     modelled = bucket_model.add_prediction(ring, alpha)

@@ -350,6 +350,9 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
         ("GPUs per node", _gpus_text(runs, gpus)),
         ("host cores (local target)", _fmt(limits["host_cpus"]) or "unknown"),
         ("link rates requested", ", ".join(str(r) for r in requested)),
+        ("fabric profile", ", ".join(sorted(set(runs.get("fabric_profile", ["ideal"])) - {""}))
+         + (" (sources under Emulated accelerator)" if set(runs.get("fabric_profile", []))
+            - {"", "ideal"} and runs["accelerator"].astype(bool).any() else "")),
         ("link rates measured (mean)", measured_txt),
         ("transport (from the ranks)", _transport_text(runs)),
         ("allreduce busbw at largest message", busbw_txt),
@@ -622,11 +625,11 @@ def _fabric_note(a: Analysis) -> str:
             f"{_e(units_rate(b))} with {p} rank{'s' if p > 1 else ''} per node carried "
             f"{fab.share(b, p) * 100:.1f} % of it ({_e(units_rate(fab.collective_mbit(b, p)))}, "
             f"tc at {_e(units_rate(fab.tc_mbit(b, p)))} for the framing tc does not count); "
-            f"source: {_e(fab.source_for(b))}" for b, p in pairs)
+            f"source: {_e(fab.source_for(b).rstrip('.'))}" for b, p in pairs)
         out.append(f'<p class="note" id="fabric">Fabric profile: {_e(fab.name)} '
                    f"({_e(fab.description)}). {lines}. Per-hop latency in the model "
                    f"{fab.per_hop_latency_s * 1e6:g} us; source: "
-                   f"{_e(' '.join(fab.latency_source.split()))}</p>")
+                   f"{_e(' '.join(fab.latency_source.split()).rstrip('.'))}.</p>")
     return "\n".join(out)
 
 
