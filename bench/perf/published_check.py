@@ -9,7 +9,7 @@ time) and predicts the scaling efficiency with scalelab's overlap model:
     scaled so that one GPU trains at the table's own single-GPU images/s (so only the
     communication is predicted, never the compute);
   * between nodes: a ring of all N x G GPUs over the line rate times the fabric profile's
-    allreduce share for nodes of several GPUs (bench/fabrics/ethernet-tcp.yml), and its
+    allreduce share for nodes of several GPUs (bench/fabrics/), and its
     per-hop latency; inside a node: the intra-node rate of the node kind (NVLink or PCIe);
   * two columns of prediction: the ideal fabric (the line rate as tc gives it, what
     scalelab's emulation assumed before fabric profiles) and the fabric profile.
@@ -66,6 +66,7 @@ class Point:
     note: str = ""
     # what the model leaves out that this point's setup has (said where the point misses)
     missing: str = ""
+    fabric: str = "ethernet-tcp"  # the profile of the table's network (bench/fabrics/)
 
 
 # Horovod 0.9-0.15 fused up to 64 MB (HOROVOD_FUSION_THRESHOLD's default before 0.21)
@@ -92,6 +93,18 @@ POINTS = [
           "nvlink-v100", 740.0, 0.83, 1, 16.0, 0.845, "published 83 %; fp16 inferred"),
     Point("T5 aws-samples#2, p3.16xlarge 25GbE", "resnet50", "amp", 256, 8, 4, 25,
           "nvlink-v100", 740.0, 0.899, 1, 16.0, 0.845, "derived; above its own 16-GPU point"),
+    # RDMA. T1's RDMA row: the same 16 Pascal GPUs, RoCE on the same 25 Gbit/s network
+    Point("T1 Horovod README, 25GbE RoCE", "resnet101", "fp32", 64, 4, 4, 25, "pcie3",
+          119.4, 0.914, 1, 64.0, None, "no one-node point; Pascal model not named",
+          "the GPU-side cost: no one-node point to take it from", "rdma"),
+    # T8: horovod issue 288, 2 x Dell C4140 (4 V100 SXM2, NVLink), EDR InfiniBand 100 Gbit/s
+    Point("T8 horovod#288, C4140 EDR IB", "resnet50", "amp", 128, 4, 2, 100, "nvlink-v100",
+          641.0, 0.8619, 1, 64.0, 0.928, "fp16 inferred (641 img/s per V100); batch 128 as "
+          "in the issue's first run", "", "rdma"),
+    # T9: horovod issue 476, 2 x 8 GPUs on InfiniBand, ResNet-101 batch 64 fp32 (issue 466)
+    Point("T9 horovod#476, 2x8 IB", "resnet101", "fp32", 64, 8, 2, 100, "pcie3", 195.64,
+          0.755, 1, 64.0, 0.762, "GPU model and link rate not stated (EDR assumed); "
+          "ResNet-101 batch 64 from the same user's issue 466", "", "rdma"),
 ]
 
 
@@ -135,14 +148,13 @@ def efficiency(p: Point, fab: fabric.Fabric | None, stretch: float = 1.0) -> flo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fabric-profile", default="ethernet-tcp")
     ap.add_argument("--markdown", action="store_true", help="the rows as a Markdown table")
     a = ap.parse_args()
-    fab = fabric.load(a.fabric_profile)
     if a.markdown:
         print("| table | nodes x GPUs | published | ideal fabric | profile | + GPU-side cost "
               "| miss (points) | note |\n|---|---|---|---|---|---|---|---|")
         for p in POINTS:
+            fab = fabric.load(p.fabric)
             ideal, prof = efficiency(p, None), efficiency(p, fab)
             side = efficiency(p, fab, 1 / p.one_node) if p.one_node else None
             best = side if side is not None else prof
@@ -151,7 +163,8 @@ def main() -> int:
                   f"{ideal * 100:.1f} % | {prof * 100:.1f} % | {side_text} | "
                   f"{(best - p.published) * 100:+.1f} | {p.note} |")
         return 0
-    print(f"fabric profile: {fab.summary()}")
+    for name in sorted({p.fabric for p in POINTS}):
+        print(f"fabric profile {fabric.load(name).summary()}")
     print("columns: published; predicted on the ideal fabric (network only); with the fabric "
           "profile (network only); with the profile and the GPU-side cost of the table's own "
           "one-node point (1 / its efficiency, where the table has one); the miss of the last "
@@ -160,6 +173,7 @@ def main() -> int:
           f"{'+GPU side':>9} {'miss':>6}  note")
     worst: dict[str, float] = {}
     for p in POINTS:
+        fab = fabric.load(p.fabric)
         ideal = efficiency(p, None)
         prof = efficiency(p, fab)
         side = efficiency(p, fab, 1 / p.one_node) if p.one_node else float("nan")
@@ -175,6 +189,7 @@ def main() -> int:
         print(f"{table:<36} largest miss {w:4.1f} points: "
               f"{'within' if w <= AIM_POINTS else 'OUTSIDE'} the aim of {AIM_POINTS:g}")
     for p in POINTS:
+        fab = fabric.load(p.fabric)
         best = efficiency(p, fab, 1 / p.one_node) if p.one_node else efficiency(p, fab)
         if abs(best - p.published) * 100 > AIM_POINTS:
             print(f"  {p.table} {p.nodes}x{p.gpus_per_node}: missing cost: "
