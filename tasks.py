@@ -190,9 +190,9 @@ def _print_nodes(result) -> None:
     "device": "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
     "fabric": "tcp, rdma or auto (default: rdma where every node has an active RDMA port and "
               "no rate is shaped; a shaped rate is always tcp)",
-    "fabric_profile": "what an allreduce achieves on the fabric: ethernet-tcp (shaped links "
-                      "carry its share of the line rate, sourced in bench/fabrics/, and the "
-                      "model uses it) or ideal (the default: the line rate as tc gives it)",
+    "fabric_profile": "what an allreduce achieves on the fabric: ethernet-tcp or rdma (shaped "
+                      "links carry its share of the line rate, sourced in bench/fabrics/, and "
+                      "the model uses it) or ideal (the default: the line rate as tc gives it)",
     "channels_last": "NHWC memory format (faster convolutions on tensor cores); the same as "
                      "--memory-format channels_last",
     "memory_format": "memory formats to sweep: contiguous (NCHW, the default), channels_last "

@@ -99,14 +99,15 @@ def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, li
 def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: float,
                    precision: str = "fp32", alpha_s: float = analysis.DEFAULT_ALPHA_S,
                    group_mb: float | None = None, compression: str = "none",
-                   gpu_stretch: float = 1.0) -> float:
+                   gpu_stretch: float | None = None) -> float:
     """A step of `world` ranks over links of link_mbit with this profile (see module doc).
 
     group_mb: the run's DDP bucket_cap_mb or Horovod fusion threshold in MB (None: the
     engine's default); compression "fp16" sends 2 bytes per gradient element. gpu_stretch:
     the GPU-side cost of training beside other GPUs and communication (kernels and copies that
     compete with compute, a shared PCIe root and host), as the factor every compute time of a
-    rank grows by when world > 1; measured on one node of G GPUs as 1 / its efficiency.
+    rank grows by when world > 1; measured on one node of G GPUs as 1 / its efficiency (None:
+    the profile's gpu_side_stretch, 1 without one).
 
     >>> doc = {"optimizer_s": 0.0, "layers": [{"fwd_s": 0.1, "bwd_s": 0.1, "numel": 25_000_000},
     ...                                       {"fwd_s": 0.1, "bwd_s": 0.1, "numel": 1000}]}
@@ -122,6 +123,8 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     bwd = sum(layer["bwd_s"] for layer in doc["layers"])
     if world <= 1 or not link_mbit or math.isnan(link_mbit):
         return fwd + bwd + doc["optimizer_s"]
+    if gpu_stretch is None:
+        gpu_stretch = float(doc.get("gpu_side_stretch") or 1.0)
     if gpu_stretch != 1.0:
         doc = {**doc, "optimizer_s": doc["optimizer_s"] * gpu_stretch,
                "layers": [{**ly, "fwd_s": ly["fwd_s"] * gpu_stretch,

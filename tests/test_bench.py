@@ -304,14 +304,18 @@ def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(clu
     assert "Predictions, not measurements" in page
 
 
-def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports):
-    """2 nodes x 2 emulated V100s (the reduced form of 8 x 4) on the ethernet-tcp profile:
-    every rank trains, tc holds the profile's share of the line, the model and the report
-    name the profile and its sources."""
-    from scalelab import fabric
+def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports, tmp_path):
+    """2 nodes x 2 emulated V100s (the reduced form of 8 x 4) on the ethernet-tcp profile,
+    with a GPU-side cost in the profile: every rank trains, its compute grows by that cost,
+    tc holds the profile's share of the line, the report names the profile and its sources."""
+    from scalelab import accel, fabric
 
+    doc = accel.resolve("v100", "resnet50", "fp32", 32, 224)
+    profile = tmp_path / "v100-with-peers.json"
+    profile.write_text(json.dumps({**doc, "gpu_side_stretch": 1.25,
+                                   "gpu_side_source": "a test's figure"}))
     proc = bench(cluster, reports, "--nodes", "1,2", "--procs-per-node", "2", "--batch-size",
-                 "32", "--model", "resnet50", "--accelerator", "v100", "--bandwidth", "1gbit",
+                 "32", "--model", "resnet50", "--accelerator", str(profile), "--bandwidth", "1gbit",
                  "--fabric-profile", "ethernet-tcp", "--steps", "3", "--repeats", "1",
                  "--allreduce-sizes", "4K,64K")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -323,6 +327,11 @@ def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports):
     records = {x["params"]["world_size"]: x for x in runs_of(sweep_dir) if x["kind"] == "train"}
     four = records[4]
     assert len(four["ranks"]) == 4 and four["params"]["procs_per_node"] == 2
+    # with peers every rank computed 1.25 x the profile's step, and its record says so
+    step = accel.step_s(doc)
+    for rec in records.values():
+        assert rec["accelerator"]["profile_step_s"] == pytest.approx(1.25 * step, rel=0.01)
+        assert rec["ranks"][0]["compute_time_mean_s"] == pytest.approx(1.25 * step, rel=0.05)
     # tc held the profile's share of 1 Gbit/s for nodes of several GPUs, dilated
     fab = fabric.load("ethernet-tcp")
     want = fabric.tc_line_mbit(1000.0, "ethernet-tcp", 2) / four["params"]["dilation"]

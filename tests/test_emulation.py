@@ -188,3 +188,20 @@ def test_horovod_fuses_what_is_ready_when_it_is_free():
     singles = sum(overlap.analysis.ring_allreduce_time_s(4, 4_000_000, 1000.0, 1e-3)
                   for _ in range(10))
     assert hvd < 0.01 + singles
+
+
+def test_a_gpu_side_cost_must_be_a_stretch_with_its_source():
+    from scalelab import accel, overlap
+
+    doc = accel.resolve("v100", "resnet50", "fp32", 32, 224)
+    for bad, why in (({"gpu_side_stretch": 0.9, "gpu_side_source": "x"}, "must be a number >= 1"),
+                     ({"gpu_side_stretch": 1.1}, "needs gpu_side_source")):
+        with pytest.raises(accel.emulate.ProfileError, match=why):
+            accel.emulate.check({**doc, **bad})
+    # the model takes it as the ranks do: alone as is, with peers stretched
+    stretched = {**doc, "gpu_side_stretch": 1.2, "gpu_side_source": "x"}
+    alone = overlap.predict_step_s(doc, "ddp", 1, float("inf"))
+    assert overlap.predict_step_s(stretched, "ddp", 1, float("inf")) == pytest.approx(alone)
+    fast = 1e9  # a link so fast that only compute counts
+    assert overlap.predict_step_s(stretched, "ddp", 4, fast, alpha_s=0) == pytest.approx(
+        1.2 * overlap.predict_step_s(doc, "ddp", 4, fast, alpha_s=0), rel=1e-3)

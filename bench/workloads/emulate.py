@@ -8,6 +8,7 @@ with the parameters it owns and its forward and backward time on the device:
     {"schema": 1, "model": "resnet50", "device": "...", "precision": "fp32", "batch_size": 64,
      "image_size": 224, "source": "measured|derived", "provenance": "...",
      "optimizer_s": 0.001,
+     "gpu_side_stretch": 1.045, "gpu_side_source": "...",    (optional)
      "layers": [{"name": "conv1", "params": ["conv1.weight"], "numel": 9408,
                  "fwd_s": ..., "bwd_s": ...}, ...]}
 
@@ -69,6 +70,14 @@ def check(doc: Any, where: str = "profile") -> dict[str, Any]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ProfileError(f"{where}: {key} must be an integer >= 1, got {v!r}")
     _number(doc, "optimizer_s", where)
+    stretch = doc.get("gpu_side_stretch")  # optional: the GPU-side cost of training with peers
+    if stretch is not None:
+        if isinstance(stretch, bool) or not isinstance(stretch, int | float) or not stretch >= 1:
+            raise ProfileError(f"{where}: gpu_side_stretch must be a number >= 1 (1 / the "
+                               f"efficiency of one node of its GPUs), got {stretch!r}")
+        if not isinstance(doc.get("gpu_side_source"), str) or not doc["gpu_side_source"]:
+            raise ProfileError(f"{where}: gpu_side_stretch needs gpu_side_source, saying where "
+                               "the figure comes from")
     layers = doc.get("layers")
     if not isinstance(layers, list) or not layers:
         raise ProfileError(f"{where}: layers must be a non-empty list")
@@ -101,6 +110,25 @@ def load(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ProfileError(f"{p}: not a JSON profile ({e})") from None
     return check(doc, str(p))
+
+
+def for_world(doc: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """The profile as a rank of world_size runs it: with peers (world_size > 1) every time
+    grows by the profile's gpu_side_stretch, the GPU-side cost of communication (kernels and
+    copies that compete with compute, a PCIe root and host shared with the other GPUs),
+    measured as 1 / the efficiency of one node of its GPUs; alone, or without the field, as is.
+
+    >>> doc = {"optimizer_s": 0.1, "gpu_side_stretch": 1.25, "gpu_side_source": "x",
+    ...        "layers": [{"fwd_s": 0.2, "bwd_s": 0.4}]}
+    >>> totals(for_world(doc, 8))["step_s"], totals(for_world(doc, 1))["step_s"]
+    (0.875, 0.7000000000000001)
+    """
+    f = float(doc.get("gpu_side_stretch") or 1.0)
+    if world_size <= 1 or f == 1.0:
+        return doc
+    return {**doc, "optimizer_s": doc["optimizer_s"] * f,
+            "layers": [{**ly, "fwd_s": ly["fwd_s"] * f, "bwd_s": ly["bwd_s"] * f}
+                       for ly in doc["layers"]]}
 
 
 def totals(doc: dict[str, Any]) -> dict[str, float]:

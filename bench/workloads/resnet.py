@@ -447,6 +447,8 @@ def run(a: argparse.Namespace) -> int:
     torch.manual_seed(a.seed)  # identical init on every rank (DDP/Horovod broadcast anyway)
     pacer = None
     if a.emulated:
+        # with peers, the profile's GPU-side cost of communication (gpu_side_stretch)
+        a.emulated = emulate.for_world(a.emulated, world)
         # the real parameters, shapes and names (built as usual: on the meta device it would
         # be cheaper in principle, but its first use costs torch 1.5 s of set-up per process)
         real_model = models.build_model(a.model, num_classes).to(device)
