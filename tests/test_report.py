@@ -849,3 +849,14 @@ def test_the_demo_report_names_its_fabric_profile_and_its_sources(demo_page):
     # what each of its line rates carried and where the figure comes from
     assert "1 Gbit/s with 1 rank per node carried 94.1 %" in text
     assert "own ceiling at MTU 1500" in text and "nccl-tests issue 82" in text
+
+
+def test_the_what_if_note_states_the_models_error_against_published_clusters(demo_page):
+    from scalelab import published
+
+    total, within, worst, missing = published.summary()
+    text = " ".join(re.sub(r"<[^>]+>", " ", html.unescape(demo_page)).split())
+    assert (f"within {published.AIM_POINTS:g} points at {within} of {total} points; its "
+            f"largest miss is {worst:.1f} points") in text
+    # at least three published tables, scored per point (issue 27's bar)
+    assert len({p.table.split()[0] for p in published.POINTS}) >= 3 and total >= 3

@@ -675,10 +675,20 @@ def _emulation_section(a: Analysis) -> str:
     wf = model.what_if_rows(a, df)
     if not wf.empty:
         wf["link"] = wf["link_mbit"].map(rate_label)
+        from scalelab import published
+
+        total, within, worst, missing = published.summary()
         parts.append('<p class="note"><strong>Predictions, not measurements:</strong> the '
                      "overlap model beyond the measured points (more nodes; the link 10x "
                      "faster). Its error on this sweep&#39;s measured points is the one stated "
-                     "under Bottleneck per series.</p>")
+                     "under Bottleneck per series. Against published clusters (data-parallel "
+                     "ResNet at up to 32 GPUs on a stated network, each on its fabric profile "
+                     f"and with its table&#39;s one-node GPU-side cost where it has one) the "
+                     f"same model is within {published.AIM_POINTS:g} points at {within} of "
+                     f"{total} points; its largest miss is {worst:.1f} points, where it "
+                     f"leaves out {_e(missing.split(':')[0])} "
+                     "(<code>bench/perf/published_check.py</code> prints every point and what "
+                     "each miss leaves out).</p>")
         parts.append(_table(wf, [("from", "from the measured series", "str"),
                                  ("link", "predicted link", "str"),
                                  ("world_size", "world size", "int"),
