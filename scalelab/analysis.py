@@ -449,10 +449,12 @@ def model_link_mbit(measured_mbit: Any, requested_mbit: Any, busbw_mb_s: Any) ->
     return rate, source
 
 
-def fabric_terms(frame: pd.DataFrame, alpha_s: float) -> tuple[np.ndarray, np.ndarray]:
+def fabric_terms(frame: pd.DataFrame, alpha_s: float,
+                 profile_alpha: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Per row: the requested rate as the row's fabric profile says collectives carry it
     (bandwidth_mbit x the profile's share; the line rate itself on the ideal fabric), and the
-    per-hop latency (the profile's; alpha_s on the ideal fabric).
+    per-hop latency (the profile's unless profile_alpha is False, as with a latency the user
+    gave; alpha_s on the ideal fabric).
 
     >>> f = pd.DataFrame({"bandwidth_mbit": [1000.0, 1000.0], "procs_per_node": [1, 1],
     ...                   "fabric_profile": ["ideal", "ethernet-tcp"]})
@@ -472,7 +474,8 @@ def fabric_terms(frame: pd.DataFrame, alpha_s: float) -> tuple[np.ndarray, np.nd
             continue
         if requested[i] == requested[i]:
             requested[i] = fab.collective_mbit(requested[i], int(ppn) if ppn == ppn else 1)
-        alpha[i] = fab.per_hop_latency_s
+        if profile_alpha:
+            alpha[i] = fab.per_hop_latency_s
     return requested, alpha
 
 
@@ -518,7 +521,7 @@ def fit_alpha_s(allreduce: pd.DataFrame) -> float | None:
 
 
 def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
-              overlap: bool = False) -> pd.DataFrame:
+              overlap: bool = False, profile_alpha: bool = True) -> pd.DataFrame:
     """Predicted step time and efficiency for every (series, world size) of a summary.
 
     Compute time per step = the measured mean compute time at the series' smallest world size
@@ -543,7 +546,8 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
                     "predicted_step_s", "predicted_comm_share", "predicted_eff"):
             out[col] = pd.Series(dtype=float)
         return out
-    requested, alpha = fabric_terms(out, alpha_s)
+    requested, alpha = fabric_terms(out, alpha_s, profile_alpha)
+    out["link_target_mbit"] = requested
     rate, source = model_link_mbit(out["link_mbit_measured"], requested, out["busbw_mb_s"])
     rate = np.where(out["nodes"].to_numpy() <= 1, np.inf, rate)
     out["link_mbit_model"] = np.where(np.isinf(rate), np.nan, rate)

@@ -535,6 +535,11 @@ def prepare(cluster: str, spec) -> Prepared:
                          "launcher: slurm in the sweep file)")
     runs = sweep.plan(spec, nodes, caps.shape_links, cluster=cluster)
     shaped = sorted({r.params["bandwidth_mbit"] for r in runs} - {None})
+    profile = getattr(spec, "fabric_profile", "ideal")
+    if profile != "ideal" and not caps.shares_host_cpus:
+        raise InputError(f"--fabric-profile {profile}: a fabric profile stands for a network "
+                         f"on emulated links; cluster {cluster}'s nodes are real hosts whose "
+                         "NICs already are the fabric, so use --fabric-profile ideal")
     no_sudo = [n for n in nodes[:max((r.params["nodes"] for r in runs), default=0)]
                if (n.facts or {}).get("sudo") == "no"]
     if shaped and no_sudo:

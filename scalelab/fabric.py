@@ -79,10 +79,23 @@ class Fabric:
         return min(line_mbit, self.collective_mbit(line_mbit, gpus_per_node) / TBF_PAYLOAD)
 
     def source_for(self, line_mbit: float) -> str:
-        """The source of the line nearest a rate (in log terms), one line of text."""
-        x = math.log(line_mbit / 1000.0)
-        near = min(self.lines, key=lambda ln: abs(math.log(ln.line_gbit) - x))
-        return " ".join(near.source.split())
+        """Where a rate's share comes from, one line of text: its line's source, or which two
+        lines it was interpolated between.
+
+        >>> load("ethernet-tcp").source_for(25000.0)
+        'interpolated between the 10 and 32 Gbit/s lines of bench/fabrics/ethernet-tcp.yml'
+        """
+        gbit = line_mbit / 1000.0
+        for ln in self.lines:
+            if abs(ln.line_gbit - gbit) <= 0.01 * ln.line_gbit:
+                return " ".join(ln.source.split())
+        below = [ln for ln in self.lines if ln.line_gbit < gbit]
+        above = [ln for ln in self.lines if ln.line_gbit > gbit]
+        if below and above:
+            return (f"interpolated between the {below[-1].line_gbit:g} and "
+                    f"{above[0].line_gbit:g} Gbit/s lines of bench/fabrics/{self.name}.yml")
+        near = below[-1] if below else above[0]
+        return f"the {near.line_gbit:g} Gbit/s line's: " + " ".join(near.source.split())
 
     def summary(self) -> str:
         return (f"{self.name}: {self.description}; per-hop latency "

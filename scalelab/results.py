@@ -312,8 +312,10 @@ def to_frame(records: Sequence[dict[str, Any]],
                 "batch_per_worker"):
         frame[col] = frame[col].astype("Int64") if frame[col].isna().any() else frame[col].astype(int)
     frame["busbw_mb_s"] = _probe_busbw(frame, allreduce_frame(records))
-    # the share of the link (its shaped, dilated rate) that training kept busy in the timed steps
-    frame["link_utilisation"] = frame["tx_mbit"] / (frame["bandwidth_mbit"] / frame["dilation"])
+    # the share of the link (its shaped, dilated rate: the line, or a fabric profile's share
+    # of it) that training kept busy in the timed steps
+    target, _ = analysis.fabric_terms(frame, analysis.DEFAULT_ALPHA_S)
+    frame["link_utilisation"] = frame["tx_mbit"] / (target / frame["dilation"])
     frame["fidelity"] = analysis.fidelity(frame)
     frame["baseline_world_size"] = analysis.baseline_world_size(frame, min_nodes)
     frame["scaling_efficiency"] = (analysis.add_efficiency(

@@ -349,7 +349,10 @@ def _emulation_bound(row: pd.Series, base: pd.Series, lim: dict[str, Any], n: in
             "Comparing each rank's compute time per step (ranks in runs.jsonl) to find a slow "
             "rank, and the host's CPU load during the run, would settle it.")
     measured = float(row["link_mbit_measured"])
-    requested = float(row["bandwidth_mbit"])
+    # what the link should carry: the line rate, or its fabric profile's share of it
+    requested = float(row.get("link_target_mbit", row["bandwidth_mbit"]))
+    if requested != requested:
+        requested = float(row["bandwidth_mbit"])
     if measured > 0 and requested > 0 and measured < LINK_SHORTFALL * requested:
         return "emulation-bound", (
             f"The link delivered {measured:.0f} of the {requested:.0f} Mbit/s requested "

@@ -207,6 +207,10 @@ CASES = [
      "--batch-size 100000: resnet50 needs about"),
     ("bench-rate-zero", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                   "--bandwidth", "0mbit"], "is zero"),
+    # a fabric profile stands for a network on emulated links, never for real NICs
+    ("bench-profile-on-real-hosts", "static+facts",
+     ["bench", "--nodes", "1", "--batch-size", "16", "--fabric-profile", "ethernet-tcp"],
+     ("--fabric-profile ethernet-tcp", "use --fabric-profile ideal")),
     ("bench-unconfigured", "static", ["bench", "--nodes", "1", "--batch-size", "16",
                                       "--bandwidth", "1gbit"],
      "has not been configured (no facts recorded for node "),
@@ -303,7 +307,7 @@ def _fake_cluster(state: Path, target: str) -> None:
     """A cluster record of the given target (local+image: a local one whose record names a
     training image without Horovod, on nodes without a Docker engine; local+notorch: an image
     without torch; local+gpu: GPU nodes whose Docker holds a complete image but has only runc
-    as its runtime)."""
+    as its runtime; static+facts: a configured static one)."""
     target, _, extra = target.partition("+")
     cdir = state / "clusters" / FAKE
     cdir.mkdir(parents=True, mode=0o700)
@@ -314,12 +318,12 @@ def _fake_cluster(state: Path, target: str) -> None:
     rec = {"name": FAKE, "target": target, "nodes": nodes, "pids": {},
            "known_hosts": str(cdir / "known_hosts"), "ssh_key": str(cdir / "id_ed25519"),
            "subnet": "10.213.250.0/24", "bandwidth_mbit": None, "cpus_per_node": 1.0}
-    if target == "local":
+    if target == "local" or extra == "facts":
         from scalelab.targets.local import local_facts
 
         for n in nodes:
             n["facts"] = local_facts(n)
-    if extra:
+    if extra and extra != "facts":
         contents = {"image": {"torch": "2.13.0+cpu", "horovod": None},
                     "notorch": {"torch": None, "horovod": "0.28.1"},
                     "gpu": {"torch": "2.13.0+cu128", "horovod": "0.28.1"}}[extra]

@@ -227,6 +227,8 @@ def test_a_forked_rank_left_alone_is_reaped_by_its_launch_token(rank_script, tmp
                    env={launch.TOKEN_VAR: launch.token_mark(token, node)})
         rank = _started(pidfile)
         assert launch.token_mark(token, node) not in Path(f"/proc/{rank}/environ").read_text()
+        # a group of its own: ending the rank's group must not end the server and its others
+        assert os.getpgid(rank) == rank != os.getpgid(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         c.kill()

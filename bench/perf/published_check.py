@@ -1,22 +1,13 @@
 """scalelab's model against published multi-node scaling tables (issue 27).
 
-For every point of the published data-parallel ResNet tables in docs/dev/published-scaling-tables.md
-that states its network and lies at 32 GPUs or fewer, this sets up what was published (model,
-precision, batch per GPU, GPUs per node, nodes, line rate, Horovod's fusion threshold of the
-time) and predicts the scaling efficiency with scalelab's overlap model:
-
-  * the device: the shipped V100 profile of the model and precision, its per-layer times
-    scaled so that one GPU trains at the table's own single-GPU images/s (so only the
-    communication is predicted, never the compute);
-  * between nodes: a ring of all N x G GPUs over the line rate times the fabric profile's
-    allreduce share for nodes of several GPUs (bench/fabrics/), and its
-    per-hop latency; inside a node: the intra-node rate of the node kind (NVLink or PCIe);
-  * two columns of prediction: the ideal fabric (the line rate as tc gives it, what
-    scalelab's emulation assumed before fabric profiles) and the fabric profile.
-
-It prints one row per point (published against predicted, in points) and, per table, whether
-every point is within the aim of 10 points. Nothing here is fitted to the published
-efficiencies; the single-GPU rate is the table's own baseline.
+Prints, for every point in scalelab/published.py (which points and why the others are left
+out are in its docstring): the published efficiency; the overlap model's prediction on the
+ideal fabric (the line rate as tc gives it, what scalelab's emulation assumed before fabric
+profiles); on the table's fabric profile (bench/fabrics/ethernet-tcp.yml or rdma.yml); and on
+the profile with the GPU-side cost of the table's own one-node point (1 / its efficiency, where
+the table has one), with that last prediction's miss in points. Then, per table, whether every
+point is within the aim of 10 points, and at each point outside it the cost the model leaves
+out.
 
 Usage: .venv/bin/python bench/perf/published_check.py [--markdown]
 """

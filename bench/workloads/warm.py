@@ -254,7 +254,11 @@ def run(name: str, argv: list[str]) -> int:
         signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         print("warm.py: the warm-start server closed the connection", file=sys.stderr)
         return 1
-    pid = json.loads(first)["pid"]
+    msg = json.loads(first)
+    if "status" in msg:  # the rank ended before the server could say its pid (a bad cwd)
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        return os.waitstatus_to_exitcode(msg["status"])
+    pid = msg["pid"]
 
     def forward(sig: int, frame: object) -> None:
         try:

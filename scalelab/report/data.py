@@ -138,10 +138,12 @@ def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> An
     else:
         alpha, source = alpha_s, "given"
     profiles = set(runs["fabric_profile"]) if "fabric_profile" in runs and len(runs) else set()
-    if len(profiles) == 1 and (fab := fabric.maybe(next(iter(profiles)))) is not None:
+    if (alpha_s is None and len(profiles) == 1
+            and (fab := fabric.maybe(next(iter(profiles)))) is not None):
         # every run's links stood for one profiled fabric: the model takes its latency
         alpha, source = fab.per_hop_latency_s, f"the {fab.name} fabric profile's"
-    ring = analysis.add_model(analysis.summarize(runs), alpha, overlap)
+    ring = analysis.add_model(analysis.summarize(runs), alpha, overlap,
+                              profile_alpha=alpha_s is None)
     # one prediction per point: the overlap model where a profile exists, else the ring model
     modelled = bucket_model.add_prediction(ring, alpha)
     # each rank's compute against its peers': the slow ranks, and each point's wait for them

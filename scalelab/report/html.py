@@ -351,8 +351,8 @@ def _summary_pairs(s: SweepData) -> list[tuple[str, Any]]:
         ("host cores (local target)", _fmt(limits["host_cpus"]) or "unknown"),
         ("link rates requested", ", ".join(str(r) for r in requested)),
         ("fabric profile", ", ".join(sorted(set(runs.get("fabric_profile", ["ideal"])) - {""}))
-         + (" (sources under Emulated accelerator)" if set(runs.get("fabric_profile", []))
-            - {"", "ideal"} and runs["accelerator"].astype(bool).any() else "")),
+         + (" (what it carried and its sources: below the tables)"
+            if set(runs.get("fabric_profile", [])) - {"", "ideal"} else "")),
         ("link rates measured (mean)", measured_txt),
         ("transport (from the ranks)", _transport_text(runs)),
         ("allreduce busbw at largest message", busbw_txt),
@@ -600,8 +600,9 @@ def _comm_settings_section(a: Analysis) -> str:
     return "\n".join(parts)
 
 
-def _fabric_note(a: Analysis) -> str:
-    """Which fabric the shaped links stood for, what it made them carry, and the sources."""
+def _fabric_note(a: Analysis, ideal_too: bool = True) -> str:
+    """Which fabric the shaped links stood for, what it made them carry, and the sources
+    (ideal_too: say so for the ideal fabric as well)."""
     from scalelab import fabric
 
     runs = a.runs
@@ -611,8 +612,10 @@ def _fabric_note(a: Analysis) -> str:
     out = []
     for name in names:
         fab = fabric.maybe(name)
+        if fab is None and not ideal_too:
+            continue
         if fab is None:
-            out.append('<p class="note" id="fabric">Fabric profile: ideal. A shaped link '
+            out.append('<p class="note fabric">Fabric profile: ideal. A shaped link '
                        "carried its line rate as tc gives it (Gloo reaches 90-96 % of it on a "
                        "veth). Real Ethernet with TCP carries less, most of all with several GPUs "
                        "per node: <code>--fabric-profile ethernet-tcp</code> shapes and models "
@@ -626,7 +629,7 @@ def _fabric_note(a: Analysis) -> str:
             f"{fab.share(b, p) * 100:.1f} % of it ({_e(units_rate(fab.collective_mbit(b, p)))}, "
             f"tc at {_e(units_rate(fab.tc_mbit(b, p)))} for the framing tc does not count); "
             f"source: {_e(fab.source_for(b).rstrip('.'))}" for b, p in pairs)
-        out.append(f'<p class="note" id="fabric">Fabric profile: {_e(fab.name)} '
+        out.append(f'<p class="note fabric">Fabric profile: {_e(fab.name)} '
                    f"({_e(fab.description)}). {lines}. Per-hop latency in the model "
                    f"{fab.per_hop_latency_s * 1e6:g} us; source: "
                    f"{_e(' '.join(fab.latency_source.split()).rstrip('.'))}.</p>")
@@ -832,7 +835,10 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
     comm = _comm_settings_section(a)  # only where a sweep varies a setting
     if comm:
         parts.append(comm)
-    parts.append(_emulation_section(a))
+    emulation = _emulation_section(a)
+    parts.append(emulation)
+    if not emulation:  # there the fabric note opens the section; elsewhere it stands alone
+        parts.append(_fabric_note(a, ideal_too=False))
     parts.append(_runs_tables(a))
     for s in a.sweeps:
         parts.append(_sweep_details(s))
