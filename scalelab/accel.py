@@ -138,6 +138,53 @@ def auto_dilation(nodes: int, rate_mbit: float | None, host_mbit: float | None,
     return float(max(1, math.ceil(nodes * rate_mbit / (share * host_mbit))))
 
 
+PASSES = 2  # passes over the gradient per rank per step on the host: autograd's add, gloo's sum
+CPU_SHARE = 0.5  # of the host's cores the ranks' own work may take while they emulate backward
+LOOPBACK_COPIES = 2  # a byte between two ranks of one node: copied in on send, out on receive
+
+
+def cpu_dilation(ranks: int, nodes: int, grad: int, bwd_s: float, precision: str,
+                 pass_s_per_byte: float, host_cpus: float, node_cpus: float) -> int:
+    """The smallest whole k at which the ranks' own passes over their gradients fit in
+    CPU_SHARE of the CPUs they have during the dilated backward pass: the host's cores for all
+    ranks, and each node's CPUs for its own ranks. Ranks that share a node reduce among
+    themselves over its loopback: every byte of their ring (2(G-1)/G of the gradient, each
+    way) is copied by the kernel on send and on receive.
+
+    >>> cpu_dilation(8, 8, 100_000_000, 0.1, "fp32", 1e-10, 2, 1)    # one rank per node
+    2
+    >>> cpu_dilation(4, 1, 100_000_000, 0.1, "fp32", 1e-10, 2, 1)    # 4 on one node of 1 CPU
+    4
+    """
+    ppn = max(1, ranks // max(1, nodes))
+    # amp: the engine's hook also casts each bucket to 16 bits and back
+    passes = PASSES + (3 if precision in ("amp", "bf16") else 0)
+    if ppn > 1:
+        passes += LOOPBACK_COPIES * 2 * (ppn - 1) / ppn
+    work = passes * grad * pass_s_per_byte / (CPU_SHARE * bwd_s)
+    return max(1, math.ceil(max(ranks * work / host_cpus, ppn * work / node_cpus)))
+
+
+def emulation_dilation(ranks: int, nodes: int, rate_mbit: float | None,
+                       host_mbit: float | None, grad: int, bwd_s: float, precision: str,
+                       pass_s_per_byte: float, host_cpus: float, node_cpus: float) -> float:
+    """The k dilation auto gives a (rate, node count): the larger of what the links need
+    (auto_dilation) and what the ranks' own work needs (cpu_dilation); with several ranks per
+    node their sum, since the links' copies and the ranks' loopback copies take the same cores.
+
+    >>> emulation_dilation(8, 8, 1000.0, 20000.0, 100_000_000, 0.1, "fp32", 1e-10, 2, 1)
+    2.0
+    >>> emulation_dilation(32, 8, 10000.0, 20000.0, 100_000_000, 0.1, "fp32", 1e-10, 2, 1)
+    24.0
+    """
+    k_link = auto_dilation(nodes, rate_mbit, host_mbit)
+    k_cpu = cpu_dilation(ranks, nodes, grad, bwd_s, precision, pass_s_per_byte, host_cpus,
+                         node_cpus)
+    if ranks > nodes and k_link > 1:
+        k_link += k_cpu
+    return float(max(1, k_link, k_cpu))
+
+
 def device_slug(name: str) -> str:
     """A device's name as a file name part.
 

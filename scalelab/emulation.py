@@ -31,9 +31,6 @@ from scalelab.nodes import Node
 log = logging.getLogger(__name__)
 
 
-PASSES = 2  # passes over the gradient per rank per step on the host: autograd's add, gloo's sum
-CPU_SHARE = 0.5  # of the host's cores the ranks' own work may take while they emulate backward
-LOOPBACK_COPIES = 2  # a byte between two ranks of one node: copied in on send, out on receive
 
 
 def memory_pass_s_per_byte(nbytes: int = 64 << 20, repeats: int = 5) -> float:
@@ -50,28 +47,6 @@ def memory_pass_s_per_byte(nbytes: int = 64 << 20, repeats: int = 5) -> float:
         a += b
         best = min(best, time.perf_counter() - t)
     return best / nbytes
-
-
-def cpu_dilation(ranks: int, nodes: int, grad: int, bwd_s: float, precision: str,
-                 pass_s_per_byte: float, host_cpus: float, node_cpus: float) -> int:
-    """The smallest whole k at which the ranks' own passes over their gradients fit in
-    CPU_SHARE of the CPUs they have during the dilated backward pass: the host's cores for all
-    ranks, and each node's CPUs for its own ranks. Ranks that share a node reduce among
-    themselves over its loopback: every byte of their ring (2(G-1)/G of the gradient, each
-    way) is copied by the kernel on send and on receive.
-
-    >>> cpu_dilation(8, 8, 100_000_000, 0.1, "fp32", 1e-10, 2, 1)    # one rank per node
-    2
-    >>> cpu_dilation(4, 1, 100_000_000, 0.1, "fp32", 1e-10, 2, 1)    # 4 on one node of 1 CPU
-    4
-    """
-    ppn = max(1, ranks // max(1, nodes))
-    # amp: the engine's hook also casts each bucket to 16 bits and back
-    passes = PASSES + (3 if precision in ("amp", "bf16") else 0)
-    if ppn > 1:
-        passes += LOOPBACK_COPIES * 2 * (ppn - 1) / ppn
-    work = passes * grad * pass_s_per_byte / (CPU_SHARE * bwd_s)
-    return max(1, math.ceil(max(ranks * work / host_cpus, ppn * work / node_cpus)))
 
 
 class Emulation:
@@ -134,15 +109,10 @@ class Emulation:
                          f"{self.host_mbit:.0f}" if self.host_mbit else "(not measured)",
                          self.pass_s_per_byte * 1e9)
             ranks, grad, bwd = self._load.get(key, (p["nodes"], 0, 1.0))
-            k_link = accel.auto_dilation(p["nodes"], key[0], self.host_mbit)
-            k_cpu = cpu_dilation(ranks, p["nodes"], grad, bwd, p.get("precision", "fp32"),
-                                 self.pass_s_per_byte or 0.0, self.host_cpus,
-                                 self.node_cpus(p["nodes"]))
-            if ranks > p["nodes"] and k_link > 1:
-                # several ranks per node: their loopback copies and the links' own copies
-                # take the same cores, so the two shares add up rather than take turns
-                k_link = accel.auto_dilation(p["nodes"], key[0], self.host_mbit) + k_cpu
-            self._k[key] = float(max(1, k_link, k_cpu))
+            self._k[key] = accel.emulation_dilation(
+                ranks, p["nodes"], key[0], self.host_mbit, grad, bwd,
+                p.get("precision", "fp32"), self.pass_s_per_byte or 0.0, self.host_cpus,
+                self.node_cpus(p["nodes"]))
         return self._k[key]
 
     def node_cpus(self, nodes: int) -> float:

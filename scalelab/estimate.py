@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 
 from scalelab import analysis
@@ -27,6 +28,11 @@ NATIVE_MBIT = 10_000.0  # what an unshaped link is assumed to carry
 # what a small host moves over its nodes' veth links at once, before a sweep calibrates it
 # (a 2-core host: 20-25 Gbit/s), for dilation auto
 HOST_MBIT_GUESS = 20_000.0
+# and what one pass over memory costs it, its cores, and a local node's CPU share (the
+# sweep calibrates the first and reads the others; these are this machine's)
+PASS_S_PER_BYTE_GUESS = 1e-10
+HOST_CPUS_GUESS = os.cpu_count() or 2
+NODE_CPUS_GUESS = 1
 
 
 def default_step_s(model: str, device: str = "cpu") -> float:
@@ -68,8 +74,11 @@ def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
 
         doc = accel.resolve(p["accelerator"], model, p["precision"], p["batch_size"],
                             p["image_size"])
-        k = float(p.get("dilation") or (accel.auto_dilation(p["nodes"], mbit, HOST_MBIT_GUESS)
-                                         if shared_host else 1))
+        bwd = max(sum(layer["bwd_s"] for layer in doc["layers"]), 1e-6)
+        k = float(p.get("dilation") or (accel.emulation_dilation(
+            world, p["nodes"], mbit, HOST_MBIT_GUESS, gradient_bytes(model), bwd,
+            p["precision"], PASS_S_PER_BYTE_GUESS, HOST_CPUS_GUESS, NODE_CPUS_GUESS)
+            if shared_host else 1))
         return startup_s + iters * k * (accel.step_s(doc) + _ring_s(gradient_bytes(model), world, mbit))
     base = (per_step_s or {}).get(model) or default_step_s(model, device)
     scale = (p["image_size"] / MODELS[model].image_size) ** 2
