@@ -123,13 +123,13 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     bwd = sum(layer["bwd_s"] for layer in doc["layers"])
     if world <= 1 or not link_mbit or math.isnan(link_mbit):
         return fwd + bwd + doc["optimizer_s"]
-    if gpu_stretch is None:
-        gpu_stretch = float(doc.get("gpu_side_stretch") or 1.0)
-    if gpu_stretch != 1.0:
-        doc = {**doc, "optimizer_s": doc["optimizer_s"] * gpu_stretch,
-               "layers": [{**ly, "fwd_s": ly["fwd_s"] * gpu_stretch,
-                           "bwd_s": ly["bwd_s"] * gpu_stretch} for ly in doc["layers"]]}
-        fwd, bwd = fwd * gpu_stretch, bwd * gpu_stretch
+    from scalelab import accel
+
+    # with peers, the GPU-side cost as the ranks apply it (emulate.for_world)
+    doc = accel.emulate.for_world(
+        doc if gpu_stretch is None else {**doc, "gpu_side_stretch": gpu_stretch}, world)
+    fwd = sum(layer["fwd_s"] for layer in doc["layers"])
+    bwd = sum(layer["bwd_s"] for layer in doc["layers"])
     ready = ready_times(doc, 2 if precision in ("amp", "bf16") or compression == "fp16" else 4)
     group = None if group_mb is None else int(group_mb * MIB)
     end = timeline_end(ready, engine, world, link_mbit, alpha_s, group)

@@ -22,25 +22,33 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from scalelab import fabric  # noqa: E402
-from scalelab.published import AIM_POINTS, POINTS, efficiency  # noqa: E402
+from scalelab.published import AIM_POINTS, POINTS, best, efficiency  # noqa: E402
+
+
+def rows() -> list[tuple]:
+    """Per point: (point, ideal, profile, profile + GPU-side cost or None, miss in points)."""
+    out = []
+    for p in POINTS:
+        fab = fabric.load(p.fabric)
+        side = efficiency(p, fab, 1 / p.one_node) if p.one_node else None
+        out.append((p, efficiency(p, None), efficiency(p, fab), side,
+                    (best(p) - p.published) * 100))
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="the rows as a Markdown table")
     a = ap.parse_args()
+    table = rows()
     if a.markdown:
         print("| table | nodes x GPUs | published | ideal fabric | profile | + GPU-side cost "
               "| miss (points) | note |\n|---|---|---|---|---|---|---|---|")
-        for p in POINTS:
-            fab = fabric.load(p.fabric)
-            ideal, prof = efficiency(p, None), efficiency(p, fab)
-            side = efficiency(p, fab, 1 / p.one_node) if p.one_node else None
-            best = side if side is not None else prof
+        for p, ideal, prof, side, miss in table:
             side_text = f"{side * 100:.1f} %" if side is not None else "-"
             print(f"| {p.table} | {p.nodes} x {p.gpus_per_node} | {p.published * 100:.1f} % | "
-                  f"{ideal * 100:.1f} % | {prof * 100:.1f} % | {side_text} | "
-                  f"{(best - p.published) * 100:+.1f} | {p.note} |")
+                  f"{ideal * 100:.1f} % | {prof * 100:.1f} % | {side_text} | {miss:+.1f} | "
+                  f"{p.note} |")
         return 0
     for name in sorted({p.fabric for p in POINTS}):
         print(f"fabric profile {fabric.load(name).summary()}")
@@ -51,26 +59,17 @@ def main() -> int:
     print(f"{'table':<36} {'GPUs':>5} {'published':>9} {'ideal':>6} {'profile':>7} "
           f"{'+GPU side':>9} {'miss':>6}  note")
     worst: dict[str, float] = {}
-    for p in POINTS:
-        fab = fabric.load(p.fabric)
-        ideal = efficiency(p, None)
-        prof = efficiency(p, fab)
-        side = efficiency(p, fab, 1 / p.one_node) if p.one_node else float("nan")
-        best = side if p.one_node else prof
-        miss = (best - p.published) * 100
+    for p, ideal, prof, side, miss in table:
         worst[p.table] = max(worst.get(p.table, 0.0), abs(miss))
-        gpus = f"{p.nodes}x{p.gpus_per_node}"
-        side_text = f"{side * 100:8.1f}%" if p.one_node else f"{'-':>9}"
-        print(f"{p.table:<36} {gpus:>5} {p.published * 100:8.1f}% {ideal * 100:5.1f}% "
-              f"{prof * 100:6.1f}% {side_text} {miss:+6.1f}  {p.note}")
+        side_text = f"{side * 100:8.1f}%" if side is not None else f"{'-':>9}"
+        print(f"{p.table:<36} {p.nodes}x{p.gpus_per_node:<3} {p.published * 100:8.1f}% "
+              f"{ideal * 100:5.1f}% {prof * 100:6.1f}% {side_text} {miss:+6.1f}  {p.note}")
     print()
-    for table, w in worst.items():
-        print(f"{table:<36} largest miss {w:4.1f} points: "
+    for name, w in worst.items():
+        print(f"{name:<36} largest miss {w:4.1f} points: "
               f"{'within' if w <= AIM_POINTS else 'OUTSIDE'} the aim of {AIM_POINTS:g}")
-    for p in POINTS:
-        fab = fabric.load(p.fabric)
-        best = efficiency(p, fab, 1 / p.one_node) if p.one_node else efficiency(p, fab)
-        if abs(best - p.published) * 100 > AIM_POINTS:
+    for p, *_, miss in table:
+        if abs(miss) > AIM_POINTS:
             print(f"  {p.table} {p.nodes}x{p.gpus_per_node}: missing cost: "
                   f"{p.missing or 'not known'}")
     return 0

@@ -625,24 +625,15 @@ def _fabric_note(a: Analysis, ideal_too: bool = True) -> str:
         pairs = sorted({(float(b), int(p)) for b, p in zip(sel["bandwidth_mbit"],
                                                           sel["procs_per_node"], strict=True) if p == p})
         lines = "; ".join(
-            f"{_e(units_rate(b))} with {p} rank{'s' if p > 1 else ''} per node carried "
-            f"{fab.share(b, p) * 100:.1f} % of it ({_e(units_rate(fab.collective_mbit(b, p)))}, "
-            f"tc at {_e(units_rate(fab.tc_mbit(b, p)))} for the framing tc does not count); "
+            f"{_e(rate_label(b))} with {p} rank{'s' if p > 1 else ''} per node carried "
+            f"{fab.share(b, p) * 100:.1f} % of it ({_e(rate_label(fab.collective_mbit(b, p)))}, "
+            f"tc at {_e(rate_label(fab.tc_mbit(b, p)))} for the framing tc does not count); "
             f"source: {_e(fab.source_for(b).rstrip('.'))}" for b, p in pairs)
         out.append(f'<p class="note fabric">Fabric profile: {_e(fab.name)} '
                    f"({_e(fab.description)}). {lines}. Per-hop latency in the model "
                    f"{fab.per_hop_latency_s * 1e6:g} us; source: "
                    f"{_e(' '.join(fab.latency_source.split()).rstrip('.'))}.</p>")
     return "\n".join(out)
-
-
-def units_rate(mbit: float) -> str:
-    """A rate for a sentence: 3 significant digits.
-
-    >>> units_rate(941.0), units_rate(9410.0), units_rate(25000.0)
-    ('941 Mbit/s', '9.41 Gbit/s', '25 Gbit/s')
-    """
-    return f"{mbit / 1000:.3g} Gbit/s" if mbit >= 1000 else f"{mbit:.3g} Mbit/s"
 
 
 def _emulation_section(a: Analysis) -> str:
