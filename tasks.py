@@ -15,8 +15,8 @@ from invoke import Collection, Exit, task
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from scalelab.errors import ScalelabError  # noqa: E402
-from scalelab.targets.base import DEFAULT_TARGET  # noqa: E402
+from scalelab.cluster.targets.base import DEFAULT_TARGET  # noqa: E402
+from scalelab.core.errors import ScalelabError  # noqa: E402
 
 
 def _setup_logging() -> None:
@@ -58,7 +58,7 @@ def friendly(fn):
 def provision(c, target=DEFAULT_TARGET, nodes="2", cluster="demo", cpus_per_node="1", bandwidth="native",
               subnet="", var_file="", keep_on_failure=False, dry_run=False):
     """Create or resize a cluster and write inventories/<cluster>.yml."""
-    from scalelab import provisioning
+    from scalelab.cluster import provisioning
 
     if dry_run:
         for line in provisioning.dry_run(target, nodes, cluster, var_file or None):
@@ -79,8 +79,8 @@ def provision(c, target=DEFAULT_TARGET, nodes="2", cluster="demo", cpus_per_node
 @friendly
 def destroy(c, cluster="demo", all_clusters=False):
     """Destroy a cluster: nodes, links, routes, cgroups, processes, state and inventory."""
-    from scalelab import provisioning
-    from scalelab.state import list_clusters
+    from scalelab.cluster import provisioning
+    from scalelab.core.state import list_clusters
 
     names = list_clusters() if all_clusters else [cluster]
     for name in names:
@@ -94,7 +94,7 @@ def destroy(c, cluster="demo", all_clusters=False):
 @friendly
 def status(c, cluster=""):
     """List clusters with their nodes, link rate and whether each node answers."""
-    from scalelab import provisioning
+    from scalelab.cluster import provisioning
 
     rows = provisioning.status(cluster or None)
     if not rows:
@@ -115,7 +115,8 @@ def status(c, cluster=""):
 @friendly
 def check(c, cluster="demo", links=False, seconds="1"):
     """Connectivity check: SSH to every node, node-to-node; --links: all-pairs link rates."""
-    from scalelab import linkprobe, provisioning
+    from scalelab.cluster import provisioning
+    from scalelab.run import linkprobe
 
     secs = linkprobe.check_seconds(seconds)  # before anything connects
     if links and not provisioning.configurable(cluster):
@@ -126,9 +127,10 @@ def check(c, cluster="demo", links=False, seconds="1"):
         print(line)
     if not links:
         return
-    from scalelab.state import cluster_nodes, load_cluster
+    from scalelab.cluster.nodes import nodes_of
+    from scalelab.core.state import load_cluster
 
-    nodes = cluster_nodes(cluster)
+    nodes = nodes_of(load_cluster(cluster))
     pairs = len(linkprobe.all_pairs(nodes))
     print(f"measuring {pairs} pairs, one at a time, {secs:g} s each")
 
@@ -142,7 +144,7 @@ def check(c, cluster="demo", links=False, seconds="1"):
     import datetime as dt
     import json
 
-    from scalelab.state import cluster_dir, write_atomic
+    from scalelab.core.state import cluster_dir, write_atomic
 
     kept = cluster_dir(cluster) / linkprobe.LINKS_FILE
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -161,7 +163,7 @@ def check(c, cluster="demo", links=False, seconds="1"):
 @friendly
 def shape(c, cluster="demo", bandwidth="native"):
     """Change the link rate of every node without reprovisioning."""
-    from scalelab import provisioning
+    from scalelab.cluster import provisioning
 
     provisioning.set_bandwidth(cluster, bandwidth)
     print(f"{cluster}: bandwidth {bandwidth}")
@@ -247,9 +249,10 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
     import datetime as dt
     import threading
 
-    from scalelab import driver, sweepfile
-    from scalelab import sweep as sweeps
-    from scalelab.state import reports_dir
+    from scalelab.core.state import reports_dir
+    from scalelab.run import driver
+    from scalelab.sweep import planner as sweeps
+    from scalelab.sweep import spec as sweepfile
 
     root = reports_dir()
     if resume:
@@ -312,7 +315,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
             print(f"report: {path}")
     # every result is kept; a script running the sweep must still see that runs failed, this
     # time or in an earlier part of a resumed sweep (the last record of each run counts)
-    from scalelab import store
+    from scalelab.results import store
 
     kept = store.read_runs(sweep_dir).values()
     bad = sum(r.get("status") in ("failed", "timeout") for r in kept)
@@ -368,7 +371,7 @@ def _progress_bar(total: int, estimate_s: float) -> _Bar:
 @friendly
 def configure(c, cluster="demo", tags="", check=False, verify=False, bundle="", image=""):
     """Run playbooks/site.yml on a cluster through ansible-runner, record the node facts."""
-    from scalelab import configure as cfg
+    from scalelab.cluster import configure as cfg
 
     def show(p) -> None:
         line = cfg.format_progress(p)
@@ -379,7 +382,7 @@ def configure(c, cluster="demo", tags="", check=False, verify=False, bundle="", 
                      bundle=bundle or None, image=image or None)
     print(f"{cluster}: configured in {result.duration_s:.0f} s, {result.changed} changes")
     if not check:
-        from scalelab.state import load_cluster
+        from scalelab.core.state import load_cluster
 
         for n in load_cluster(cluster)["nodes"]:
             f = n.get("facts") or {}
@@ -405,14 +408,14 @@ def image(c, wheel_dir="", force=False, dry_run=False, base=""):
     """Build the training image (Debian + the bundle's wheelhouse + workloads) as an archive."""
     from pathlib import Path
 
-    from scalelab import image as images
+    from scalelab.cluster import image as images
 
     dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
         [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
               Path.home() / ".cache" / "scalelab" / "wheels")]
     constraints = Path(__file__).resolve().parent / "constraints.txt"
     if base:
-        from scalelab import imagebase
+        from scalelab.cluster import imagebase
 
         if dry_run:
             print(f"image on {base}: its layers as they are, then /opt/scalelab (a venv over its "
@@ -440,7 +443,7 @@ def bundle(c, out="bundle", wheel_dir=""):
     """Build an offline bundle (Debian packages + wheelhouse) for hosts without internet."""
     from pathlib import Path
 
-    from scalelab import bundle as bundles
+    from scalelab.cluster import bundle as bundles
 
     dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
         [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
@@ -469,9 +472,9 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
     import subprocess
     from pathlib import Path
 
-    from scalelab import accel
-    from scalelab.errors import InputError, suggest
-    from scalelab.models import MODELS
+    from scalelab.core.errors import InputError, suggest
+    from scalelab.model import accel
+    from scalelab.model.models import MODELS
 
     if model not in MODELS:
         raise InputError(f"unknown model {model!r}{suggest(model, list(MODELS))}; known: "
@@ -537,9 +540,11 @@ def report(c, sweep="latest", compare="", out="", example=False):
 @friendly
 def demo(c, nodes="8", sweep="demo", keep=False):
     """The main job on the local default: provision, check, bench, report, destroy."""
-    from scalelab import driver, provisioning, sweepfile
     from scalelab import report as reports
-    from scalelab.state import reports_dir
+    from scalelab.cluster import provisioning
+    from scalelab.core.state import reports_dir
+    from scalelab.run import driver
+    from scalelab.sweep import spec as sweepfile
 
     spec = sweepfile.spec_from_options(sweep_file=sweep)  # a bad sweep file fails before provisioning
     result = provisioning.provision(target=DEFAULT_TARGET, nodes=nodes, cluster="demo",
@@ -599,7 +604,7 @@ def lint(c):
     """ruff, yamllint, ansible-lint (production profile) and terraform fmt -check."""
     from pathlib import Path
 
-    from scalelab import terraform
+    from scalelab.cluster import terraform
 
     bindir = Path(sys.executable).parent
     c.run(f"{bindir}/ruff check scalelab tests bench tasks.py playbooks")

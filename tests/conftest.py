@@ -45,7 +45,7 @@ def unique_name(prefix: str = "t") -> str:
 @pytest.fixture
 def local_cluster():
     """Factory: provision a local cluster; every cluster made is destroyed at teardown."""
-    from scalelab.targets.local import LocalCluster
+    from scalelab.cluster.targets.local import LocalCluster
 
     made: list[LocalCluster] = []
 

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalelab import accel, analysis, overlap, results, verdict
-from scalelab.analysis import (
+from scalelab.core.errors import InputError, ScalelabError
+from scalelab.model import accel, analysis, overlap, verdict
+from scalelab.model.analysis import (
     add_efficiency,
     add_model,
     baseline_world_size,
@@ -24,7 +25,7 @@ from scalelab.analysis import (
     summarize,
     t_critical,
 )
-from scalelab.errors import InputError, ScalelabError
+from scalelab.results import frames as results
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -443,7 +444,7 @@ def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, caplog):
              json.dumps(train_record(ranks=THREE_RANKS)),  # same run_id: this one wins
              json.dumps(train_record(run_id="train-n03-p1-b064-bw1000-r0"))[:57]]
     (tmp_path / "runs.jsonl").write_text("\n".join(lines))  # no final newline: a crash
-    with caplog.at_level(logging.WARNING, logger="scalelab.store"):
+    with caplog.at_level(logging.WARNING, logger="scalelab.results.store"):
         recs = results.load_runs(tmp_path)
     assert [r["run_id"] for r in recs] == ["train-n03-p1-b032-bw1000-r0"]
     assert recs[0]["status"] == "ok"
@@ -521,7 +522,7 @@ def test_a_slow_rank_costing_less_than_the_link_leaves_the_point_network_bound()
 def test_overlap_prediction_follows_bucket_size_and_compression():
     """The model replays the run's own buckets: a bucket that holds the whole gradient cannot
     overlap backward, small ones can, and fp16 halves the bytes on the wire."""
-    from scalelab import overlap
+    from scalelab.model import overlap
 
     layers = [{"fwd_s": 0.01, "bwd_s": 0.02, "numel": 2_000_000} for _ in range(20)]
     doc = {"optimizer_s": 0.0, "layers": layers}  # 160 MB of fp32 gradients, 0.4 s backward

@@ -24,7 +24,7 @@ from faults.faultlib import ledger
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scalelab.errors import InputError
+from scalelab.core.errors import InputError
 
 FAKE = unique_name("f")  # the recorded cluster's name; no real cluster by that name exists
 
@@ -319,7 +319,7 @@ def _fake_cluster(state: Path, target: str) -> None:
            "known_hosts": str(cdir / "known_hosts"), "ssh_key": str(cdir / "id_ed25519"),
            "subnet": "10.213.250.0/24", "bandwidth_mbit": None, "cpus_per_node": 1.0}
     if target == "local" or extra == "facts":
-        from scalelab.targets.local import local_facts
+        from scalelab.cluster.targets.local import local_facts
 
         for n in nodes:
             n["facts"] = local_facts(n)
@@ -340,7 +340,7 @@ def _fake_cluster(state: Path, target: str) -> None:
 
 
 def _sweep(reports: Path, setup: str) -> None:
-    from scalelab import synthetic
+    from scalelab.results import synthetic
 
     kw = {"repeats": 1, "batch_sizes": (16,), "bandwidths": (1000.0,)}
     if setup == "failed":
@@ -421,7 +421,7 @@ def test_bad_input(case, setup, args, message, tmp_path):
         assert part in err, err
     assert _tree(base) == before, "something was written"
     if name is not None:
-        from scalelab.targets.local import leftovers
+        from scalelab.cluster.targets.local import leftovers
 
         left = leftovers(name)
         assert left["netns"] == [] and left["links"] == [] and left["cgroups"] == []
@@ -456,7 +456,7 @@ def test_every_task_has_bad_input_cases():
                       "allreduce_sizes", "data", "description", "repeats"]),
                      st.text(max_size=40))))
 def test_any_sweep_file_is_a_spec_or_one_input_error(tmp_path_factory, content):
-    from scalelab import sweepfile
+    from scalelab.sweep import spec as sweepfile
 
     path = tmp_path_factory.mktemp("anyfile") / "s.yml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, bench_exit, invoke, needs_root, needs_sshd, unique_name
 
-from scalelab import netshape, store
+from scalelab.cluster import netshape
+from scalelab.results import store
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
 
@@ -27,7 +28,7 @@ CSV_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world
 
 @pytest.fixture(scope="module")
 def cluster():
-    from scalelab.targets.local import LocalCluster
+    from scalelab.cluster.targets.local import LocalCluster
 
     lc = LocalCluster(unique_name("b"))
     lc.provision(2)
@@ -308,7 +309,7 @@ def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports, tm
     """2 nodes x 2 emulated V100s (the reduced form of 8 x 4) on the ethernet-tcp profile,
     with a GPU-side cost in the profile: every rank trains, its compute grows by that cost,
     tc holds the profile's share of the line, the report names the profile and its sources."""
-    from scalelab import accel, fabric
+    from scalelab.model import accel, fabric
 
     doc = accel.resolve("v100", "resnet50", "fp32", 32, 224)
     profile = tmp_path / "v100-with-peers.json"

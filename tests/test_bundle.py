@@ -1,4 +1,4 @@
-"""scalelab.bundle: the parsers, check() refusing bad bundles with one line, the bundle's
+"""scalelab.cluster.bundle: the parsers, check() refusing bad bundles with one line, the bundle's
 contents read from the roles' defaults, a real (small) build, and the roles installing from a
 bundle on a node that has no route off the cluster."""
 
@@ -18,9 +18,9 @@ import pytest
 import yaml
 from conftest import needs_root, needs_sshd
 
-from scalelab import bundle
-from scalelab.bundle import BundleError
-from scalelab.targets.base import Capabilities
+from scalelab.cluster import bundle
+from scalelab.cluster.bundle import BundleError
+from scalelab.cluster.targets.base import Capabilities
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ROOT / "playbooks" / "roles"
@@ -351,7 +351,7 @@ def test_roles_install_from_the_bundle_on_a_node_with_no_route_out(tmp_path, loc
     changes nothing, the second run changes nothing, the node's apt configuration is as it
     was, the host untouched. (The venv from the bundle's wheels, torch and Horovod, is
     installed for real, twice, by tests/test_real_hosts.py; not again here.)"""
-    from scalelab import inventory, ssh
+    from scalelab.cluster import inventory, ssh
 
     extra_pkg = "hello"  # tiny, not installed on the host
     if subprocess.run(["dpkg-query", "-W", extra_pkg], capture_output=True).returncode == 0:

@@ -1,6 +1,6 @@
-"""Targets say what their nodes can do; nothing outside scalelab/targets/ asks which target it is on.
+"""Targets say what their nodes can do; nothing outside scalelab/cluster/targets/ asks which target it is on.
 
-STYLE.md items 16 and 18: a target declares capability flags (scalelab.targets.base.Capabilities)
+STYLE.md items 16 and 18: a target declares capability flags (scalelab.cluster.targets.base.Capabilities)
 in the cluster record and the inventory; the roles, the driver, launch and the analysis read the
 flags. These tests fail when a target's name (or the inventory's scalelab_target) is used to
 decide something anywhere else.
@@ -16,9 +16,9 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from scalelab import inventory
-from scalelab.nodes import Node
-from scalelab.targets import base
+from scalelab.cluster import inventory
+from scalelab.cluster.nodes import Node
+from scalelab.cluster.targets import base
 
 # "slurm" is also the name of a launcher, of a role and of the scheduler itself, so it is not
 # searched for as a string; a comparison with a record's target is caught below whatever the name.

@@ -1,4 +1,4 @@
-"""scalelab.configure and playbooks/: the runner wrapper's pure parts, then site.yml for real
+"""scalelab.cluster.configure and playbooks/: the runner wrapper's pure parts, then site.yml for real
 against a 2-node local cluster (converge, converge again with no change, observable state)."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from conftest import wait_listening
 
-from scalelab import configure as cfg
-from scalelab import sh, ssh
-from scalelab.configure import ConfigureError, Failure, Progress
-from scalelab.targets.base import Capabilities
+from scalelab.cluster import configure as cfg
+from scalelab.cluster import ssh
+from scalelab.cluster.configure import ConfigureError, Failure, Progress
+from scalelab.cluster.targets.base import Capabilities
+from scalelab.core import sh
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,7 +103,7 @@ def test_recorded_command_keeps_no_environment(tmp_path):
 
 
 def test_unknown_cluster_is_a_clear_error():
-    from scalelab.errors import ClusterError
+    from scalelab.core.errors import ClusterError
 
     with pytest.raises(ClusterError, match="not found"):
         cfg.run("ans-nosuch")
@@ -125,7 +126,7 @@ TIMINGS: dict[str, float] = {}
 @pytest.fixture(scope="module")
 def cluster():
     """A 2-node local cluster configured once with site.yml; always destroyed."""
-    from scalelab.targets.local import LocalCluster
+    from scalelab.cluster.targets.local import LocalCluster
 
     lc = LocalCluster(f"ans{uuid.uuid4().hex[:4]}")
     try:
@@ -319,7 +320,7 @@ def _listening(lc, i: int, port: int) -> list[str]:
 
 def _iperf_mbit(lc, server: int, client: int, seconds: int) -> float:
     """TCP throughput from node `client` to node `server`, iperf3 in their namespaces."""
-    from scalelab.targets import local
+    from scalelab.cluster.targets import local
 
     addr = lc.nodes()[server].private_address
     pidfile = lc.dir / "iperf-ans.pid"

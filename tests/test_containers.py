@@ -17,10 +17,10 @@ import pytest
 from conftest import ROOT, have, invoke, needs_root, needs_sshd, unique_name
 from faults import faultlib as fl
 
-from scalelab import image as images
-from scalelab import ssh
-from scalelab.targets import local
-from scalelab.targets.local import CpuCgroup, LocalCluster
+from scalelab.cluster import image as images
+from scalelab.cluster import ssh
+from scalelab.cluster.targets import local
+from scalelab.cluster.targets.local import CpuCgroup, LocalCluster
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(not (have("dockerd") and have("mmdebstrap")),
@@ -76,7 +76,7 @@ def _sweep(tmp_path: Path, name: str, **values) -> Path:
 
 
 def test_the_role_converges_twice_and_every_node_holds_the_image(dcluster, built):
-    from scalelab import configure
+    from scalelab.cluster import configure
 
     archive, meta = built
     again = configure.run(dcluster.name, tags="docker_nvidia", image=archive)
@@ -267,7 +267,7 @@ def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, 
     scalelab's on top; its torch is the base's own, Horovod went in from the wheelhouse, the
     image loads on the nodes (configure verifies it in a container) and ranks train in it.
     A base without torch is refused in one line."""
-    from scalelab import imagebase
+    from scalelab.cluster import imagebase
 
     env = {"SCALELAB_IMAGE_CACHE": str(tmp_path / "cache")}
     base = _vendor_base(built[0], tmp_path / "vendor.tar")

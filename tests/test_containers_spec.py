@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from scalelab import containers, driver, launch
-from scalelab.nodes import Node
+from scalelab.cluster.nodes import Node
+from scalelab.run import containers, driver, launch
 
 IMAGE = containers.Spec("scalelab/train:0123456789abcdef", "sha256:" + "1" * 64)
 PY = "/opt/scalelab/venv/bin/python"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from scalelab import accel, overlap
-from scalelab.errors import InputError
-from scalelab.launch import parse_result
+from scalelab.core.errors import InputError
+from scalelab.model import accel, overlap
+from scalelab.run.launch import parse_result
 
 WORKLOADS = ROOT / "bench" / "workloads"
 PY = sys.executable
@@ -191,7 +191,7 @@ def test_horovod_fuses_what_is_ready_when_it_is_free():
 
 
 def test_a_gpu_side_cost_must_be_a_stretch_with_its_source():
-    from scalelab import accel, overlap
+    from scalelab.model import accel, overlap
 
     doc = accel.resolve("v100", "resnet50", "fp32", 32, 224)
     for bad, why in (({"gpu_side_stretch": 0.9, "gpu_side_source": "x"}, "must be a number >= 1"),

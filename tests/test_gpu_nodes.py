@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from conftest import invoke, needs_root, needs_sshd
 
-from scalelab import facts, gpu, launch, ssh, sweepfile
-from scalelab.errors import InputError
-from scalelab.nodes import Node
-from scalelab.targets.base import Runtime
-from scalelab.targets.local import runtime_paths
+from scalelab.cluster import facts, gpu, ssh
+from scalelab.cluster.nodes import Node
+from scalelab.cluster.targets.base import Runtime
+from scalelab.cluster.targets.local import runtime_paths
+from scalelab.core.errors import InputError
+from scalelab.run import launch
+from scalelab.sweep import spec as sweepfile
 
 CUDA_TORCH = {"version": "2.13.0+cu128", "cuda": "12.8", "cuda_available": True, "devices": 8,
               "nccl": "2.27.3"}
@@ -204,8 +206,8 @@ def test_a_gpu_node_with_cpu_torch_is_probed_and_refused_before_any_run(local_cl
 
 
 def test_a_run_whose_ranks_ran_elsewhere_than_planned_is_recorded_as_failed():
-    from scalelab import driver
-    from scalelab.sweep import plan
+    from scalelab.run import driver
+    from scalelab.sweep.planner import plan
 
     nodes = [gpu_node(0), gpu_node(1)]
     run = next(r for r in plan(spec(nodes="2", procs_per_node="1"), nodes, can_shape=True)
@@ -221,7 +223,7 @@ def test_a_run_whose_ranks_ran_elsewhere_than_planned_is_recorded_as_failed():
 
 
 def test_slurm_hands_every_rank_every_nodes_interface():
-    from scalelab import slurm
+    from scalelab.run import slurm
 
     nodes = [gpu_node(0, iface="ens5"), gpu_node(1, iface="enp1s0")]
     rt = Runtime("/v/bin/python", "/w", "/kh")
@@ -245,8 +247,9 @@ def test_profile_refuses_cuda_where_there_is_none_and_names_the_device(tmp_path)
 
 
 def test_the_eta_takes_gpu_step_times_only_for_runs_that_train_on_gpus():
-    from scalelab import driver, estimate
-    from scalelab.sweep import plan
+    from scalelab.run import driver
+    from scalelab.sweep import estimate
+    from scalelab.sweep.planner import plan
 
     nodes = [gpu_node(0), gpu_node(1)]
     on_gpus = plan(spec(procs_per_node="1"), nodes, can_shape=True)
@@ -265,8 +268,8 @@ def test_the_eta_takes_gpu_step_times_only_for_runs_that_train_on_gpus():
      "the run asked for amp but its ranks ran fp32"),
 ])
 def test_a_run_whose_ranks_used_another_precision_or_layout_is_failed(asked, ran, error):
-    from scalelab import driver
-    from scalelab.sweep import plan
+    from scalelab.run import driver
+    from scalelab.sweep.planner import plan
 
     nodes = [gpu_node(0), gpu_node(1)]
     run = next(r for r in plan(spec(nodes="2", procs_per_node="1", precision="amp",

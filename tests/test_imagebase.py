@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from scalelab import imagebase
-from scalelab.image import ImageError
+from scalelab.cluster import imagebase
+from scalelab.cluster.image import ImageError
 
 
 def _entry(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, kind: bytes = b"0",

@@ -83,10 +83,10 @@ def test_scalelab_has_no_import_circles():
 
 def test_the_targets_import_only_the_interface_never_the_router():
     graph = import_graph(ROOT / "scalelab")
-    targets = [m for m in graph if m.startswith("scalelab.targets.")
-               and m not in ("scalelab.targets.base", "scalelab.targets.interface")]
+    targets = [m for m in graph if m.startswith("scalelab.cluster.targets.")
+               and m not in ("scalelab.cluster.targets.base", "scalelab.cluster.targets.interface")]
     assert targets
-    offenders = [t for t in targets if "scalelab.targets.base" in graph[t]]
+    offenders = [t for t in targets if "scalelab.cluster.targets.base" in graph[t]]
     assert offenders == []
 
 
@@ -112,3 +112,39 @@ def test_the_workloads_import_nothing_of_scalelab():
             if any(n.split(".")[0] == "scalelab" for n in names):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+# the stages from the ground up: a package imports only its own modules and those below it
+LAYERS = ("core", "model", "cluster", "sweep", "results", "run", "report")
+
+
+def layer_of(module: str) -> int:
+    return LAYERS.index(module.split(".")[1])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a package to one above it in LAYERS."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if m.count(".") > 1
+                  for t in targets if t.count(".") > 0 and layer_of(t) > layer_of(m))
+
+
+def test_every_module_lives_in_a_stage_package():
+    graph = import_graph(ROOT / "scalelab")
+    loose = [m for m in graph if m != "scalelab" and m.split(".")[1] not in LAYERS]
+    assert loose == [], f"put these in one of {', '.join(LAYERS)} (docs/ARCHITECTURE.md):\n{loose}"
+
+
+def test_imports_point_down_the_stages():
+    found = upward_imports(import_graph(ROOT / "scalelab"))
+    assert found == [], ("imports from a stage to one above it (order: " + " < ".join(LAYERS)
+                         + "):\n" + "\n".join(found))
+
+
+def test_the_stage_check_finds_an_upward_import(tmp_path):
+    pkg = tmp_path / "scalelab"
+    for part in ("", "core", "run"):
+        (pkg / part).mkdir(exist_ok=True)
+        (pkg / part / "__init__.py").write_text("")
+    (pkg / "run" / "driver.py").write_text("from scalelab.core import units\n")
+    (pkg / "core" / "units.py").write_text("def f():\n    from scalelab.run import driver\n")
+    assert upward_imports(import_graph(pkg)) == ["scalelab.core.units -> scalelab.run.driver"]

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import have, needs_root, needs_sshd, wait_listening
 
-from scalelab import linkprobe, ssh
-from scalelab.errors import InputError
-from scalelab.linkprobe import (
+from scalelab.cluster import ssh
+from scalelab.cluster.nodes import Node
+from scalelab.core.errors import InputError
+from scalelab.run import linkprobe
+from scalelab.run.linkprobe import (
     LinkProbeError,
     Measurement,
     all_pairs,
@@ -27,7 +29,6 @@ from scalelab.linkprobe import (
     server_argv,
     slow_pairs,
 )
-from scalelab.nodes import Node
 
 DATA = Path(__file__).parent / "data"
 # captured with iperf 3.12 on 127.0.0.1: `iperf3 -c 127.0.0.1 -p 5299 -t 1 -J` against
@@ -306,7 +307,7 @@ def test_measure_says_why_on_real_failures(local_cluster, monkeypatch):
     exception, and nothing left listening."""
     import subprocess as sp
 
-    from scalelab.targets.local import netns_name
+    from scalelab.cluster.targets.local import netns_name
 
     lc = local_cluster(2)
     a, b = lc.nodes()

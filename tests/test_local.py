@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import have, invoke, needs_root, needs_sshd, unique_name, wait_listening
 
-from scalelab import sh, ssh
-from scalelab.errors import InputError, ProvisionError
-from scalelab.targets import local
-from scalelab.targets.local import LocalCluster, leftovers
+from scalelab.cluster import ssh
+from scalelab.cluster.targets import local
+from scalelab.cluster.targets.local import LocalCluster, leftovers
+from scalelab.core import sh
+from scalelab.core.errors import InputError, ProvisionError
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root]
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, bench_exit, invoke, needs_root, needs_sshd, unique_name
 
-from scalelab import ssh
-from scalelab.nodes import Node
-from scalelab.targets.local import netns_name
+from scalelab.cluster import ssh
+from scalelab.cluster.nodes import Node
+from scalelab.cluster.targets.local import netns_name
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
 

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from scalelab import report, synthetic
-from scalelab.errors import ScalelabError
+from scalelab import report
+from scalelab.core.errors import ScalelabError
+from scalelab.results import synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -661,7 +662,7 @@ def test_every_table_of_a_full_page_fits_a_1280_px_window(browser, tmp_path):
     comm-settings column in the scaling table too), a price per node-hour and a link check:
     at 1280 px each table's own width fits its box, so none needs scrolling sideways (the
     box's overflow-x:auto keeps the page width under the window whatever the table does)."""
-    from scalelab import linkprobe
+    from scalelab.run import linkprobe
 
     d = _two_bucket_store(tmp_path, {1000.0: 50.0, 10000.0: 25.0}, accelerator="v100",
                           nodes=(1, 2, 3, 4), slow_nodes={"demo-n2": 1.3})
@@ -813,10 +814,10 @@ def test_comm_settings_name_the_setting_measured_faster_per_rate(tmp_path):
 def test_comm_settings_predict_the_settings_not_run_from_the_profile(tmp_path):
     """On an emulated V100 the overlap model has a per-layer profile: every row, measured or
     predicted only, carries the efficiency predicted for its own bucket size, the one
-    scalelab.overlap.predict_step_s gives for that setting (step of 1 rank / step of 2 over
+    scalelab.model.overlap.predict_step_s gives for that setting (step of 1 rank / step of 2 over
     the measured link), and the bucket size changes it."""
-    from scalelab import accel, analysis, overlap
-    from scalelab.models import MODELS
+    from scalelab.model import accel, analysis, overlap
+    from scalelab.model.models import MODELS
 
     d = _two_bucket_store(tmp_path, {1000.0: 50.0, 10000.0: 25.0}, accelerator="v100")
     page = report.build_report(d).read_text()
@@ -852,7 +853,7 @@ def test_the_demo_report_names_its_fabric_profile_and_its_sources(demo_page):
 
 
 def test_the_what_if_note_states_the_models_error_against_published_clusters(demo_page):
-    from scalelab import published
+    from scalelab.model import published
 
     total, within, worst, missing = published.summary()
     text = " ".join(re.sub(r"<[^>]+>", " ", html.unescape(demo_page)).split())

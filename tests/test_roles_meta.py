@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalelab import netshape
-from scalelab.configure import known_tags
+from scalelab.cluster import netshape
+from scalelab.cluster.configure import known_tags
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = ROOT / "playbooks"
@@ -173,7 +173,7 @@ def _netshape_filters():
 @pytest.mark.parametrize("rate", ["100kbit", "2500kbit", "100mbit", "250mbit", "1gbit", "10gbit",
                                   "25gbit", "0.5gbit"])
 def test_netshape_role_writes_the_bench_drivers_token_bucket(rate):
-    from scalelab.units import parse_rate_mbit
+    from scalelab.core.units import parse_rate_mbit
 
     defaults = _yaml(PLAYBOOKS / "roles" / "netshape" / "defaults" / "main.yml")
     want = _netshape_filters().netshape_want(rate, defaults["netshape_burst_s"],

@@ -26,8 +26,8 @@ import pytest
 from conftest import ROOT, needs_root, needs_sshd, unique_name
 from faults.faultlib import FAKE_SECRETS
 
-from scalelab import ssh
-from scalelab.nodes import Node
+from scalelab.cluster import ssh
+from scalelab.cluster.nodes import Node
 
 MODULES = ROOT / "terraform"
 OPEN = ("0.0.0.0/0", "::/0")
@@ -191,7 +191,7 @@ def test_key_and_state_files_are_private(secret_run):
 
 
 def test_inflight_note_is_private(tmp_path):
-    from scalelab import launch
+    from scalelab.run import launch
 
     path = tmp_path / ".inflight.json"
     launch.save_inflight(path, [{"node": {"name": "a"}, "pgid": 4242, "token": "ab"}])
@@ -204,7 +204,7 @@ HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>&amp;\"'"
 
 
 def test_report_shows_hostile_result_text_as_text(tmp_path):
-    from scalelab import synthetic
+    from scalelab.results import synthetic
 
     reports = tmp_path / "reports"
     sweep_dir = synthetic.synthetic_sweep(reports, "hostile", nodes=(1, 2), repeats=1,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import invoke, needs_root, needs_sshd
 
-from scalelab.targets import local
-from scalelab.targets.local import CpuCgroup
+from scalelab.cluster.targets import local
+from scalelab.cluster.targets.local import CpuCgroup
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
 

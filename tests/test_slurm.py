@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, invoke, needs_root, needs_sshd, unique_name
 
-from scalelab import ssh
-from scalelab.state import load_cluster, reports_dir
+from scalelab.cluster import ssh
+from scalelab.core.state import load_cluster, reports_dir
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists(),
@@ -32,7 +32,7 @@ QUICK = ("--sweep", "ci", "--no-report", "--bandwidth", "native")
 
 class Cluster:
     def __init__(self, name: str) -> None:
-        from scalelab.nodes import nodes_of
+        from scalelab.cluster.nodes import nodes_of
 
         self.name = name
         self.rec = load_cluster(name)
@@ -65,7 +65,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def slurm_cluster():
     """3 local nodes; Slurm set up by the role. Destroyed (daemons and all) at the end."""
-    from scalelab.targets.local import LocalCluster
+    from scalelab.cluster.targets.local import LocalCluster
 
     name = unique_name("sl")
     lc = LocalCluster(name)
@@ -86,7 +86,7 @@ def slurm_cluster():
         yield cl
     finally:
         lc.destroy()
-    from scalelab.targets.local import _alive  # a zombie waiting for init to reap it is gone
+    from scalelab.cluster.targets.local import _alive  # a zombie waiting for init to reap it is gone
 
     left = [p for p in pids if _alive(p)]
     assert not left, f"Slurm daemons still running after destroy: {left}"

@@ -1,4 +1,4 @@
-"""One SSH path: every connection scalelab makes takes its options from scalelab.ssh.options,
+"""One SSH path: every connection scalelab makes takes its options from scalelab.cluster.ssh.options,
 and a node behind a bastion is reached through it, with the bastion's host key pinned."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import shlex
 import pytest
 from conftest import ROOT, needs_root, needs_sshd, running, wait_until
 
-from scalelab import inventory, ssh
-from scalelab.nodes import Node
+from scalelab.cluster import inventory, ssh
+from scalelab.cluster.nodes import Node
 
 SSH_OPTION_WORDS = ("StrictHostKeyChecking", "UserKnownHostsFile", "ProxyJump",
                     "ProxyCommand", "IdentitiesOnly", "BatchMode", "ServerAlive", "ControlPath",
@@ -33,7 +33,7 @@ def test_no_controller_code_but_scalelab_ssh_builds_ssh_options():
     target's node-to-node ssh_config, not options of the controller's connections.)"""
     files = [p for p in (ROOT / "scalelab").rglob("*.py") if p.name != "ssh.py"]
     found = [f for p in [*files, ROOT / "tasks.py"] for f in _option_strings(p)]
-    assert found == [], "take the options from scalelab.ssh.options:\n" + "\n".join(found)
+    assert found == [], "take the options from scalelab.cluster.ssh.options:\n" + "\n".join(found)
 
 
 def test_ansible_gets_the_same_options_as_scalelabs_own_ssh(tmp_path):
@@ -207,7 +207,7 @@ def test_commands_to_a_node_share_one_connection_until_destroy(local_cluster, mo
     import re
     import subprocess
 
-    from scalelab import launch
+    from scalelab.run import launch
 
     lc = local_cluster(3)
     nodes = lc.nodes()

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import fill, tiny_fs
 
-from scalelab import store
-from scalelab.nodes import Node
-from scalelab.store import (
+from scalelab.cluster.nodes import Node
+from scalelab.results import store
+from scalelab.results.store import (
     StoreError,
     append_run,
     compact,
@@ -27,8 +27,8 @@ from scalelab.store import (
     read_runs,
     update_latest,
 )
-from scalelab.sweep import plan
-from scalelab.sweepfile import spec_from_options, spec_to_dict
+from scalelab.sweep.planner import plan
+from scalelab.sweep.spec import spec_from_options, spec_to_dict
 
 SID = "20261121-153000-ab12"
 NODES = [Node(f"demo-n{i}", f"10.9.0.{i}", f"10.9.0.{i}", "head" if i == 0 else "worker",
@@ -176,7 +176,7 @@ def test_torn_last_line_is_skipped_with_a_warning_then_cut_off(sweep, runs, capl
     whole = json.dumps(record(runs[1]))
     with open(sweep / "runs.jsonl", "a") as fh:
         fh.write(whole[: len(whole) // 2])  # a crash in the middle of a write
-    with caplog.at_level(logging.WARNING, logger="scalelab.store"):
+    with caplog.at_level(logging.WARNING, logger="scalelab.results.store"):
         got = read_runs(sweep)
     assert list(got) == [runs[0].run_id]
     assert "torn last line" in caplog.text

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scalelab.errors import InputError
-from scalelab.estimate import estimate_duration_s
-from scalelab.models import MODELS
-from scalelab.nodes import Node
-from scalelab.sweep import (
-    COMM_KEYS,
+from scalelab.cluster.nodes import Node
+from scalelab.core.errors import InputError
+from scalelab.model.comm import COMM_KEYS
+from scalelab.model.models import MODELS
+from scalelab.sweep.estimate import estimate_duration_s
+from scalelab.sweep.planner import (
     EMULATION_KEYS,
     FABRIC_KEYS,
     PARAM_KEYS,
@@ -27,7 +27,7 @@ from scalelab.sweep import (
     new_sweep_id,
     plan,
 )
-from scalelab.sweepfile import (
+from scalelab.sweep.spec import (
     SWEEPS_DIR,
     find_sweep_file,
     load_sweep_file,
@@ -243,7 +243,7 @@ def test_amp_needs_gpus():
 
 
 def test_oversubscribed_cpu_nodes_only_warn(caplog):
-    with caplog.at_level(logging.WARNING, logger="scalelab.sweep"):
+    with caplog.at_level(logging.WARNING, logger="scalelab.sweep.planner"):
         runs = plan(spec(procs_per_node="2"), make_cluster(3, cpus=1.0), True)
     assert runs and "exceeds the 1 CPUs of node demo-n0" in caplog.text
 
@@ -412,9 +412,9 @@ def test_sweep_ids_sort_by_time_and_do_not_collide():
 def test_docstring_examples_hold():
     import doctest
 
-    import scalelab.sweep
+    import scalelab.sweep.planner
 
-    result = doctest.testmod(scalelab.sweep, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(scalelab.sweep.planner, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 10
 
 
@@ -548,7 +548,7 @@ def test_bad_comm_values_are_refused(option, value):
 
 
 def test_comm_axes_round_trip_through_the_sweep_json_plan():
-    from scalelab.sweepfile import spec_from_mapping, spec_to_dict
+    from scalelab.sweep.spec import spec_from_mapping, spec_to_dict
 
     s = spec(bucket_cap_mb="10,50", compression="fp16")
     d = spec_to_dict(s)

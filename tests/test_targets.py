@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, invoke, unique_name
 
-from scalelab import facts
-from scalelab.errors import ClusterError, InputError
-from scalelab.targets import TARGETS, TERRAFORM_TARGETS, base
+from scalelab.cluster import facts
+from scalelab.cluster.targets import TARGETS, TERRAFORM_TARGETS, base
+from scalelab.core.errors import ClusterError, InputError
 
 METHODS = ("provision", "destroy", "alive", "summary", "adjust_facts", "runtime", "capabilities",
            "dry_run",
@@ -97,7 +97,7 @@ def test_unknown_target_is_one_line():
 
 
 def test_nothing_outside_targets_asks_which_target_it_is_on():
-    """No `target == "local"` branches outside scalelab/targets/ (the interface says it)."""
+    """No `target == "local"` branches outside scalelab/cluster/targets/ (the interface says it)."""
     pattern = re.compile(r"""(target["'\]]*\s*[!=]=\s*["'](local|static|aws|openstack|slurm)["'])""")
     offenders = []
     for path in sorted((ROOT / "scalelab").rglob("*.py")):
@@ -124,9 +124,10 @@ def test_facts_probe_parses_a_real_probe_of_this_machine():
 def test_slices_dry_run_on_ten_gpu_hosts_plans_everything_with_a_gpu_estimate(tmp_path):
     """The reference experiment on a static cluster of 10 GPU hosts, facts as configure records
     them: every run planned, nothing refused, the ETA from GPU step times."""
-    from scalelab import estimate, sweepfile
-    from scalelab import sweep as sweeps
-    from scalelab.nodes import Node
+    from scalelab.cluster.nodes import Node
+    from scalelab.sweep import estimate
+    from scalelab.sweep import planner as sweeps
+    from scalelab.sweep import spec as sweepfile
 
     name = unique_name("g")
     state = tmp_path / "state"

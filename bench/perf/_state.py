@@ -32,7 +32,7 @@ def bench_on_local_cluster(name: str, nodes: int, *bench_args: str) -> tuple[flo
 
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root))
-    from scalelab.targets.local import LocalCluster
+    from scalelab.cluster.targets.local import LocalCluster
 
     lc = LocalCluster(name)
     lc.provision(nodes)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scalelab import driver, launch  # noqa: E402
-from scalelab.targets.local import LocalCluster  # noqa: E402
-from scalelab.units import parse_rate_mbit  # noqa: E402
+from scalelab.cluster.targets.local import LocalCluster  # noqa: E402
+from scalelab.core.units import parse_rate_mbit  # noqa: E402
+from scalelab.run import driver, launch  # noqa: E402
 
 
 def main() -> None:

@@ -76,7 +76,7 @@ def main() -> None:
     a.sweep_file = tmp / "sweep.yml"
     a.sweep_file.write_text(f"image_size: {a.image_size}\nwarmup: 3\nallreduce_probe: false\n"
                             "netprobe: false\ntimeout_s: 1200\n")
-    from scalelab.targets.local import LocalCluster
+    from scalelab.cluster.targets.local import LocalCluster
 
     archive = _invoke("image").strip().splitlines()[-1].split()[1]
     lc = LocalCluster("ctrperf")

@@ -82,7 +82,7 @@ def bare_loop(a: argparse.Namespace) -> None:
 
 def images_per_sec(a: argparse.Namespace, engine: str, bare: bool) -> float:
     """One worker's images/s: scalelab's workload, or (bare) this file's plain loop."""
-    from scalelab.launch import parse_result
+    from scalelab.run.launch import parse_result
 
     program = [__file__, "--bare", "--batch"] if bare else [str(WORKLOADS / "resnet.py"),
                                                             "--batch-size"]

@@ -1,6 +1,6 @@
 """scalelab's model against published multi-node scaling tables (issue 27).
 
-Prints, for every point in scalelab/published.py (which points and why the others are left
+Prints, for every point in scalelab/model/published.py (which points and why the others are left
 out are in its docstring): the published efficiency; the overlap model's prediction on the
 ideal fabric (the line rate as tc gives it, what scalelab's emulation assumed before fabric
 profiles); on the table's fabric profile (bench/fabrics/ethernet-tcp.yml or rdma.yml); and on
@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scalelab import fabric  # noqa: E402
-from scalelab.published import AIM_POINTS, POINTS, best, efficiency  # noqa: E402
+from scalelab.model import fabric  # noqa: E402
+from scalelab.model.published import AIM_POINTS, POINTS, best, efficiency  # noqa: E402
 
 
 def rows() -> list[tuple]:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from _state import private_state  # noqa: E402
 
-from scalelab.targets.local import LocalCluster  # noqa: E402
+from scalelab.cluster.targets.local import LocalCluster  # noqa: E402
 
 TAGS = "common,pytorch,horovod,workloads"
 
@@ -114,7 +114,7 @@ def main() -> None:
                 walls[target].append(took)
                 for k, v in overheads(runs).items():
                     per[target].setdefault(k, []).extend(v)
-                for r in runs:  # where the time went (scalelab.driver.timeline)
+                for r in runs:  # where the time went (scalelab.run.driver.timeline)
                     for ph, v in (r.get("timeline") or {}).items():
                         phases[target].setdefault(ph, []).append(v)
         print(f"\nsame sweep (bench/sweeps/ci.yml, unshaped), {a.rounds} rounds each, medians:")

@@ -17,7 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scalelab import analysis, overlap, report, results, store, synthetic, verdict  # noqa: E402
+from scalelab import report  # noqa: E402
+from scalelab.model import analysis, overlap, verdict
+from scalelab.results import frames as results
+from scalelab.results import store, synthetic
 
 TARGET_S = 10.0
 

@@ -53,7 +53,7 @@ def main() -> None:
     private_state()
     if not Path("/usr/sbin/slurmctld").exists():
         sys.exit("error: Slurm is not installed; run ./bootstrap.sh first")
-    from scalelab.targets.local import LocalCluster
+    from scalelab.cluster.targets.local import LocalCluster
 
     lc = LocalCluster("perfslurm")
     lc.provision(a.nodes)

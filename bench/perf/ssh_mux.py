@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from _state import private_state  # noqa: E402
 
-from scalelab import ssh  # noqa: E402
-from scalelab.targets.local import LocalCluster  # noqa: E402
+from scalelab.cluster import ssh  # noqa: E402
+from scalelab.cluster.targets.local import LocalCluster  # noqa: E402
 
 
 def _set_mux(on: bool) -> None:

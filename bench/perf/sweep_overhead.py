@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from _state import bench_on_local_cluster, private_state  # noqa: E402
 
-from scalelab import store  # noqa: E402
+from scalelab.results import store  # noqa: E402
 
 PHASES = store.TIMELINE_KEYS
 

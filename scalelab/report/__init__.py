@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scalelab import results
+from scalelab.core.state import PROJECT_ROOT, reports_dir, write_atomic
 from scalelab.report.data import (
     SweepData,
     analyse,
@@ -27,8 +27,8 @@ from scalelab.report.data import (
 )
 from scalelab.report.figures import draw_figures, layout
 from scalelab.report.html import render
-from scalelab.results import ReportError
-from scalelab.state import PROJECT_ROOT, reports_dir, write_atomic
+from scalelab.results import frames as results
+from scalelab.results.frames import ReportError
 
 log = logging.getLogger(__name__)
 

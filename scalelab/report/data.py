@@ -10,10 +10,12 @@ from typing import Any
 
 import pandas as pd
 
-from scalelab import analysis, fabric, results, store, stragglers, verdict
-from scalelab import overlap as bucket_model
-from scalelab.results import ReportError
-from scalelab.state import reports_dir
+from scalelab.core.state import reports_dir
+from scalelab.model import analysis, fabric, stragglers, verdict
+from scalelab.model import overlap as bucket_model
+from scalelab.results import frames as results
+from scalelab.results import store
+from scalelab.results.frames import ReportError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ def known_sweeps(root: Path | None = None) -> list[str]:
 
 def resolve_sweep(ref: str | Path, root: Path | None = None) -> Path:
     """A sweep directory from an id, a unique prefix of one, ``latest`` (the reports/latest
-    symlink) or a path to a sweep directory: scalelab.store.resolve_sweep, never a second
+    symlink) or a path to a sweep directory: scalelab.results.store.resolve_sweep, never a second
     lookup."""
     if not str(ref).strip():
         raise ReportError("no sweep given; pass a sweep id, latest, or a sweep directory")
@@ -43,12 +45,12 @@ class SweepData:
     path: Path
     sweep_id: str
     meta: dict[str, Any]
-    runs: pd.DataFrame  # scalelab.results.to_frame
-    allreduce: pd.DataFrame  # scalelab.results.allreduce_frame
+    runs: pd.DataFrame  # scalelab.results.frames.to_frame
+    allreduce: pd.DataFrame  # scalelab.results.frames.allreduce_frame
     probes: pd.DataFrame  # one row per allreduce probe: run_id, status, error, duration_s
     env_fingerprints: int  # distinct environment fingerprints over all records
     missing: list[str] = field(default_factory=list)  # planned run ids without a record
-    # one row per rank of every train run: scalelab.results.rank_frame
+    # one row per rank of every train run: scalelab.results.frames.rank_frame
     ranks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
         columns=results.RANK_COLUMNS))
 

@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from scalelab import analysis
-from scalelab.analysis import batch_text
+from scalelab.model import analysis
+from scalelab.model.analysis import batch_text
 from scalelab.report import model
 from scalelab.report.data import Analysis
 

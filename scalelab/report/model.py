@@ -1,7 +1,7 @@
 """The model's part of the report as frames and sentences, no HTML: which model predicted each
 point, each series' verdict, what the sweep found, and predictions beyond the measured points.
 
-Every prediction here is the one per point that scalelab.overlap.add_prediction chose (the
+Every prediction here is the one per point that scalelab.model.overlap.add_prediction chose (the
 overlap model where a per-layer profile exists, else the ring model), so the tables, the
 figure and the verdicts cannot disagree.
 """
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab import analysis, stragglers, verdict
-from scalelab import overlap as bucket_model
-from scalelab.analysis import batch_text
+from scalelab.model import analysis, stragglers, verdict
+from scalelab.model import overlap as bucket_model
+from scalelab.model.analysis import batch_text
 from scalelab.report.data import Analysis
 
 WHAT_IF_SIZES = (16, 32, 64)  # world sizes the what-if table adds beyond twice the largest
@@ -221,8 +221,8 @@ LINK_PAIR_COLUMNS = ["sweep", "pair", "mbit", "of_median", "flag", "measured_at"
 def link_pair_rows(a: Analysis) -> pd.DataFrame:
     """Every pair's rate from the check --links each sweep kept (sweep.json "link_pairs"):
     sweep, pair ("n0 <-> n1"), Mbit/s, share of the typical rate, the flag (slow or failed,
-    scalelab.linkprobe.slow_pairs), when it was measured. Empty when no sweep kept any."""
-    from scalelab import linkprobe
+    scalelab.run.linkprobe.slow_pairs), when it was measured. Empty when no sweep kept any."""
+    from scalelab.run import linkprobe
 
     rows = []
     for s in a.sweeps:
@@ -270,7 +270,7 @@ def cost_rows(a: Analysis) -> tuple[float | None, pd.DataFrame]:
 
 
 def slow_rank_rows(a: Analysis) -> pd.DataFrame:
-    """One row per flagged rank (scalelab.stragglers): its run, node, compute per step, the
+    """One row per flagged rank (scalelab.model.stragglers): its run, node, compute per step, the
     median of the run's other ranks, how much longer it computed, and the others' wait per
     step, in milliseconds rounded as the sentences write them; ordered by sweep, link rate,
     batch, world size, run and rank."""

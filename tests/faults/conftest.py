@@ -15,7 +15,7 @@ from .faultlib import ledger
 @pytest.fixture
 def fcluster():
     """Factory: a local cluster named f<random>; always destroyed at teardown."""
-    from scalelab.targets.local import LocalCluster
+    from scalelab.cluster.targets.local import LocalCluster
 
     made: list[LocalCluster] = []
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from scalelab import sh
-from scalelab.targets import local
-from scalelab.targets.local import CpuCgroup, LocalCluster, leftovers
+from scalelab.cluster.targets import local
+from scalelab.cluster.targets.local import CpuCgroup, LocalCluster, leftovers
+from scalelab.core import sh
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD_MARKS = ("resnet.py", "allreduce.py", "iperf3", "torch.distributed.run",
@@ -228,7 +228,7 @@ def records(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def store_view(sweep_dir: Path) -> list[dict[str, Any]]:
     """The last record of each run (what results and the report read), in store order."""
-    from scalelab import store
+    from scalelab.results import store
 
     return list(store.read_runs(sweep_dir).values())
 

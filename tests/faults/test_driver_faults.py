@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import bench_exit, needs_root, needs_sshd
 
-from scalelab.targets.local import LocalCluster
+from scalelab.cluster.targets.local import LocalCluster
 
 from . import faultlib as fl
 
@@ -147,7 +147,8 @@ def test_ctrl_c_mid_run_marks_it_interrupted_and_cleans_up(fcluster, reports, tm
 def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkeypatch, fault):
     """SIGINT lands between two nodes' tc changes: shaping finishes, no run starts, every
     link goes back to the cluster's rate, and KeyboardInterrupt comes out at the end."""
-    from scalelab import driver, sweepfile
+    from scalelab.run import driver
+    from scalelab.sweep import spec as sweepfile
 
     lc = fcluster(3, bandwidth="1gbit")
     real = LocalCluster._shape_node

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import fill, needs_root, needs_sshd, running, tiny_fs, wait_until
 
-from scalelab import driver, launch
+from scalelab.run import driver, launch
 
 DATA = Path(__file__).parent / "data"
 
@@ -141,7 +141,7 @@ def test_unreachable_groups_stay_noted_and_reachable_ones_end(fcluster, tmp_path
     not answer (a closed port): reaping ends the first and keeps the second noted."""
     import socket
 
-    from scalelab import ssh
+    from scalelab.cluster import ssh
 
     lc = fcluster(1)
     (a,) = lc.nodes()
@@ -191,7 +191,7 @@ class _FakeLinks:
 
 
 def test_shaper_notes_the_rate_to_restore_and_a_later_one_restores_it(tmp_path):
-    from scalelab.shaping import Shaper
+    from scalelab.run.shaping import Shaper
 
     marker = tmp_path / "shaped.json"
     links = _FakeLinks(None)
@@ -206,7 +206,7 @@ def test_shaper_notes_the_rate_to_restore_and_a_later_one_restores_it(tmp_path):
 
 
 def test_a_rate_set_by_hand_since_wins_over_the_note(tmp_path):
-    from scalelab.shaping import Shaper
+    from scalelab.run.shaping import Shaper
 
     marker = tmp_path / "shaped.json"
     marker.write_text(json.dumps({"original": None, "to": 1000.0}))
@@ -217,8 +217,8 @@ def test_a_rate_set_by_hand_since_wins_over_the_note(tmp_path):
 
 
 def test_a_failed_restore_keeps_the_note_for_the_next_sweep(tmp_path):
-    from scalelab.errors import ClusterError
-    from scalelab.shaping import Shaper
+    from scalelab.core.errors import ClusterError
+    from scalelab.run.shaping import Shaper
 
     class Broken(_FakeLinks):
         def restore(self, snapshot):

@@ -1,7 +1,7 @@
 """Filters of the netshape role: the wanted token bucket for a rate, and whether tc shows it.
 
 The rate is read by scalelab's own parser and the bucket worked out by the bench driver's
-arithmetic (scalelab.units, scalelab.netshape), so the role and `invoke bench` accept the same
+arithmetic (scalelab.core.units, scalelab.cluster.netshape), so the role and `invoke bench` accept the same
 rates, refuse the same ones with the same hint, and read each other's qdisc as unchanged.
 """
 
@@ -13,12 +13,12 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 try:
-    from scalelab.errors import InputError
+    from scalelab.core.errors import InputError
 except ImportError:  # ansible's interpreter without scalelab installed: the checkout's copy
     sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
-    from scalelab.errors import InputError
-from scalelab.netshape import tbf_params
-from scalelab.units import parse_rate_mbit
+    from scalelab.core.errors import InputError
+from scalelab.cluster.netshape import tbf_params
+from scalelab.core.units import parse_rate_mbit
 
 
 def _parse(rate):

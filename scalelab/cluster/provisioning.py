@@ -1,0 +1,139 @@
+"""One entry point per lifecycle verb, dispatching to the target that owns the cluster."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scalelab.cluster import ssh
+from scalelab.cluster.nodes import Node, nodes_of
+from scalelab.cluster.targets import base
+from scalelab.core.errors import ClusterError
+from scalelab.core.state import check_cluster_name, inventory_dir, list_clusters, load_cluster
+from scalelab.core.units import parse_rate_mbit
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterInfo:
+    name: str
+    target: str
+    nodes: list[Node]
+    inventory: Path
+    alive: list[bool] = field(default_factory=list)
+    summary: dict[str, str] = field(default_factory=dict)
+
+
+def provision(target: str, nodes: int | str, cluster: str, cpus_per_node: str | float = 1.0,
+              bandwidth: str = "native", subnet: str | None = None, var_file: str | None = None,
+              keep_on_failure: bool = False, dry_run: bool = False) -> ClusterInfo | None:
+    """Create or resize a cluster; returns its records (None for a dry run)."""
+    impl = base.get(target)
+    check_cluster_name(cluster)
+    recs = impl.provision(cluster, nodes, cpus_per_node=cpus_per_node, bandwidth=bandwidth,
+                          subnet=subnet, var_file=var_file, keep_on_failure=keep_on_failure,
+                          dry_run=dry_run)
+    if recs is None:
+        return None
+    return _info(cluster, load_cluster(cluster), recs)
+
+
+def dry_run(target: str, nodes: int | str, cluster: str, var_file: str | None = None) -> list[str]:
+    """What provision would do, changing nothing (the target says whether it has anything)."""
+    check_cluster_name(cluster)
+    return base.get(target).dry_run(cluster, nodes, var_file=var_file)
+
+
+def _info(name: str, rec: dict, nodes: list[Node]) -> ClusterInfo:
+    summary = base.of(rec).summary(rec)
+    return ClusterInfo(name, rec["target"], nodes, inventory_dir() / f"{name}.yml",
+                       summary=summary)
+
+
+def destroy(cluster: str) -> list[str]:
+    """Remove a cluster; what stays on its hosts on purpose (hosts scalelab did not make)."""
+    check_cluster_name(cluster)
+    try:
+        rec = load_cluster(cluster)
+    except ClusterError:
+        # nothing recorded; a provision that crashed may still have left pieces behind
+        if base.destroy_unrecorded(cluster):
+            return []
+        raise
+    caps = base.capabilities(rec)
+    kept: list[str] = []
+    if not caps.owns_hosts and caps.configurable and rec.get("configured_at"):
+        from scalelab.cluster import configure
+
+        # before the cluster's state goes: the trust key's public half is matched by it
+        configure.forget(cluster)
+        kept = list(configure.KEPT_ON_HOSTS)
+    if rec.get("known_hosts"):
+        ssh.close_masters(rec["known_hosts"])  # the multiplexed connections to its nodes
+    try:
+        base.of(rec).destroy(cluster)
+    finally:
+        if rec.get("known_hosts"):
+            ssh.close_masters(rec["known_hosts"])  # and those the target's own teardown made
+    return kept
+
+
+def status(cluster: str | None = None) -> list[ClusterInfo]:
+    names = [check_cluster_name(cluster)] if cluster else list_clusters()
+    out = []
+    for name in names:
+        rec = load_cluster(name)
+        nodes = nodes_of(rec)
+        info = _info(name, rec, nodes)
+        info.alive = base.of(rec).alive(name, nodes)
+        out.append(info)
+    return out
+
+
+def can_shape(cluster: str) -> bool:
+    """Whether scalelab can set link rates on this cluster's nodes."""
+    rec = load_cluster(cluster)
+    return base.capabilities(rec).shape_links
+
+
+def configurable(cluster: str) -> bool:
+    """Whether scalelab reaches this cluster's nodes over SSH (and so may configure them)."""
+    rec = load_cluster(cluster)
+    return base.capabilities(rec).ssh_nodes
+
+
+def set_bandwidth(cluster: str, bandwidth: str) -> None:
+    rec = load_cluster(cluster)
+    base.of(rec).set_rate(cluster, parse_rate_mbit(bandwidth))
+
+
+def connectivity_check(cluster: str) -> list[str]:
+    """SSH to every node from the controller, then from the head to every other node."""
+    rec = load_cluster(cluster)
+    nodes = nodes_of(rec)
+    kh = rec["known_hosts"]
+    lines = []
+    target = base.of(rec)
+    if not base.capabilities(rec).ssh_nodes:
+        # only its login host is reachable: the nodes are as Slurm sees them
+        login = target.login(rec)
+        out = ssh.run(login, kh, "hostname", timeout=15).stdout.strip()
+        lines.append(f"controller -> login host {login.address}: ssh ok, hostname {out}")
+        alive = target.alive(cluster, nodes)
+        for n, up in zip(nodes, alive, strict=True):
+            lines.append(f"{n.name}: {'up' if up else 'DOWN'} in sinfo")
+        if not all(alive):
+            raise ClusterError(f"cluster {cluster}: some nodes are down in sinfo")
+        return lines
+    for n in nodes:
+        out = ssh.run(n, kh, "hostname", timeout=15).stdout.strip()
+        lines.append(f"controller -> {n.name} ({n.address}): ssh ok, hostname {out}")
+    head = nodes[0]
+    for n in nodes[1:]:
+        # node to node as the cluster's login user, with the nodes' own ssh configuration
+        cmd = ssh.on_node_line(n.ssh_user, n.private_address, "hostname")
+        out = ssh.run(head, kh, cmd, timeout=20).stdout.strip()
+        lines.append(f"{head.name} -> {n.name} ({n.private_address}): ssh ok, hostname {out}")
+    return lines

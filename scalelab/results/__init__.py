@@ -1,0 +1,1 @@
+"""Results: the store of record, read back as frames, and generated stores for tests."""

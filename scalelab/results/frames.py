@@ -1,0 +1,401 @@
+"""Read a sweep's store of record (reports/<sweep_id>/runs.jsonl) into frames and results.csv.
+
+Raw records stay raw: every figure here is derived from the per-rank numbers each record
+carries, at read time. Layout and record schema: docs/dev/CONTRACTS.md.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from scalelab.core.errors import ScalelabError
+from scalelab.core.state import write_atomic
+from scalelab.core.units import format_rate
+from scalelab.model import analysis
+from scalelab.results.store import SWEEP_FILE, TIMELINE_KEYS, read_runs
+
+log = logging.getLogger(__name__)
+
+CSV_FILE = "results.csv"
+
+CSV_COLUMNS = [
+    "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
+    "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "images_per_sec",
+    "images_per_sec_per_worker", "step_time_mean_s", "step_time_p95_s", "comm_fraction",
+    "busbw_mb_s", "link_mbit_measured", "scaling_efficiency", "started_at", "duration_s", "error", "link_error",
+    "baseline_world_size", "accelerator", "dilation", "host_cpu_idle", "link_utilisation",
+    "fidelity", "launcher", "slurm_job_id",
+    # what the ranks really ran on (a run's placement record) and the one-stream link rate
+    "device", "backend", "transport", "gpus_per_node", "gpu_model", "gpu_mem_peak_mb",
+    "link_mbit_single_stream",
+    # host, or container: then the training image's id (sha256), as every rank ran it
+    "runtime", "image_id",
+    # the communication settings the ranks used (comm.COMM_KEYS; empty where the engine has
+    # no such setting; a store from before them: the engine's defaults)
+    "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
+    # the convolutions' memory layout: contiguous (NCHW) or channels_last (NHWC)
+    "memory_format",
+    # weak (a fixed batch per worker: batch_size is it) or strong scaling (a fixed global batch:
+    # batch_size is that global batch, split evenly over the ranks); batch_per_worker is what
+    # each rank trained on either way
+    "scaling", "batch_per_worker",
+    # the fabric profile (bench/fabrics/) the shaped links carried and the model used; ideal:
+    # the line rate as tc gives it
+    "fabric_profile",
+]
+# Kept in the frame (the report and analysis use them), not written to results.csv.
+EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
+                 "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s",
+                 "data_time_mean_s", "n_ranks",
+                 "profile_step_s", "accelerator_source", *TIMELINE_KEYS,  # where a run's wall time went (NaN when not recorded)
+                 # the settings that differ from the engine's defaults, as one series key
+                 "comm_setting"]
+
+ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
+                     "bandwidth_mbit", "bandwidth", "repeat", "size_bytes", "time_s",
+                     "algbw_mb_s", "busbw_mb_s"]
+
+
+class ReportError(ScalelabError):
+    """A sweep's results cannot be found, read or reported."""
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def gpus_per_node(ranks: list[Any]) -> float:
+    """The GPUs a run's ranks used per node, from the ranks' own devices (0 on CPUs; NaN
+    when the ranks did not say).
+
+    >>> gpus_per_node([{"host": "a", "device": "cuda:0"}, {"host": "a", "device": "cuda:1"},
+    ...                {"host": "b", "device": "cuda:0"}, {"host": "b", "device": "cuda:1"}])
+    2.0
+    >>> gpus_per_node([{"host": "a", "device": "cpu"}]), gpus_per_node([{"host": "a"}])
+    (0.0, nan)
+    """
+    used: dict[str, set[str]] = {}
+    told = False
+    for rk in ranks:
+        if not isinstance(rk, dict) or not rk.get("device"):
+            continue
+        told = True
+        if str(rk["device"]).startswith("cuda"):
+            used.setdefault(str(rk.get("host", "")), set()).add(str(rk["device"]))
+    if not told:
+        return math.nan
+    return float(max((len(v) for v in used.values()), default=0))
+
+def load_sweep(sweep_dir: Path | str) -> dict[str, Any]:
+    """sweep.json of a sweep directory ({} with a warning when it is missing)."""
+    path = Path(sweep_dir) / SWEEP_FILE
+    if not path.exists():
+        log.warning("%s is missing; the report will lack the sweep's plan and cluster", path)
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path} is not valid JSON ({exc}); restore it from the sweep") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{path} holds {type(data).__name__}, not a JSON object")
+    return data
+
+
+def load_runs(sweep_dir: Path | str) -> list[dict[str, Any]]:
+    """Raw records of a sweep, last record per run id, read by the store of record itself
+    (a torn last line from a crash is skipped with a warning there); [] when no run has
+    finished yet."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise ReportError(f"sweep directory {sweep_dir} does not exist")
+    return list(read_runs(sweep_dir).values())
+
+
+# ---------------------------------------------------------------------------- frames
+
+def _num(value: Any) -> float:
+    if value is None or isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _bandwidth_label(mbit: float) -> str:
+    return format_rate(None if math.isnan(mbit) else mbit)
+
+
+def _params(rec: dict[str, Any]) -> dict[str, Any]:
+    p = rec.get("params")
+    return p if isinstance(p, dict) else {}
+
+
+def _scaling(p: dict[str, Any]) -> dict[str, Any]:
+    """A run's scaling and batches: a strong-scaling run (a global batch split over its ranks)
+    is in the series of its global batch, so its batch_size is that; a run from before strong
+    scaling, or of a fixed batch per worker, scaled weakly.
+
+    >>> _scaling({"batch_size": 64, "global_batch_size": 256})
+    {'scaling': 'strong', 'batch_size': 256.0, 'batch_per_worker': 64.0}
+    >>> _scaling({"batch_size": 64})
+    {'scaling': 'weak', 'batch_size': 64.0, 'batch_per_worker': 64.0}
+    """
+    per_worker = _num(p.get("batch_size"))
+    if p.get("global_batch_size"):
+        return {"scaling": "strong", "batch_size": _num(p["global_batch_size"]),
+                "batch_per_worker": per_worker}
+    return {"scaling": "weak", "batch_size": per_worker, "batch_per_worker": per_worker}
+
+
+def _comm_params(p: dict[str, Any]) -> dict[str, Any]:
+    """A train run's communication settings; a run from before they were params ran at its
+    engine's defaults."""
+    from scalelab.model.comm import COMM_DEFAULTS, COMM_ENGINE, COMM_KEYS
+
+    out: dict[str, Any] = {}
+    for key in COMM_KEYS:
+        value = p[key] if key in p else (COMM_DEFAULTS[key] if p.get("engine") in
+                                          COMM_ENGINE[key] else None)
+        out[key] = str(value or "") if key == "compression" else _num(value)
+    out["comm_setting"] = comm_setting(out)
+    return out
+
+
+def comm_setting(values: dict[str, Any]) -> str:
+    """The settings that differ from the engine's defaults, as one label ("" when none): a
+    series key, so runs with other settings are never averaged together (comm.comm_label).
+
+    >>> comm_setting({"bucket_cap_mb": 50.0, "compression": "fp16"})
+    'bucket 50 MB, fp16'
+    """
+    from scalelab.model.comm import comm_label
+
+    return comm_label(values)
+
+
+def plan_min_nodes(meta: dict[str, Any]) -> dict[str, int]:
+    """{sweep id: the plan's smallest node count} from sweep.json ({} when it has no plan).
+
+    >>> plan_min_nodes({"sweep_id": "s1", "plan": {"nodes": [2, 4, 8]}})
+    {'s1': 2}
+    >>> plan_min_nodes({})
+    {}
+    """
+    nodes = (meta.get("plan") or {}).get("nodes") if isinstance(meta.get("plan"), dict) else None
+    ints = [n for n in nodes or [] if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
+    if not ints or not meta.get("sweep_id"):
+        return {}
+    return {str(meta["sweep_id"]): min(ints)}
+
+
+def to_frame(records: Sequence[dict[str, Any]],
+             min_nodes: dict[str, int] | None = None) -> pd.DataFrame:
+    """One row per train run: CSV_COLUMNS then EXTRA_COLUMNS.
+
+    Per-rank figures are combined, never extrapolated from rank 0:
+    images_per_sec = sum over ranks; images_per_sec_per_worker = mean over ranks;
+    step_time_mean_s = mean of the ranks' means (ranks run the same number of steps);
+    step_time_p95_s = max over ranks of their p95, because in synchronous data parallelism the
+    slowest rank gates every step, and percentiles of different ranks cannot be averaged;
+    comm_fraction = mean over ranks of comm_time_mean_s / step_time_mean_s.
+    busbw_mb_s comes from the allreduce probe with the same nodes, procs per node and
+    bandwidth, at its largest message (mean over ok probes). scaling_efficiency: see
+    scalelab.model.analysis.add_efficiency; baseline_world_size, the N0 it is measured against, is
+    the plan's smallest node count (min_nodes: sweep id -> count, from plan_min_nodes) x procs
+    per node.
+    """
+    runs: list[dict[str, Any]] = []
+    rank_rows: list[tuple] = []
+    for idx, rec in enumerate(r for r in records if r.get("kind", "train") == "train"):
+        p = _params(rec)
+        nodes = _num(p.get("nodes"))
+        ppn = _num(p.get("procs_per_node"))
+        ws = _num(p.get("world_size"))
+        if math.isnan(ws) and not (math.isnan(nodes) or math.isnan(ppn)):
+            ws = nodes * ppn
+        bw = _num(p.get("bandwidth_mbit"))
+        ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
+        timeline = rec.get("timeline") if isinstance(rec.get("timeline"), dict) else {}
+        # raw values here, converted column by column below: per-value float() is slow
+        rank_rows.extend((idx, rk.get("images_per_sec"), rk.get("step_time_mean_s"),
+                          rk.get("step_time_p95_s"), rk.get("compute_time_mean_s"),
+                          rk.get("comm_time_mean_s"), rk.get("comm_inflight_mean_s"),
+                          rk.get("host_cpu_idle"), rk.get("nic_tx_bytes"), rk.get("timed_wall_s"),
+                          rk.get("data_time_mean_s"))
+                         for rk in ranks if isinstance(rk, dict))
+        acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
+        env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
+        job = rec.get("slurm") if isinstance(rec.get("slurm"), dict) else {}  # a Slurm job's
+        placed = rec.get("placement") if isinstance(rec.get("placement"), dict) else {}
+        runs.append({
+            "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
+            "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
+            "world_size": ws, "model": str(p.get("model", "")), "engine": str(p.get("engine", "")),
+            "precision": str(p.get("precision", "")), "batch_size": _num(p.get("batch_size")),
+            "bandwidth_mbit": bw, "repeat": _num(p.get("repeat")),
+            "status": str(rec.get("status", "")),
+            "link_mbit_measured": _num(rec.get("link_mbit_measured")),
+            "link_error": str(rec.get("link_error") or ""),
+            "started_at": str(rec.get("started_at") or ""), "duration_s": _num(rec.get("duration_s")),
+            "error": str(rec.get("error") or ""), "data": str(p.get("data") or "synthetic"),
+            "bandwidth": _bandwidth_label(bw), "steps": _num(p.get("steps")),
+            "image_size": _num(p.get("image_size")),
+            "gradient_bytes": _num(rec.get("gradient_bytes")),
+            "accelerator": str(p.get("accelerator") or ""),
+            "dilation": _num(p.get("dilation")) if p.get("accelerator") else 1.0,
+            "profile_step_s": _num(acc.get("profile_step_s")),
+            "accelerator_source": str(acc.get("source") or ""),
+            # how the ranks started: direct, torchrun, horovodrun (over SSH) or slurm
+            "launcher": str(env.get("launcher") or ""),
+            "slurm_job_id": str(job.get("job_id") or ""),
+            **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
+            "device": str(placed.get("device") or ""),
+            "backend": str(placed.get("backend") or ""),
+            "transport": str(placed.get("transport") or ""),
+            "gpus_per_node": gpus_per_node(ranks),
+            "gpu_model": ", ".join(n for n in placed.get("device_names") or [] if n != "cpu"),
+            "gpu_mem_peak_mb": _num(placed.get("gpu_mem_peak_mb")),
+            "link_mbit_single_stream": _num(rec.get("link_mbit_single_stream")),
+            "runtime": str(p.get("runtime") or "host"),
+            "image_id": str((env.get("image") or {}).get("id") or "")
+            if isinstance(env.get("image"), dict) else "",
+            **_comm_params(p),
+            "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
+            **_scaling(p),
+            "fabric_profile": str(p.get("fabric_profile") or "ideal"),
+        })
+    frame = pd.DataFrame(runs, columns=[
+        "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
+        "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "link_mbit_measured",
+        "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
+        "gradient_bytes", "accelerator", "dilation", "profile_step_s", "accelerator_source",
+        "launcher", "slurm_job_id", *TIMELINE_KEYS, "device", "backend", "transport",
+        "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime",
+        "image_id", "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
+        "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile"])
+    ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
+                                                "inflight", "idle", "tx", "wall", "data"])
+    for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall", "data"):
+        if ranks_df[col].dtype.kind != "f":
+            ranks_df[col] = pd.to_numeric(ranks_df[col].where(
+                ranks_df[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
+    ranks_df["comm_frac"] = ranks_df["comm"] / ranks_df["step"]
+    ranks_df["tx_mbit"] = ranks_df["tx"] * 8 / ranks_df["wall"] / 1e6  # wall clock: on the link
+    g = ranks_df.groupby("idx")
+    per_run = pd.DataFrame({
+        # min_count=1: a run whose ranks all lack the figure gives NaN, not 0 images/s
+        "images_per_sec": g["ips"].sum(min_count=1),
+        "images_per_sec_per_worker": g["ips"].mean(),
+        "step_time_mean_s": g["step"].mean(),
+        "step_time_p95_s": g["p95"].max(),
+        "comm_fraction": g["comm_frac"].mean(),
+        "compute_time_mean_s": g["compute"].mean(),
+        "comm_time_mean_s": g["comm"].mean(),
+        "comm_inflight_mean_s": g["inflight"].mean(),
+        "data_time_mean_s": g["data"].mean(),  # waiting for the input batch
+        "n_ranks": g.size(),
+        "host_cpu_idle": g["idle"].min(),  # the worst moment any rank saw
+        "tx_mbit": g["tx_mbit"].mean(),
+    })
+    frame = frame.join(per_run)
+    frame["n_ranks"] = frame["n_ranks"].fillna(0).astype(int)
+    for col in ("nodes", "procs_per_node", "world_size", "batch_size", "repeat",
+                "batch_per_worker"):
+        frame[col] = frame[col].astype("Int64") if frame[col].isna().any() else frame[col].astype(int)
+    frame["busbw_mb_s"] = _probe_busbw(frame, allreduce_frame(records))
+    # the share of the link (its shaped, dilated rate: the line, or a fabric profile's share
+    # of it) that training kept busy in the timed steps
+    target, _ = analysis.fabric_terms(frame, analysis.DEFAULT_ALPHA_S)
+    frame["link_utilisation"] = frame["tx_mbit"] / (target / frame["dilation"])
+    frame["fidelity"] = analysis.fidelity(frame)
+    frame["baseline_world_size"] = analysis.baseline_world_size(frame, min_nodes)
+    frame["scaling_efficiency"] = (analysis.add_efficiency(
+        frame, base_ws=frame["baseline_world_size"]) if len(frame) else [])
+    return frame[CSV_COLUMNS + EXTRA_COLUMNS]
+
+
+RANK_COLUMNS = ["sweep_id", "run_id", "rank", "host", "compute_time_mean_s"]
+
+
+def rank_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per rank of every train run, as the ranks reported them (RANK_COLUMNS; the
+    compute time NaN where a rank did not give one): what scalelab.model.stragglers compares.
+
+    >>> rank_frame([{"sweep_id": "s", "run_id": "r", "ranks": [
+    ...     {"rank": 0, "host": "n0", "compute_time_mean_s": 0.2}, {"rank": 1, "host": "n1"}]}])
+      sweep_id run_id  rank host  compute_time_mean_s
+    0        s      r     0   n0                  0.2
+    1        s      r     1   n1                  NaN
+    """
+    rows = [(str(rec.get("sweep_id", "")), str(rec.get("run_id", "")), rk.get("rank"),
+             str(rk.get("host") or ""), rk.get("compute_time_mean_s"))
+            for rec in records if rec.get("kind", "train") == "train"
+            and isinstance(rec.get("ranks"), list)
+            for rk in rec["ranks"] if isinstance(rk, dict)]
+    frame = pd.DataFrame(rows, columns=RANK_COLUMNS)
+    for col in ("rank", "compute_time_mean_s"):
+        frame[col] = pd.to_numeric(frame[col].where(
+            frame[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
+    return frame
+
+
+def allreduce_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (allreduce probe run, message size)."""
+    rows: list[tuple] = []
+    for rec in records:
+        if rec.get("kind") != "allreduce":
+            continue
+        p = _params(rec)
+        nodes = _num(p.get("nodes"))
+        ppn = _num(p.get("procs_per_node"))
+        ws = _num(p.get("world_size"))
+        if math.isnan(ws):
+            ws = nodes * ppn
+        bw = _num(p.get("bandwidth_mbit"))
+        base = (str(rec.get("sweep_id", "")), str(rec.get("run_id", "")),
+                str(rec.get("status", "")), nodes, ppn, ws, bw, _bandwidth_label(bw),
+                _num(p.get("repeat")))
+        for item in rec.get("allreduce") or []:
+            if isinstance(item, dict):
+                rows.append(base + (_num(item.get("size_bytes")), _num(item.get("time_s")),
+                                    _num(item.get("algbw_mb_s")), _num(item.get("busbw_mb_s"))))
+    return pd.DataFrame(rows, columns=ALLREDUCE_COLUMNS)
+
+
+def _probe_busbw(frame: pd.DataFrame, ar: pd.DataFrame) -> pd.Series:
+    keys = ["sweep_id", "nodes", "procs_per_node", "bandwidth"]
+    ok = ar[(ar["status"] == "ok") & ar["busbw_mb_s"].notna()]
+    if frame.empty or ok.empty:
+        return pd.Series(np.nan, index=frame.index, dtype=float)
+    largest = ok.loc[ok.groupby("run_id")["size_bytes"].idxmax()]
+    largest = largest.astype({"nodes": float, "procs_per_node": float})
+    per_layout = largest.groupby(keys, as_index=False)["busbw_mb_s"].mean()
+    left = frame[keys].astype({"nodes": float, "procs_per_node": float})
+    merged = left.merge(per_layout, on=keys, how="left")  # a left merge keeps the left order
+    return pd.Series(merged["busbw_mb_s"].to_numpy(dtype=float), index=frame.index)
+
+
+def frame_to_csv(frame: pd.DataFrame) -> str:
+    """results.csv text: CSV_COLUMNS, native bandwidth and missing figures as empty cells."""
+    buf = io.StringIO()
+    frame.reindex(columns=CSV_COLUMNS).to_csv(buf, index=False, na_rep="", float_format="%.6g")
+    return buf.getvalue()
+
+
+def write_csv(sweep_dir: Path | str) -> Path:
+    """Write reports/<sweep_id>/results.csv from runs.jsonl, whole or not at all."""
+    sweep_dir = Path(sweep_dir)
+    path = sweep_dir / CSV_FILE
+    frame = to_frame(load_runs(sweep_dir), plan_min_nodes(load_sweep(sweep_dir)))
+    write_atomic(path, frame_to_csv(frame), mode=0o644)
+    log.info("wrote %s", path)
+    return path

@@ -1,0 +1,317 @@
+"""Runs as Slurm jobs: checks on the login host, srun command lines, job state from sacct.
+
+With `--launcher slurm` every run (training, allreduce probe, link probe) is one Slurm job.
+scalelab logs in to the login host over SSH, as for any other command, and starts `srun` there
+in the foreground: srun asks slurmctld for an allocation of whole nodes (--exclusive) with a
+time limit, starts the ranks on the allocated nodes, and relays their output, which scalelab
+reads as it reads a rank's over SSH. The job's name carries the run's launch token, so the job
+is found (sacct) and cancelled (scancel) by a name no other job has: on a timeout, a Ctrl-C,
+a failure, and on --resume after a driver was killed outright.
+
+sacct's state and exit code decide a run's status (outcome()); what srun and the workload
+printed says why it failed.
+
+DDP ranks are started by srun itself, one task per rank, with torchrun's environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) taken from Slurm's (SLURM_PROCID, ...).
+Horovod runs as `horovodrun` on the first node of an allocation made by `salloc`, with the
+allocated hosts as its host list.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import shlex
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab.cluster.nodes import Node
+from scalelab.cluster.slurmctl import login_run
+from scalelab.cluster.targets.interface import Runtime
+from scalelab.core.errors import ClusterError, ScalelabError
+from scalelab.run import launch
+from scalelab.run.launch import JOB_NAME, cancel_line
+
+log = logging.getLogger(__name__)
+
+# sacct states in which a job is over (sacct(1) JOB STATE CODES)
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED")
+SACCT_WAIT_S = 20.0  # slurmctld hands a finished job to slurmdbd within a few seconds
+
+
+class SlurmError(ScalelabError):
+    """Slurm on the login host could not be asked, or answered something unreadable."""
+
+
+@dataclass
+class Job:
+    """One run's Slurm job: its name (known before it exists) and what sacct says of it."""
+
+    name: str
+    job_id: str = ""
+    state: str = ""  # sacct State, e.g. COMPLETED, CANCELLED (by 0 stripped into `by`)
+    exit_code: str = ""  # sacct ExitCode, "code:signal"
+    nodelist: str = ""
+    partition: str = ""
+    elapsed_s: float | None = None
+    by: str = ""  # who cancelled it (a uid), when sacct says
+
+    def to_record(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "job_name": self.name, "state": self.state,
+                "exit_code": self.exit_code, "nodelist": self.nodelist,
+                "partition": self.partition, "elapsed_s": self.elapsed_s}
+
+
+def job_name(token: str, run_id: str) -> str:
+    """The job's name: the run and its launch token, unique among every job of the cluster.
+
+    >>> job_name("ab12cd34ef56", "train-n02-p1-b032-bw1000-r0")
+    'scalelab-ab12cd34-train-n02-p1-b032-bw1000-r0'
+    """
+    name = f"scalelab-{token[:8]}-{run_id}"
+    if not JOB_NAME.match(name):
+        raise SlurmError(f"cannot make a Slurm job name of run {run_id!r}")
+    return name
+
+
+def time_limit_min(timeout_s: float) -> int:
+    """The job's --time in whole minutes: the run's own timeout, rounded up, plus one.
+
+    scalelab ends a run at its timeout itself (and cancels the job); Slurm's limit, which it
+    checks about every 30 s, is the backstop that holds when the driver is gone.
+
+    >>> time_limit_min(180), time_limit_min(20), time_limit_min(61)
+    (4, 2, 3)
+    """
+    return max(1, math.ceil(timeout_s / 60)) + 1
+
+
+def alloc_options(name: str, nodes: list[Node], procs_per_node: int, partition: str | None,
+                  timeout_s: float, gpus_per_node: int = 0, tasks: bool = True) -> list[str]:
+    """srun/salloc options of a run: whole nodes, these nodes, a time limit, a name.
+
+    >>> ns = [Node("c-n0", "a", "a", "head", "local"), Node("c-n1", "b", "b", "worker", "local")]
+    >>> " ".join(alloc_options("j", ns, 2, "gpu", 180, gpus_per_node=2))
+    '--job-name j --partition gpu --nodes 2 --nodelist c-n0,c-n1 --exclusive --overcommit --time 4 --ntasks-per-node 2 --gpus-per-node 2'
+    """
+    opts = ["--job-name", name]
+    if partition:
+        opts += ["--partition", partition]
+    # --overcommit: the ranks per node are the sweep's choice, not Slurm's CPU count (a node's
+    # CPUs in slurm.conf may be fewer than the processes a sweep puts on it)
+    opts += ["--nodes", str(len(nodes)), "--nodelist", ",".join(n.name for n in nodes),
+             "--exclusive", "--overcommit", "--time", str(time_limit_min(timeout_s))]
+    if tasks:
+        opts += ["--ntasks-per-node", str(procs_per_node)]
+    if gpus_per_node:
+        opts += ["--gpus-per-node", str(gpus_per_node)]
+    return opts
+
+
+# torchrun's environment from Slurm's, for a rank that srun started; MASTER_ADDR is the first
+# allocated node (Slurm puts task 0 there), resolved as the cluster resolves its node names
+_RANK_ENV = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID" '
+             'LOCAL_WORLD_SIZE="$SLURM_NTASKS_PER_NODE" GROUP_RANK="$SLURM_NODEID"; '
+             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1); '
+             'export MASTER_ADDR; exec "$@"')
+
+
+def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: int,
+                  script: str, args: list[str], rt: Runtime, port: int, name: str,
+                  partition: str | None, timeout_s: float,
+                  gpus_per_node: int = 0) -> list[launch.RankCommand]:
+    """The one command a run is on the login host: srun (DDP, the allreduce probe) or salloc
+    around horovodrun (Horovod).
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> cmd = rank_commands("ddp", ns, ns[0], 1, "resnet.py", ["--steps", "5"], rt, 29500,
+    ...                     "j", "p", 180)[0]
+    >>> cmd.node.name, cmd.argv[:2], cmd.argv[-4:]
+    ('c-n0', ['srun', '--job-name'], ['/v/bin/python', '/w/bench/workloads/resnet.py', '--steps', '5'])
+    >>> cmd.env["MASTER_PORT"], cmd.env["GLOO_SOCKET_IFNAME"], cmd.cancel
+    ('29500', 'eth0', 'scancel --name j --full 2>/dev/null; exit 0')
+    >>> hv = rank_commands("horovod", ns, ns[0], 1, "resnet.py", [], rt, 29500, "j", "p", 180)[0]
+    >>> hv.argv[0], "--ntasks-per-node" in hv.argv, "horovodrun" in hv.argv[-1]
+    ('salloc', False, True)
+    """
+    script_path = f"{rt.workdir}/{launch.WORKLOADS}/{script}"
+    env = launch.rank_env(nodes[0], procs_per_node, ifaces=[n.iface for n in nodes])
+    cancel = cancel_line(name)
+    if engine == "horovod":
+        bindir = rt.python.rsplit("/", 1)[0]
+        hosts = ('H=$(for h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do '
+                 'a=$(getent hosts "$h" | cut -d" " -f1); '
+                 f'printf "%s:{procs_per_node}," "${{a:-$h}}"; done); H=${{H%,}}')
+        hvd = [f"{bindir}/horovodrun", "--gloo", "-np", str(len(nodes) * procs_per_node),
+               "-H", "__HOSTS__"]
+        if nodes[0].iface and len(nodes) > 1:
+            hvd += ["--network-interfaces", nodes[0].iface]
+        hvd += ["--gloo-timeout-seconds", "60", rt.python, script_path, *args]
+        # horovodrun finds the venv's python and itself first; the site's own PATH (Slurm in
+        # /opt or from a module) stays behind them
+        inner = (f'PATH={shlex.quote(bindir)}:"$PATH"; export PATH; {hosts}; '
+                 f"exec {shlex.join(hvd).replace('__HOSTS__', '$H')}")
+        argv = ["salloc", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
+                                         gpus_per_node, tasks=False),
+                "srun", "--nodes", "1", "--ntasks", "1", "sh", "-c", inner]
+        return [launch.RankCommand(login, argv, env, cancel=cancel)]
+    env["MASTER_PORT"] = str(port)
+    argv = ["srun", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
+                                   gpus_per_node),
+            "--kill-on-bad-exit=1", "sh", "-c", _RANK_ENV, "sh", rt.python, script_path, *args]
+    return [launch.RankCommand(login, argv, env, cancel=cancel)]
+
+
+def link_probe_command(server: Node, client: Node, login: Node, port: int, seconds: float,
+                       name: str, partition: str | None,
+                       streams: int = 1) -> launch.RankCommand:
+    """iperf3 between two nodes inside one allocation: the server on `server`, the client on
+    `client`; stdout carries only the client's JSON document.
+
+    >>> a = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local")
+    >>> b = Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local")
+    >>> cmd = link_probe_command(b, a, a, 5201, 1.0, "j", None)
+    >>> cmd.argv[:2], "iperf3 -s -1 -B 10.0.0.11" in cmd.argv[-1]
+    (['srun', '--job-name'], True)
+    """
+    from scalelab.run import linkprobe
+
+    wait_s = linkprobe.READY_TIMEOUT_S + linkprobe.SERVER_SLACK_S
+    srv = shlex.join(linkprobe.server_argv(server.private_address, port, wait_s))
+    cli = linkprobe.client_line(server.private_address, port, seconds, streams=streams)
+    # Slurm's own name of the node the task runs on (hostname may be an FQDN or another name)
+    inner = (f'if [ "$SLURMD_NODENAME" = {shlex.quote(server.name)} ]; then exec {srv} >/dev/null; '
+             f"else {cli}; fi")
+    nodes = sorted([server, client], key=lambda n: n.name)
+    timeout_s = linkprobe.READY_TIMEOUT_S + linkprobe.iperf_seconds(seconds) + \
+        linkprobe.LAUNCH_SLACK_S
+    argv = ["srun", *alloc_options(name, nodes, 1, partition, timeout_s), "sh", "-c", inner]
+    return launch.RankCommand(login, argv, {}, cancel=cancel_line(name))
+
+
+def measure_link(nodes: list[Node], login: Node, known_hosts: str, port: int, token: str,
+                 partition: str | None, seconds: float = 1.0,
+                 stop: threading.Event | None = None,
+                 streams: int = 1) -> tuple[float | None, str]:
+    """TCP rate head -> second node in Mbit/s, measured inside an allocation; why not if not."""
+    from scalelab.run import linkprobe
+
+    if len(nodes) < 2:
+        return None, ""
+    name = job_name(token, "linkprobe")
+    cmd = link_probe_command(nodes[1], nodes[0], login, port, seconds, name, partition, streams)
+    timeout_s = linkprobe.READY_TIMEOUT_S + linkprobe.iperf_seconds(seconds) + \
+        linkprobe.LAUNCH_SLACK_S
+    res = launch.run([cmd], Runtime("python3", "/", known_hosts), timeout_s=timeout_s, stop=stop)
+    out = res.outcomes[0] if res.outcomes else None
+    if out is None or res.status in ("timeout", "interrupted"):
+        return None, res.error or "link probe did not run"
+    try:
+        return round(linkprobe.parse_iperf3(out.stdout), 3), ""
+    except linkprobe.LinkProbeError as exc:
+        why = launch.rank_reason(out.stderr, out.returncode) if out.returncode else str(exc)
+        log.warning("link measurement in job %s failed: %s", name, why)
+        return None, f"job {name}: {why}"[:300]
+
+
+def parse_sacct(text: str, name: str) -> Job | None:
+    """The job of that name from `sacct --noheader --parsable2 --allocations --format
+    JobID,JobName,State,ExitCode,NodeList,Partition,ElapsedRaw` (the last one listed wins).
+
+    >>> j = parse_sacct("7|x|CANCELLED by 0|0:15|lab-n[0-1]|scalelab|12\\n", "x")
+    >>> j.job_id, j.state, j.by, j.exit_code, j.elapsed_s
+    ('7', 'CANCELLED', '0', '0:15', 12.0)
+    >>> parse_sacct("", "x") is None
+    True
+    """
+    job = None
+    for line in text.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) < 7 or cols[1] != name:
+            continue
+        state, _, by = cols[2].partition(" by ")
+        elapsed = float(cols[6]) if re.fullmatch(r"\d+", cols[6]) else None
+        job = Job(name, cols[0], state.strip(), cols[3], cols[4], cols[5], elapsed, by.strip())
+    return job
+
+
+def sacct_line(name: str, wait_s: float = SACCT_WAIT_S, every_s: float = 0.2) -> str:
+    """Shell line for the login host: ask sacct every every_s until it lists the job as over
+    (slurmctld tells slurmdbd a moment after srun returns), at most wait_s; print the last
+    answer. One SSH session for the whole wait.
+
+    >>> line = sacct_line("scalelab-ab12-x", wait_s=2, every_s=0.5)
+    >>> "while [ $i -lt 4 ]" in line and "--name scalelab-ab12-x" in line
+    True
+    """
+    if not JOB_NAME.match(name):
+        raise SlurmError(f"job name {name!r} is not one scalelab makes")
+    sacct = ("sacct --noheader --parsable2 --allocations --starttime now-7days "
+             f"--name {name} --format JobID,JobName,State,ExitCode,NodeList,Partition,ElapsedRaw")
+    over = "|".join(f"*'|{s}'*" for s in FINAL)
+    tries = max(1, math.ceil(wait_s / every_s))
+    return (f"i=0; while [ $i -lt {tries} ]; do out=$({sacct}) || exit $?; "
+            f"case \"$out\" in {over}) break;; esac; sleep {every_s:g}; i=$((i+1)); done; "
+            "printf '%s\\n' \"$out\"")
+
+
+def job_state(login: Node, known_hosts: str, name: str, wait_s: float = SACCT_WAIT_S) -> Job:
+    """What sacct says of the run's job once it is over; state "" when sacct never listed it
+    (or could not be asked: the reason is logged)."""
+    try:
+        proc = login_run(login, known_hosts, sacct_line(name, wait_s), timeout=wait_s + 30)
+    except ClusterError as exc:  # the run is recorded all the same, with what launch saw
+        log.warning("sacct could not be asked about job %s: %s", name, exc)
+        return Job(name)
+    if proc.returncode != 0:
+        log.warning("sacct on %s failed for job %s: %s", login.name, name,
+                    proc.stderr.strip()[-200:])
+    return parse_sacct(proc.stdout, name) or Job(name)
+
+
+def outcome(job: Job, status: str, error: str, timeout_s: float) -> tuple[str, str]:
+    """A run's status and error from its job's sacct state and what the launch saw.
+
+    sacct decides: a job COMPLETED is ok only with the workload's result; TIMEOUT is Slurm's
+    time limit; CANCELLED by someone else is a failed run that says so. The driver's own
+    timeout and a Ctrl-C cancel the job too: those keep their status and name the job.
+
+    >>> outcome(Job("j", "5", "COMPLETED", "0:0"), "ok", "", 60)
+    ('ok', '')
+    >>> outcome(Job("j", "5", "CANCELLED", "0:15", by="0"), "failed", "n0: exit 1: x", 60)
+    ('failed', 'Slurm job 5 was cancelled (scancel by uid 0); n0: exit 1: x')
+    >>> outcome(Job("j", "5", "CANCELLED", "0:15", by="0"), "timeout", "timed out after 60 s", 60)
+    ('timeout', 'timed out after 60 s; Slurm job 5 cancelled')
+    >>> outcome(Job("j", "5", "TIMEOUT", "0:0"), "failed", "n0: exit 1", 60)
+    ('timeout', 'Slurm job 5 passed its time limit (2 min); n0: exit 1')
+    >>> outcome(Job("j", "5", "FAILED", "1:0"), "failed", "n0: exit 1: RuntimeError: boom", 60)
+    ('failed', 'Slurm job 5 FAILED (exit 1:0); n0: exit 1: RuntimeError: boom')
+    >>> outcome(Job("j"), "failed", "ssh: connect refused", 60)
+    ('failed', 'ssh: connect refused; sacct has no record of job j')
+    >>> outcome(Job("j", "5", "RUNNING", "0:0"), "ok", "", 60)  # slurmdbd behind: launch stands
+    ('ok', '')
+    """
+    ident = f"Slurm job {job.job_id}" if job.job_id else f"Slurm job {job.name}"
+    if status in ("timeout", "interrupted"):
+        return status, f"{error}; {ident} cancelled" if job.job_id else error
+    if job.state not in FINAL:  # never listed, or slurmdbd still behind after the wait
+        note = (f"sacct has no record of job {job.name}" if not job.state else
+                f"sacct still listed {ident} as {job.state} after {SACCT_WAIT_S:g} s")
+        return ("failed", f"{error}; {note}" if error else note) if status != "ok" else \
+            ("ok", "")
+    if job.state == "COMPLETED":
+        return status, error
+    if job.state == "TIMEOUT":
+        why = f"{ident} passed its time limit ({time_limit_min(timeout_s)} min)"
+        return "timeout", f"{why}; {error}" if error else why
+    if job.state == "CANCELLED":
+        who = f" by uid {job.by}" if job.by else ""
+        why = f"{ident} was cancelled (scancel{who})"
+    else:
+        why = f"{ident} {job.state} (exit {job.exit_code})"
+    return "failed", f"{why}; {error}" if error and status != "ok" else why
