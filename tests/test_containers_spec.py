@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from scalelab.cluster.nodes import Node
-from scalelab.run import containers, driver, launch
+from scalelab.run import commands, containers, driver, launch
 
 IMAGE = containers.Spec("scalelab/train:0123456789abcdef", "sha256:" + "1" * 64)
 PY = "/opt/scalelab/venv/bin/python"
@@ -76,7 +76,7 @@ def test_gpus_rdma_and_data_together():
 # ---- the launcher: the run's device and fabric decide the Spec, its params the data bind
 
 def _launched(monkeypatch, device: str, fabric: str, data: str) -> list[list[str]]:
-    seen: list[launch.RankCommand] = []
+    seen: list[commands.RankCommand] = []
 
     def fake_run(cmds, rt, **kw):
         seen.extend(cmds)
@@ -92,7 +92,7 @@ def _launched(monkeypatch, device: str, fabric: str, data: str) -> list[list[str
               "warmup": 1, "engine": "ddp", "image_size": None, "data": data,
               "device": device, "fabric": fabric, "procs_per_node": 1}
     run = SimpleNamespace(run_id="r", kind="train", params=params)
-    starter.run(run, "ddp", nodes, "bench/workloads/resnet.py", launch.workload_args(params),
+    starter.run(run, "ddp", nodes, "bench/workloads/resnet.py", commands.workload_args(params),
                 29500, 60.0, None, None)
     assert seen and all(c.container is not None for c in seen)
     return [_flags(containers.docker_argv(c.container, c.argv, sorted(c.env), "ab12@n1", i,

@@ -20,7 +20,7 @@ from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.base import Runtime
 from scalelab.cluster.targets.local import runtime_paths
 from scalelab.core.errors import InputError
-from scalelab.run import launch
+from scalelab.run import commands, launch
 from scalelab.sweep import spec as sweepfile
 
 CUDA_TORCH = {"version": "2.13.0+cu128", "cuda": "12.8", "cuda_available": True, "devices": 8,
@@ -111,7 +111,7 @@ def test_a_shaped_launch_keeps_nccl_gloo_and_horovod_on_each_nodes_shaped_interf
     given each node's own interface, never RDMA, and NCCL logs its transport."""
     nodes = [gpu_node(0, iface="ens5", rdma=IB), gpu_node(1, iface="enp1s0", rdma=IB)]
     rt = Runtime("/v/bin/python", "/w", "/kh")
-    name, cmds = launch.rank_commands(engine, nodes, 8, "resnet.py", [], rt, 29500,
+    name, cmds = commands.rank_commands(engine, nodes, 8, "resnet.py", [], rt, 29500,
                                       fabric="tcp", device="cuda")
     for cmd in cmds:
         assert cmd.env["NCCL_IB_DISABLE"] == "1" and cmd.env["NCCL_NET"] == "Socket"
@@ -124,7 +124,7 @@ def test_a_shaped_launch_keeps_nccl_gloo_and_horovod_on_each_nodes_shaped_interf
     else:
         assert [c.env["NCCL_SOCKET_IFNAME"] for c in cmds] == ["ens5", "enp1s0"]
         assert [c.env["GLOO_SOCKET_IFNAME"] for c in cmds] == ["ens5", "enp1s0"]
-    _, rdma = launch.rank_commands(engine, nodes, 8, "resnet.py", [], rt, 29500,
+    _, rdma = commands.rank_commands(engine, nodes, 8, "resnet.py", [], rt, 29500,
                                    fabric="rdma", device="cuda")
     assert all(c.env["NCCL_IB_DISABLE"] == "0" and "NCCL_NET" not in c.env for c in rdma)
 

@@ -28,6 +28,7 @@ from faults.faultlib import FAKE_SECRETS
 
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
+from scalelab.run import reap
 
 MODULES = ROOT / "terraform"
 OPEN = ("0.0.0.0/0", "::/0")
@@ -191,10 +192,9 @@ def test_key_and_state_files_are_private(secret_run):
 
 
 def test_inflight_note_is_private(tmp_path):
-    from scalelab.run import launch
 
     path = tmp_path / ".inflight.json"
-    launch.save_inflight(path, [{"node": {"name": "a"}, "pgid": 4242, "token": "ab"}])
+    reap.save_inflight(path, [{"node": {"name": "a"}, "pgid": 4242, "token": "ab"}])
     assert mode(path) == 0o600
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from scalelab.run import reap
+
 ROOT = Path(__file__).resolve().parents[1]
 WARM = ROOT / "bench" / "workloads" / "warm.py"
 
@@ -213,7 +215,6 @@ def test_a_forked_rank_left_alone_is_reaped_by_its_launch_token(rank_script, tmp
     """Server dead, client killed, the rank holding the GIL (its own watch cannot run): the
     launch's reaper still finds it by its token, although its environ is the server's. (A
     stopped rank would not do: when the server dies its orphaned group gets SIGHUP.)"""
-    from scalelab.run import launch
 
     name = f"scalelab-warm-test-{secrets.token_hex(4)}"
     token, node = secrets.token_hex(8), "warmtest"
@@ -224,9 +225,9 @@ def test_a_forked_rank_left_alone_is_reaped_by_its_launch_token(rank_script, tmp
         assert proc.stdout.readline().startswith("SCALELAB_WARM ready")
         pidfile = tmp_path / "pid"
         c = client(name, rank_script, "spin", str(pidfile),
-                   env={launch.TOKEN_VAR: launch.token_mark(token, node)})
+                   env={reap.TOKEN_VAR: reap.token_mark(token, node)})
         rank = _started(pidfile)
-        assert launch.token_mark(token, node) not in Path(f"/proc/{rank}/environ").read_text()
+        assert reap.token_mark(token, node) not in Path(f"/proc/{rank}/environ").read_text()
         # a group of its own: ending the rank's group must not end the server and its others
         assert os.getpgid(rank) == rank != os.getpgid(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
@@ -234,7 +235,7 @@ def test_a_forked_rank_left_alone_is_reaped_by_its_launch_token(rank_script, tmp
         c.kill()
         c.wait(timeout=10)
         assert not _gone(rank, 1.0), "nothing was left to reap"
-        done = subprocess.run(["sh", "-c", launch.reap_line(None, token, 1.0, node)],
+        done = subprocess.run(["sh", "-c", reap.reap_line(None, token, 1.0, node)],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert _gone(rank, 10), "the reaper did not find the forked rank by its token"

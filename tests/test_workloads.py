@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch  # (pinned in the venv: a missing or broken torch fails, never skips)
 
+from scalelab.run import commands
+
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = REPO / "bench" / "workloads"
 PY = sys.executable
@@ -574,23 +576,22 @@ def test_resolve_device_gives_each_local_rank_its_own_gpu(monkeypatch):
 # ------------------------------------------------------------------------------ communication settings
 
 def test_comm_settings_reach_resnet_args_and_horovods_environment():
-    from scalelab.run import launch
 
     ddp = {"model": "resnet20", "batch_size": 32, "precision": "fp32", "steps": 2, "warmup": 1,
            "engine": "ddp", "image_size": None, "data": "synthetic", "bucket_cap_mb": 50.0,
            "fusion_threshold_mb": None, "cycle_time_ms": None, "compression": "fp16"}
-    argv = launch.workload_args(ddp)
+    argv = commands.workload_args(ddp)
     assert argv[-4:] == ["--bucket-cap-mb", "50", "--compression", "fp16"]
     resnet = load_workload("resnet")
     a = resnet.parse_args(argv)
     assert (a.bucket_cap_mb, a.compression) == (50.0, "fp16")
     # at the defaults the command is what it was before the axes
     default = {**ddp, "bucket_cap_mb": 25.0, "compression": "none"}
-    assert not any(x.startswith(("--bucket", "--compression")) for x in launch.workload_args(default))
+    assert not any(x.startswith(("--bucket", "--compression")) for x in commands.workload_args(default))
 
     hvd = {**ddp, "engine": "horovod", "bucket_cap_mb": None, "fusion_threshold_mb": 64.0,
            "cycle_time_ms": 5.0, "compression": "none"}
-    argv = launch.workload_args(hvd)
+    argv = commands.workload_args(hvd)
     a = resnet.parse_args(argv)
     env: dict[str, str] = {}
     used = resnet.horovod_env(a.fusion_threshold_mb, a.cycle_time_ms, env)

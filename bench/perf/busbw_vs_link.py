@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scalelab.run import commands
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from scalelab.cluster.targets.local import LocalCluster  # noqa: E402
@@ -40,7 +42,7 @@ def main() -> None:
         link = driver.measure_link(nodes, rt, 29600, seconds=2.0)
         args = ["--min-bytes", str(1 << 20), "--max-bytes", a.max_bytes, "--factor", "4",
                 "--iters", "5", "--warmup", "2"]
-        res = launch.run(launch.torchrun_commands(nodes, 1, "allreduce.py", args, rt, 29610),
+        res = launch.run(commands.torchrun_commands(nodes, 1, "allreduce.py", args, rt, 29610),
                          rt, timeout_s=600)
         if res.status != "ok":
             raise SystemExit(f"allreduce failed: {res.error}")

@@ -163,7 +163,7 @@ def _watch(conn: socket.socket) -> None:
 def comm_of(mark: str) -> str:
     """The name (/proc/PID/comm, 15 bytes at most) a forked rank of launch mark takes: its
     /proc/PID/environ still shows the server's environment, so the launch's reaper finds it
-    by this name too (scalelab.run.launch.reap_line computes the same).
+    by this name too (scalelab.run.reap.reap_line computes the same).
 
     >>> comm_of("ab12@lab-n1")
     'sl2784d3eb1e09b'

@@ -8,7 +8,7 @@ in read-only at the same place; GPUs passed through where the run trains on them
 RDMA devices where its fabric is InfiniBand.
 
 A container carries its launch's token twice: as the label org.scalelab.run.launch, by which a
-reaper removes it (scalelab.run.launch.reap_line), and as SCALELAB_LAUNCH in its environment, like
+reaper removes it (scalelab.run.reap.reap_line), and as SCALELAB_LAUNCH in its environment, like
 every host rank. Its name is sl-<token>-<node>-<index>, unique per launch.
 """
 

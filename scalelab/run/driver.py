@@ -38,7 +38,7 @@ from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.core.units import format_rate
 from scalelab.model import fabric
 from scalelab.results import store
-from scalelab.run import launch
+from scalelab.run import commands, launch, reap
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool
@@ -268,14 +268,14 @@ class Launcher:
             spec = dataclasses.replace(self.container, gpus=device == "cuda",
                                        rdma=fabric == "rdma")
             inside = launch.Runtime(image.PYTHON, image.PREFIX, self.rt.known_hosts)
-            name, cmds = launch.rank_commands(engine, nodes, ppn, script, args, inside, port,
+            name, cmds = commands.rank_commands(engine, nodes, ppn, script, args, inside, port,
                                               shared_host=self.emulated, fabric=fabric,
                                               device=device, in_container=True)
             cmds = [dataclasses.replace(c, container=spec) for c in cmds]
             return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
                                     inflight=inflight), None
         if self.kind != "slurm":
-            name, cmds = launch.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
+            name, cmds = commands.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
                                               shared_host=self.emulated, warm=self.warm,
                                               fabric=fabric, device=device)
             return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
@@ -381,9 +381,9 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             port = BASE_PORT + (os.getpid() * 7 + k) % 400
             if run.kind == "allreduce":
                 script, args, engine = ("allreduce.py",
-                                        launch.allreduce_args(p, run.allreduce_sizes), "ddp")
+                                        commands.allreduce_args(p, run.allreduce_sizes), "ddp")
             else:
-                script, args, engine = ("resnet.py", launch.workload_args(p, profile),
+                script, args, engine = ("resnet.py", commands.workload_args(p, profile),
                                         p["engine"])
             started = utcnow()
             interrupted = False
@@ -702,7 +702,7 @@ def end_abandoned(reports_root: Path, cluster: str) -> int:
             continue
         try:
             with store.hold_sweep(sweep_dir):  # a live driver holds its own: left alone
-                ended += launch.reap_inflight(marker, rec["known_hosts"], retry_s=5.0)
+                ended += reap.reap_inflight(marker, rec["known_hosts"], retry_s=5.0)
         except store.StoreError:
             continue
     return ended
@@ -734,8 +734,8 @@ def resume(sweep_dir: Path, prep: Prepared,
         with store.hold_sweep(sweep_dir):  # a second resume of the same sweep fails here
             store.compact(sweep_dir)
             rec = load_cluster(prep.cluster)
-            reaped = (launch.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
-                      + launch.reap_inflight(sweep_dir / WARM, rec["known_hosts"]))
+            reaped = (reap.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
+                      + reap.reap_inflight(sweep_dir / WARM, rec["known_hosts"]))
         if reaped:
             log.warning("ended %d process groups left by the interrupted driver", reaped)
         if prep.runs and prep.spec.launcher != "slurm":

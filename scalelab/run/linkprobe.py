@@ -30,7 +30,7 @@ from typing import Any
 
 from scalelab.cluster.nodes import Node
 from scalelab.core.errors import InputError, ScalelabError
-from scalelab.run import launch
+from scalelab.run import commands, launch
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ SERVER, CLIENT = 0, 1  # positions in the command list; launch keeps outcomes in
 
 def probe_commands(server: Node, client: Node, port: int, seconds: float,
                    ready_timeout_s: float = READY_TIMEOUT_S,
-                   streams: int = 1) -> list[launch.RankCommand]:
+                   streams: int = 1) -> list[commands.RankCommand]:
     """The server and client commands of one measurement, server first.
 
     >>> a = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local")
@@ -229,9 +229,9 @@ def probe_commands(server: Node, client: Node, port: int, seconds: float,
     True
     """
     return [
-        launch.RankCommand(server, server_argv(server.private_address, port,
+        commands.RankCommand(server, server_argv(server.private_address, port,
                                                ready_timeout_s + SERVER_SLACK_S)),
-        launch.RankCommand(client, ["sh", "-c", client_line(server.private_address, port,
+        commands.RankCommand(client, ["sh", "-c", client_line(server.private_address, port,
                                                              seconds, ready_timeout_s,
                                                              streams)]),
     ]

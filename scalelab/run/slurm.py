@@ -31,8 +31,8 @@ from scalelab.cluster.nodes import Node
 from scalelab.cluster.slurmctl import login_run
 from scalelab.cluster.targets.interface import Runtime
 from scalelab.core.errors import ClusterError, ScalelabError
-from scalelab.run import launch
-from scalelab.run.launch import JOB_NAME, cancel_line
+from scalelab.run import commands, launch
+from scalelab.run.reap import JOB_NAME, cancel_line
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ _RANK_ENV = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK=
 def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: int,
                   script: str, args: list[str], rt: Runtime, port: int, name: str,
                   partition: str | None, timeout_s: float,
-                  gpus_per_node: int = 0) -> list[launch.RankCommand]:
+                  gpus_per_node: int = 0) -> list[commands.RankCommand]:
     """The one command a run is on the login host: srun (DDP, the allreduce probe) or salloc
     around horovodrun (Horovod).
 
@@ -139,8 +139,8 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
     >>> hv.argv[0], "--ntasks-per-node" in hv.argv, "horovodrun" in hv.argv[-1]
     ('salloc', False, True)
     """
-    script_path = f"{rt.workdir}/{launch.WORKLOADS}/{script}"
-    env = launch.rank_env(nodes[0], procs_per_node, ifaces=[n.iface for n in nodes])
+    script_path = f"{rt.workdir}/{commands.WORKLOADS}/{script}"
+    env = commands.rank_env(nodes[0], procs_per_node, ifaces=[n.iface for n in nodes])
     cancel = cancel_line(name)
     if engine == "horovod":
         bindir = rt.python.rsplit("/", 1)[0]
@@ -159,17 +159,17 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
         argv = ["salloc", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
                                          gpus_per_node, tasks=False),
                 "srun", "--nodes", "1", "--ntasks", "1", "sh", "-c", inner]
-        return [launch.RankCommand(login, argv, env, cancel=cancel)]
+        return [commands.RankCommand(login, argv, env, cancel=cancel)]
     env["MASTER_PORT"] = str(port)
     argv = ["srun", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
                                    gpus_per_node),
             "--kill-on-bad-exit=1", "sh", "-c", _RANK_ENV, "sh", rt.python, script_path, *args]
-    return [launch.RankCommand(login, argv, env, cancel=cancel)]
+    return [commands.RankCommand(login, argv, env, cancel=cancel)]
 
 
 def link_probe_command(server: Node, client: Node, login: Node, port: int, seconds: float,
                        name: str, partition: str | None,
-                       streams: int = 1) -> launch.RankCommand:
+                       streams: int = 1) -> commands.RankCommand:
     """iperf3 between two nodes inside one allocation: the server on `server`, the client on
     `client`; stdout carries only the client's JSON document.
 
@@ -191,7 +191,7 @@ def link_probe_command(server: Node, client: Node, login: Node, port: int, secon
     timeout_s = linkprobe.READY_TIMEOUT_S + linkprobe.iperf_seconds(seconds) + \
         linkprobe.LAUNCH_SLACK_S
     argv = ["srun", *alloc_options(name, nodes, 1, partition, timeout_s), "sh", "-c", inner]
-    return launch.RankCommand(login, argv, {}, cancel=cancel_line(name))
+    return commands.RankCommand(login, argv, {}, cancel=cancel_line(name))
 
 
 def measure_link(nodes: list[Node], login: Node, known_hosts: str, port: int, token: str,

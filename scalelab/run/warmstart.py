@@ -1,7 +1,7 @@
 """Warm-start servers for a sweep on nodes that share one host's cores (the local target).
 
 One `bench/workloads/warm.py serve` per node imports torch once per sweep; every run's ranks
-are then forked from it (launch.direct_commands with warm=...), each a new process with a new
+are then forked from it (commands.direct_commands with warm=...), each a new process with a new
 model and process group. The servers are a launch like any run's: a process group per node
 found by its token, listed in the sweep's .warm.json while they live, so that a driver killed
 with SIGKILL leaves them to `--resume` (or destroy) to end.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.interface import Runtime
-from scalelab.run import launch
+from scalelab.run import commands, launch, reap
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ class WarmPool:
         self.marker = marker
         self.known_hosts = rt.known_hosts
         self.launch = launch.Launch(
-            [launch.RankCommand(n, [rt.python, f"{rt.workdir}/{launch.WORKLOADS}/warm.py",
-                                    "serve", self.name], launch.rank_env(n, 1))
+            [commands.RankCommand(n, [rt.python, f"{rt.workdir}/{commands.WORKLOADS}/warm.py",
+                                    "serve", self.name], commands.rank_env(n, 1))
              for n in nodes], rt)
 
     def start(self, timeout_s: float = 120.0, stop: threading.Event | None = None) -> bool:
@@ -47,13 +47,13 @@ class WarmPool:
         """
         t0 = time.monotonic()
         # servers an earlier driver listed and could not end stay listed until ended
-        self.launch.pending = launch.end_leftovers(self.marker, self.known_hosts)
+        self.launch.pending = reap.end_leftovers(self.marker, self.known_hosts)
         self.launch.start(self.marker)
         n = len(self.launch.commands)
         while time.monotonic() - t0 < timeout_s and not (stop is not None and stop.is_set()):
             up = [READY in self.launch.printed(i) for i in range(n)]
             if all(up):
-                launch.save_inflight(self.marker, self.launch.entries())  # with the group ids
+                reap.save_inflight(self.marker, self.launch.entries())  # with the group ids
                 log.info("warm-start servers up on %d nodes in %.1f s", n, time.monotonic() - t0)
                 return True
             if any(c is not None for c in self.launch.exited()):
@@ -70,6 +70,6 @@ class WarmPool:
         """End every server (TERM, then KILL, by process group) and forget them."""
         self.launch.reap()
         try:
-            launch.save_inflight(self.marker, self.launch.pending)
-        except launch.LaunchError as exc:
+            reap.save_inflight(self.marker, self.launch.pending)
+        except reap.LaunchError as exc:
             log.warning("%s", exc)

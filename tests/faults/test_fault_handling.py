@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import fill, needs_root, needs_sshd, running, tiny_fs, wait_until
 
-from scalelab.run import driver, launch
+from scalelab.run import driver, launch, reap
 
 DATA = Path(__file__).parent / "data"
 
@@ -25,7 +25,7 @@ DATA = Path(__file__).parent / "data"
 def _group(token: str) -> subprocess.Popen:
     """A process group like a rank's: a shell leader and a child, with the launch token;
     returned once the child runs."""
-    env = {**os.environ, launch.TOKEN_VAR: token} if token else dict(os.environ)
+    env = {**os.environ, reap.TOKEN_VAR: token} if token else dict(os.environ)
     proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], env=env, start_new_session=True)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
     wait_until(lambda: children.read_text().strip(), 10, "the shell's child")
@@ -48,7 +48,7 @@ def _alive(pgid: int) -> bool:
 def test_reap_line_ends_a_group_only_if_it_carries_the_token(given, ended):
     proc = _group("ab12")
     try:
-        out = subprocess.run(["sh", "-c", launch.reap_line(proc.pid, given, 1.0)],
+        out = subprocess.run(["sh", "-c", reap.reap_line(proc.pid, given, 1.0)],
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         if ended:
@@ -64,14 +64,14 @@ def test_reap_line_of_a_group_that_is_gone_exits_zero():
     proc = _group("ab12")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=5)
-    out = subprocess.run(["sh", "-c", launch.reap_line(proc.pid, "ab12", 0.5)],
+    out = subprocess.run(["sh", "-c", reap.reap_line(proc.pid, "ab12", 0.5)],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stderr == ""
 
 
 def test_a_bad_token_never_reaches_the_shell():
-    with pytest.raises(launch.LaunchError):
-        launch.reap_line(42, "ab'; rm -rf /; '")
+    with pytest.raises(reap.LaunchError):
+        reap.reap_line(42, "ab'; rm -rf /; '")
 
 
 # ------------------------------------------------------------------ failures explained
@@ -125,11 +125,11 @@ def test_a_full_disk_while_noting_process_groups_is_a_clear_error(tmp_path):
         sweep.mkdir()
         fill(fs)
         path = sweep / ".inflight.json"
-        with pytest.raises(launch.LaunchError, match=r"cannot write .*\.inflight\.json \(No "
+        with pytest.raises(reap.LaunchError, match=r"cannot write .*\.inflight\.json \(No "
                            r"space left on device\); the run in flight was stopped and not "
                            r"recorded; free space, then resume the sweep \(invoke bench "
                            r"--resume 20261121-000000-ab12\)"):
-            launch.save_inflight(path, [{"node": {}, "pgid": 1}])
+            reap.save_inflight(path, [{"node": {}, "pgid": 1}])
         assert [p.name for p in sweep.iterdir()] == []  # no partial file left
 
 
@@ -147,9 +147,9 @@ def test_unreachable_groups_stay_noted_and_reachable_ones_end(fcluster, tmp_path
     (a,) = lc.nodes()
     kh = str(lc.known_hosts)
     token = "ab12"
-    mark = launch.token_mark(token, a.name)
+    mark = reap.token_mark(token, a.name)
     # setsid without a fork (the shell's background child leads no group): $! is the pgid
-    pgid = int(ssh.run(a, kh, f"env {launch.TOKEN_VAR}={mark} setsid sleep 120 "
+    pgid = int(ssh.run(a, kh, f"env {reap.TOKEN_VAR}={mark} setsid sleep 120 "
                               ">/dev/null 2>&1 </dev/null & echo $!", timeout=30).stdout)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -159,7 +159,7 @@ def test_unreachable_groups_stay_noted_and_reachable_ones_end(fcluster, tmp_path
     path.write_text(json.dumps([{"node": a.to_dict(), "pgid": pgid, "token": token},
                                 {"node": gone.to_dict(), "pgid": 4242, "token": token}]))
     try:
-        assert launch.reap_inflight(path, kh, retry_s=1.0) == 2
+        assert reap.reap_inflight(path, kh, retry_s=1.0) == 2
         assert [e["node"]["name"] for e in json.loads(path.read_text())] == ["gone"]
 
         assert not running(pgid)  # the nodes share the host's pid space

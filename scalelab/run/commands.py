@@ -1,0 +1,295 @@
+"""What a run's ranks run: the workload's arguments, each rank's environment, the launcher
+(torchrun, horovodrun, hvdrank in containers, or the ranks directly) and the shell line sent
+over SSH, which starts a new session carrying the launch's token."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from scalelab.cluster.nodes import Node
+from scalelab.cluster.targets.interface import Runtime
+from scalelab.run.reap import TOKEN_VAR
+from scalelab.sweep.planner import starts_directly
+
+WORKLOADS = "bench/workloads"
+
+
+@dataclass
+class RankCommand:
+    node: Node
+    argv: list[str]  # what runs on the node
+    env: dict[str, str] = field(default_factory=dict)
+    # a shell line that ends, on the same node, what the command started elsewhere (a
+    # launcher's own work: a Slurm job); run before the command's process group is ended
+    cancel: str = ""
+    # a scalelab.run.containers.Spec: the command runs in a container of the training image
+    container: Any = None
+
+
+def workload_args(params: dict[str, Any], profile: str | None = None) -> list[str]:
+    """Command-line of bench/workloads/resnet.py for a run's params.
+
+    >>> workload_args({"model": "resnet20", "batch_size": 32, "precision": "fp32",
+    ...                "steps": 10, "warmup": 2, "engine": "ddp", "image_size": None,
+    ...                "data": "synthetic"})
+    ['--model', 'resnet20', '--batch-size', '32', '--precision', 'fp32', '--steps', '10', '--warmup', '2', '--engine', 'ddp', '--data', 'synthetic']
+    """
+    args = ["--model", str(params["model"]), "--batch-size", str(params["batch_size"]),
+            "--precision", str(params["precision"]), "--steps", str(params["steps"]),
+            "--warmup", str(params["warmup"]), "--engine", str(params["engine"])]
+    if params.get("image_size"):
+        args += ["--image-size", str(params["image_size"])]
+    args += ["--data", str(params.get("data") or "synthetic")]
+    if params.get("device") and not params.get("accelerator"):
+        args += ["--device", str(params["device"])]  # never auto: resolved from the facts
+    if params.get("channels_last"):
+        args += ["--channels-last"]
+    if params.get("data") not in (None, "synthetic") and params.get("loader_workers") is not None:
+        args += ["--workers", str(params["loader_workers"]),
+                 "--pin-memory", str(params.get("pin_memory") or "auto")]
+    if profile:
+        args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
+    return args + comm_args(params)
+
+
+def comm_args(params: dict[str, Any]) -> list[str]:
+    """The communication settings of a run's params as resnet.py's flags; none at the
+    engines' defaults (resnet.py's own), so the command of a default run is as before.
+    Horovod's two settings reach Horovod as HOROVOD_FUSION_THRESHOLD (bytes) and
+    HOROVOD_CYCLE_TIME, which resnet.py sets in its own environment before hvd.init(): that
+    way they reach every rank under every launcher (horovodrun, hvdrank, Slurm, containers),
+    whose ways of forwarding an environment differ.
+
+    >>> comm_args({"engine": "ddp", "bucket_cap_mb": 50.0, "compression": "fp16"})
+    ['--bucket-cap-mb', '50', '--compression', 'fp16']
+    >>> comm_args({"engine": "horovod", "fusion_threshold_mb": 64.0, "cycle_time_ms": 1.0})
+    ['--fusion-threshold-mb', '64']
+    >>> comm_args({"engine": "ddp", "bucket_cap_mb": 25.0, "compression": "none"})
+    []
+    """
+    from scalelab.model.comm import COMM_DEFAULTS, COMM_KEYS
+
+    args: list[str] = []
+    for key in COMM_KEYS:
+        value = params.get(key)
+        if value is None or value == COMM_DEFAULTS[key]:
+            continue
+        text = value if isinstance(value, str) else f"{float(value):g}"
+        args += [f"--{key.replace('_', '-')}", text]
+    return args
+
+
+def allreduce_args(params: dict[str, Any], sizes: tuple[int, ...]) -> list[str]:
+    """Command-line of bench/workloads/allreduce.py for a probe over the given sizes.
+
+    >>> allreduce_args({"steps": 10, "warmup": 2}, (4096, 65536, 1048576))
+    ['--min-bytes', '4096', '--max-bytes', '1048576', '--factor', '16', '--iters', '10', '--warmup', '2']
+    """
+    sizes = tuple(sorted(sizes)) or (1 << 20,)
+    factor = sizes[1] // sizes[0] if len(sizes) > 1 else 2
+    args = ["--min-bytes", str(sizes[0]), "--max-bytes", str(sizes[-1]), "--factor",
+            str(max(2, factor)), "--iters", str(params.get("steps") or 10), "--warmup",
+            str(params.get("warmup") or 2)]
+    if params.get("accelerator") and params.get("dilation"):
+        args += ["--dilation", f"{float(params['dilation']):g}"]  # in the emulated device's time
+    elif params.get("device"):
+        args += ["--device", str(params["device"])]  # the train runs' device: NCCL on GPUs
+    return args
+
+
+def threads_per_rank(node: Node, procs_per_node: int) -> int:
+    """CPU threads each rank may use: the node's cores (configure's facts; the CPU share on
+    the local target) split between its ranks.
+
+    >>> n = Node("a", "x", "x", "head", "local", cpus=1.0)
+    >>> threads_per_rank(n, 1), threads_per_rank(n, 4)
+    (1, 1)
+    >>> threads_per_rank(Node("b", "x", "x", "head", "static", cpus=32.0), 4)
+    8
+    """
+    cpus = node.cpus or 1.0
+    return max(1, int(cpus // procs_per_node))
+
+
+def rank_env(node: Node, procs_per_node: int, fabric: str = "tcp", device: str = "cpu",
+             ifaces: list[str] | None = None) -> dict[str, str]:
+    """The environment of the ranks a command starts on node: threads, and the transport
+    settings of scalelab.cluster.gpu.fabric_env. ifaces: the cluster interfaces of every node the
+    environment reaches (horovodrun and Slurm hand one environment to all ranks); default the
+    node's own.
+
+    >>> n = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "static", cpus=8.0, iface="ens5")
+    >>> e = rank_env(n, 2, "tcp", "cuda")
+    >>> e["OMP_NUM_THREADS"], e["NCCL_SOCKET_IFNAME"], e["NCCL_IB_DISABLE"], e["NCCL_DEBUG"]
+    ('4', 'ens5', '1', 'INFO')
+    """
+    from scalelab.cluster import gpu
+
+    env = {"OMP_NUM_THREADS": str(threads_per_rank(node, procs_per_node)),
+           "PYTHONUNBUFFERED": "1"}
+    # gloo and NCCL pick the first interface otherwise; inside a netns that may be wrong, and
+    # on a host with RDMA, NCCL would leave the shaped interface for it
+    env.update(gpu.fabric_env(fabric, device, ifaces if ifaces is not None else [node.iface]))
+    return env
+
+
+def torchrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
+                      rt: Runtime, port: int, fabric: str = "tcp",
+                      device: str = "cpu") -> list[RankCommand]:
+    """One torchrun per node with a static rendezvous at the head's cluster address.
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> cmds = torchrun_commands(ns, 1, "resnet.py", ["--steps", "5"], rt, 29500)
+    >>> " ".join(cmds[1].argv)
+    '/v/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank 1 --master-addr 10.0.0.10 --master-port 29500 /w/bench/workloads/resnet.py --steps 5'
+    """
+    head = nodes[0].private_address
+    out = []
+    for i, n in enumerate(nodes):
+        argv = [rt.python, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)),
+                "--nproc-per-node", str(procs_per_node), "--node-rank", str(i),
+                "--master-addr", head, "--master-port", str(port),
+                f"{rt.workdir}/{WORKLOADS}/{script}", *args]
+        out.append(RankCommand(n, argv, rank_env(n, procs_per_node, fabric, device)))
+    return out
+
+
+def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime,
+                    port: int, warm: str | None = None, fabric: str = "tcp",
+                    device: str = "cpu") -> list[RankCommand]:
+    """One rank per node started directly, with torchrun's static rendezvous in its environment.
+
+    For nodes that share one host's cores (the local target): torchrun's agent imports torch
+    as the rank does, which on a 2-core host running 8 nodes doubles the start-up of every run,
+    and an agent buys nothing for a static group of one process per node. The rank's
+    rendezvous is the same c10d store at the head (rank 0 serves it instead of the agent).
+    warm: the name of the node's warm-start server (scalelab.run.warmstart): the rank is then
+    forked from it, with torch already imported.
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> cmd = direct_commands(ns, "resnet.py", ["--steps", "5"], rt, 29500)[1]
+    >>> " ".join(cmd.argv)
+    '/v/bin/python /w/bench/workloads/resnet.py --steps 5'
+    >>> {k: cmd.env[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    {'RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '10.0.0.10', 'MASTER_PORT': '29500'}
+    >>> " ".join(direct_commands(ns, "resnet.py", [], rt, 29500, warm="w1")[0].argv)
+    '/v/bin/python /w/bench/workloads/warm.py run w1 -- /w/bench/workloads/resnet.py'
+    """
+    head = nodes[0].private_address
+    out = []
+    for i, n in enumerate(nodes):
+        env = rank_env(n, 1, fabric, device)
+        env.update({"RANK": str(i), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0",
+                    "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(i), "MASTER_ADDR": head,
+                    "MASTER_PORT": str(port)})
+        argv = [f"{rt.workdir}/{WORKLOADS}/{script}", *args]
+        if warm:
+            argv = [f"{rt.workdir}/{WORKLOADS}/warm.py", "run", warm, "--", *argv]
+        out.append(RankCommand(n, [rt.python, *argv], env))
+    return out
+
+
+def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: str,
+                  args: list[str], rt: Runtime, port: int, shared_host: bool = False,
+                  warm: str | None = None, fabric: str = "tcp",
+                  device: str = "cpu", in_container: bool = False) -> tuple[str, list[RankCommand]]:
+    """The launcher for a run and its commands: horovodrun for Horovod (hvdrank.py per node
+    where the ranks run in containers); for DDP and the allreduce probe torchrun, or, where
+    the nodes share one host's cores and run one process each, the ranks directly
+    (direct_commands says why), forked from the warm-start server when there is one."""
+    if engine == "horovod" and in_container:
+        return "hvdrank", horovod_node_commands(nodes, procs_per_node, script, args, rt, port,
+                                                fabric, device)
+    if engine == "horovod":
+        return "horovodrun", horovodrun_commands(nodes, procs_per_node, script, args, rt, port,
+                                                 fabric, device)
+    if starts_directly(engine, procs_per_node, shared_host):
+        return ("warm" if warm else "direct"), direct_commands(nodes, script, args, rt, port,
+                                                               warm, fabric, device)
+    return "torchrun", torchrun_commands(nodes, procs_per_node, script, args, rt, port, fabric,
+                                         device)
+
+
+def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
+                        rt: Runtime, port: int, fabric: str = "tcp",
+                        device: str = "cpu") -> list[RankCommand]:
+    """horovodrun on the head node; it starts the other ranks itself over SSH (gloo).
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> " ".join(horovodrun_commands(ns, 1, "resnet.py", [], rt, 29500)[0].argv)
+    '/v/bin/horovodrun --gloo -np 2 -H 10.0.0.10:1,10.0.0.11:1 --network-interfaces eth0 --gloo-timeout-seconds 60 /v/bin/python /w/bench/workloads/resnet.py'
+    """
+    hosts = ",".join(f"{n.private_address}:{procs_per_node}" for n in nodes)
+    bindir = rt.python.rsplit("/", 1)[0]
+    argv = [f"{bindir}/horovodrun", "--gloo", "-np", str(len(nodes) * procs_per_node),
+            "-H", hosts]
+    ifaces = list(dict.fromkeys(n.iface for n in nodes if n.iface))
+    if ifaces and len(nodes) > 1:
+        # one node: horovodrun runs everything over loopback and refuses a named interface;
+        # several: every node's own name, since its ranks all get this one environment
+        argv += ["--network-interfaces", ",".join(ifaces)]
+    argv += ["--gloo-timeout-seconds", "60", rt.python, f"{rt.workdir}/{WORKLOADS}/{script}",
+             *args]
+    env = rank_env(nodes[0], procs_per_node, fabric, device, [n.iface for n in nodes])
+    env["PATH"] = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return [RankCommand(nodes[0], argv, env)]
+
+
+def horovod_node_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
+                          rt: Runtime, port: int, fabric: str = "tcp",
+                          device: str = "cpu") -> list[RankCommand]:
+    """bench/workloads/hvdrank.py on every node: Horovod's ranks without horovodrun, which
+    could reach ranks in containers only over SSH. Node 0 serves the gloo rendezvous.
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> cmd = horovod_node_commands(ns, 1, "resnet.py", ["--steps", "5"], rt, 29500)[1]
+    >>> " ".join(cmd.argv)
+    '/v/bin/python /w/bench/workloads/hvdrank.py /w/bench/workloads/resnet.py --steps 5'
+    >>> [cmd.env[k] for k in ("HOROVOD_SLOTS", "HOROVOD_NODE_INDEX",
+    ...                       "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_IFACE")]
+    ['c-n0:1,c-n1:1', '1', '10.0.0.10', 'eth0']
+    """
+    slots = ",".join(f"{n.name}:{procs_per_node}" for n in nodes)
+    out = []
+    for i, n in enumerate(nodes):
+        env = rank_env(n, procs_per_node, fabric, device)
+        env.update({"HOROVOD_SLOTS": slots, "HOROVOD_NODE_INDEX": str(i),
+                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": nodes[0].private_address,
+                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+                    "HOROVOD_GLOO_TIMEOUT_SECONDS": "60"})
+        if n.iface:
+            env["HOROVOD_GLOO_IFACE"] = n.iface
+        argv = [rt.python, f"{rt.workdir}/{WORKLOADS}/hvdrank.py",
+                f"{rt.workdir}/{WORKLOADS}/{script}", *args]
+        out.append(RankCommand(n, argv, env))
+    return out
+
+
+def remote_line(cmd: RankCommand, workdir: str) -> str:
+    """The shell line sent over SSH: a new session that reports its process-group id first.
+
+    The launch token goes into the environment before the session starts, so every process
+    of the launch carries it from its first instruction: a driver killed right after the
+    launch can still find and end them by the token alone (reap_line).
+
+    >>> remote_line(RankCommand(Node("n", "a", "a", "head", "static"), ["python3", "x.py"],
+    ...             {"SCALELAB_LAUNCH": "ab12", "OMP_NUM_THREADS": "4"}), "/w")
+    "cd /w && exec env SCALELAB_LAUNCH=ab12 setsid -w sh -c 'echo SCALELAB_PGID $$ >&2; exec env OMP_NUM_THREADS=4 python3 x.py'"
+    """
+    token = cmd.env.get(TOKEN_VAR, "")
+    rest = {k: v for k, v in cmd.env.items() if k != TOKEN_VAR}
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(rest.items()))
+    inner = f"echo SCALELAB_PGID $$ >&2; exec env {env} {shlex.join(cmd.argv)}" if env else \
+        f"echo SCALELAB_PGID $$ >&2; exec {shlex.join(cmd.argv)}"
+    tag = f"env {TOKEN_VAR}={shlex.quote(token)} " if token else ""
+    return f"cd {shlex.quote(workdir)} && exec {tag}setsid -w sh -c {shlex.quote(inner)}"
