@@ -421,7 +421,7 @@ def test_bad_input(case, setup, args, message, tmp_path):
         assert part in err, err
     assert _tree(base) == before, "something was written"
     if name is not None:
-        from scalelab.cluster.targets.local import leftovers
+        from scalelab.cluster.targets.localhost import leftovers
 
         left = leftovers(name)
         assert left["netns"] == [] and left["links"] == [] and left["cgroups"] == []

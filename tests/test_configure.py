@@ -19,6 +19,7 @@ from conftest import wait_listening
 from scalelab.cluster import configure as cfg
 from scalelab.cluster import ssh
 from scalelab.cluster.configure import ConfigureError, Failure, Progress
+from scalelab.cluster.targets import localhost
 from scalelab.cluster.targets.base import Capabilities
 from scalelab.core import sh
 
@@ -320,19 +321,18 @@ def _listening(lc, i: int, port: int) -> list[str]:
 
 def _iperf_mbit(lc, server: int, client: int, seconds: int) -> float:
     """TCP throughput from node `client` to node `server`, iperf3 in their namespaces."""
-    from scalelab.cluster.targets import local
 
     addr = lc.nodes()[server].private_address
     pidfile = lc.dir / "iperf-ans.pid"
-    sh.run(["ip", "netns", "exec", local.netns_name(lc.name, server), "iperf3", "-s", "-1",
+    sh.run(["ip", "netns", "exec", localhost.netns_name(lc.name, server), "iperf3", "-s", "-1",
             "-D", "-B", addr, "--pidfile", str(pidfile)])
     try:
-        wait_listening(local.netns_name(lc.name, server), 5201)
-        out = sh.run(["ip", "netns", "exec", local.netns_name(lc.name, client), "iperf3", "-c",
+        wait_listening(localhost.netns_name(lc.name, server), 5201)
+        out = sh.run(["ip", "netns", "exec", localhost.netns_name(lc.name, client), "iperf3", "-c",
                       addr, "-t", str(seconds), "-J"], timeout=seconds + 15).stdout
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
     finally:
         if pidfile.exists():
             pid = int(pidfile.read_text().strip() or 0)
             if pid:
-                local.end_pids([pid])
+                localhost.end_pids([pid])

@@ -19,8 +19,9 @@ from faults import faultlib as fl
 
 from scalelab.cluster import image as images
 from scalelab.cluster import ssh
-from scalelab.cluster.targets import local
-from scalelab.cluster.targets.local import CpuCgroup, LocalCluster
+from scalelab.cluster.targets import localhost
+from scalelab.cluster.targets.local import LocalCluster
+from scalelab.cluster.targets.localhost import CpuCgroup
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(not (have("dockerd") and have("mmdebstrap")),
@@ -127,7 +128,7 @@ def test_ranks_run_in_the_image_on_the_shaped_link(dcluster, built, tmp_path, en
 
 def _container_rank(lc: LocalCluster, index: int) -> int | None:
     """The rank on a node that runs in a container: in a cgroup below the node's own."""
-    cg = CpuCgroup.for_node(lc.name, local.node_name(lc.name, index))
+    cg = CpuCgroup.for_node(lc.name, localhost.node_name(lc.name, index))
     inside = set(cg.subtree_pids()) - set(cg.pids())
     for pid in sorted(inside):
         argv = fl.cmdline(pid).split()
@@ -306,7 +307,7 @@ def test_destroy_leaves_no_engine_mount_or_namespace(built):
     lc.provision(1)
     try:
         _configure(lc, built[0])
-        name = local.node_name(lc.name, 0)
+        name = localhost.node_name(lc.name, 0)
         engine = [p for p in CpuCgroup.for_node(lc.name, name).subtree_pids()
                   if fl.cmdline(p).startswith(("dockerd", "/usr/sbin/dockerd", "containerd"))]
         assert engine, "no engine ran on the node"
@@ -315,8 +316,8 @@ def test_destroy_leaves_no_engine_mount_or_namespace(built):
     finally:
         subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", lc.name],
                        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    assert local.leftovers(lc.name) == {"netns": [], "links": [], "cgroups": [], "mounts": [],
+    assert localhost.leftovers(lc.name) == {"netns": [], "links": [], "cgroups": [], "mounts": [],
                                         "state": []}
-    assert not [p for p in engine if local._state(p) not in ("X", "Z")]
+    assert not [p for p in engine if localhost._state(p) not in ("X", "Z")]
     assert not data_root.exists()
     assert str(lc.dir) not in Path("/proc/mounts").read_text()

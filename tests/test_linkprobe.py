@@ -307,7 +307,7 @@ def test_measure_says_why_on_real_failures(local_cluster, monkeypatch):
     exception, and nothing left listening."""
     import subprocess as sp
 
-    from scalelab.cluster.targets.local import netns_name
+    from scalelab.cluster.targets.localhost import netns_name
 
     lc = local_cluster(2)
     a, b = lc.nodes()

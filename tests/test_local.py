@@ -14,8 +14,9 @@ import pytest
 from conftest import have, invoke, needs_root, needs_sshd, unique_name, wait_listening
 
 from scalelab.cluster import ssh
-from scalelab.cluster.targets import local
-from scalelab.cluster.targets.local import LocalCluster, leftovers
+from scalelab.cluster.targets import local, localhost
+from scalelab.cluster.targets.local import LocalCluster
+from scalelab.cluster.targets.localhost import leftovers
 from scalelab.core import sh
 from scalelab.core.errors import InputError, ProvisionError
 
@@ -42,18 +43,18 @@ def iperf_mbit(lc: LocalCluster, server: int, client: int, seconds: float = 2.0)
     """TCP throughput from node `client` to node `server`, measured with iperf3 in their netns."""
     srv_addr = lc.nodes()[server].address
     pidfile = lc.dir / "iperf.pid"
-    sh.run(["ip", "netns", "exec", local.netns_name(lc.name, server), "iperf3", "-s", "-1", "-D",
+    sh.run(["ip", "netns", "exec", localhost.netns_name(lc.name, server), "iperf3", "-s", "-1", "-D",
             "-B", srv_addr, "--pidfile", str(pidfile)])
     try:
-        wait_listening(local.netns_name(lc.name, server), 5201)
-        out = sh.run(["ip", "netns", "exec", local.netns_name(lc.name, client), "iperf3", "-c",
+        wait_listening(localhost.netns_name(lc.name, server), 5201)
+        out = sh.run(["ip", "netns", "exec", localhost.netns_name(lc.name, client), "iperf3", "-c",
                       srv_addr, "-t", str(seconds), "-J"], timeout=seconds + 15).stdout
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
     finally:
         if pidfile.exists():
             pid = int(pidfile.read_text().strip() or 0)
             if pid:
-                local.end_pids([pid])
+                localhost.end_pids([pid])
 
 
 def test_three_nodes_answer_ssh_with_the_cluster_key_and_pinned_host_keys(local_cluster):
@@ -100,7 +101,7 @@ def test_link_rate_is_enforced_and_changes_without_reprovisioning(local_cluster)
 
 def test_cpu_quota_caps_a_busy_node(local_cluster):
     lc = local_cluster(1, cpus_per_node="0.5")
-    cg = local.CpuCgroup.for_node(lc.name, lc.nodes()[0].name)
+    cg = localhost.CpuCgroup.for_node(lc.name, lc.nodes()[0].name)
     assert cg.quota_cpus() == pytest.approx(0.5)
     # a busy loop inside the node gets about half a CPU: CPU time / wall time
     script = ("import time,os; w=time.time(); c=time.process_time()\n"
@@ -130,7 +131,7 @@ def test_provision_is_idempotent_and_resizes(local_cluster):
     assert on(lc, 2, "hostname") == f"{lc.name}-n2"
     lc.provision(1)
     assert [n.name for n in lc.nodes()] == [f"{lc.name}-n0"]
-    gone = local.netns_name(lc.name, 1)
+    gone = localhost.netns_name(lc.name, 1)
     assert gone not in sh.run(["ip", "netns", "list"]).stdout
     assert lc.load()["pids"][f"{lc.name}-n0"] == rec["pids"][f"{lc.name}-n0"]
     assert len(lc.known_hosts.read_text().splitlines()) == 1
@@ -142,15 +143,15 @@ def test_destroy_leaves_nothing_behind(local_cluster):
     subnet = lc.load()["subnet"]
     # a process started on a node (as a benchmark would) must be ended too
     on(lc, 1, "nohup sleep 300 >/dev/null 2>&1 &")
-    cg = local.CpuCgroup.for_node(lc.name, lc.nodes()[1].name)
+    cg = localhost.CpuCgroup.for_node(lc.name, lc.nodes()[1].name)
     assert len(cg.pids()) >= 2
     extra = [p for p in cg.pids() if p not in pids]
     lc.destroy()
     left = leftovers(lc.name)
     assert left == {"netns": [], "links": [], "cgroups": [], "mounts": [], "state": []}
     # gone, or a zombie waiting for init to reap it: nothing of ours still runs
-    assert not [p for p in pids + extra if local._state(p) not in ("X", "Z")]
-    assert subnet not in local.guard_routes()
+    assert not [p for p in pids + extra if localhost._state(p) not in ("X", "Z")]
+    assert subnet not in localhost.guard_routes()
     assert not (Path(os.environ["SCALELAB_INVENTORIES"]) / f"{lc.name}.yml").exists()
     assert lc.name not in sh.run(["ip", "-j", "route", "show", "table", "all"]).stdout
 
@@ -163,7 +164,7 @@ def test_subnet_never_routes_through_the_default_gateway(monkeypatch):
     if gw is None:
         pytest.skip("no default route on this host")
     lc = LocalCluster(unique_name())
-    h = local.short_hash(lc.name)
+    h = localhost.short_hash(lc.name)
     real_run = sh.run
     checks = {"n": 0, "with_links": 0}
     state = {"subnet": None}

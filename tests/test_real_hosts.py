@@ -25,7 +25,7 @@ from conftest import ROOT, bench_exit, invoke, needs_root, needs_sshd, unique_na
 
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
-from scalelab.cluster.targets.local import netns_name
+from scalelab.cluster.targets.localhost import netns_name
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import invoke, needs_root, needs_sshd
 
-from scalelab.cluster.targets import local
-from scalelab.cluster.targets.local import CpuCgroup
+from scalelab.cluster.targets import localhost
+from scalelab.cluster.targets.localhost import CpuCgroup
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
 
@@ -19,7 +19,7 @@ pytestmark = [needs_root, needs_sshd, pytest.mark.root, pytest.mark.slow]
 def test_the_report_names_the_node_with_less_cpu(local_cluster, tmp_path):
     # 3 x 0.6 cores fit the 2-core host; node 2 then gets 0.4: its ranks compute ~1.5x longer
     lc = local_cluster(3, cpus_per_node=0.6)
-    slow = local.node_name(lc.name, 2)
+    slow = localhost.node_name(lc.name, 2)
     CpuCgroup.for_node(lc.name, slow).set_quota(0.4)
     # and a slow NIC on the same node, found by check --links before the sweep (which exits
     # 1 for it) and kept with the sweep

@@ -21,8 +21,9 @@ from typing import Any
 
 import yaml
 
-from scalelab.cluster.targets import local
-from scalelab.cluster.targets.local import CpuCgroup, LocalCluster, leftovers
+from scalelab.cluster.targets import local, localhost
+from scalelab.cluster.targets.local import LocalCluster
+from scalelab.cluster.targets.localhost import CpuCgroup, leftovers
 from scalelab.core import sh
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def cmdline(pid: int) -> str:
 
 def node_pids(cluster: str, index: int) -> list[int]:
     """Every process in a node's cgroup (sshd, its sessions and whatever they started)."""
-    return CpuCgroup.for_node(cluster, local.node_name(cluster, index)).pids()
+    return CpuCgroup.for_node(cluster, localhost.node_name(cluster, index)).pids()
 
 
 def workload_pids(cluster: str, index: int) -> dict[int, str]:
@@ -125,7 +126,7 @@ def training(lc: LocalCluster, index: int) -> int | None:
     port = _master_port(lc.name, index)
     if port is None:
         return None
-    ns = local.netns_name(lc.name, index)
+    ns = localhost.netns_name(lc.name, index)
     out = sh.run(["ip", "netns", "exec", ns, "ss", "-Htnp", "state", "established"],
                  check=False).stdout
     others = {n.address for j, n in enumerate(lc.nodes()) if j != index}
@@ -152,7 +153,7 @@ def run_processes(lc: LocalCluster, index: int) -> dict[int, str]:
 
 
 def gone(pids) -> bool:
-    return all(local._state(p) in ("X", "Z") for p in pids)
+    return all(localhost._state(p) in ("X", "Z") for p in pids)
 
 
 def kill_pid(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -271,12 +272,12 @@ def destroy_and_check(lc: LocalCluster) -> None:
     assert proc.returncode == 0, proc.stderr
     assert leftovers(lc.name) == {"netns": [], "links": [], "cgroups": [], "mounts": [],
                                   "state": []}
-    still = [p for p in pids + ours if local._state(p) not in ("X", "Z")]
+    still = [p for p in pids + ours if localhost._state(p) not in ("X", "Z")]
     assert not still, f"still running after destroy: {still}"
 
 
 def set_link(lc: LocalCluster, index: int, up: bool) -> None:
-    sh.run(["ip", "netns", "exec", local.netns_name(lc.name, index), "ip", "link", "set",
+    sh.run(["ip", "netns", "exec", localhost.netns_name(lc.name, index), "ip", "link", "set",
             local.NODE_IFACE, "up" if up else "down"])
 
 

@@ -57,7 +57,8 @@ def capabilities(rec: dict[str, Any]) -> Capabilities:
 def destroy_unrecorded(cluster: str) -> bool:
     """Remove what a provision that crashed before writing cluster.json left on this machine;
     whether there was any. Only targets that build on this machine can leave such pieces."""
-    from scalelab.cluster.targets.local import LocalCluster, leftovers
+    from scalelab.cluster.targets.local import LocalCluster
+    from scalelab.cluster.targets.localhost import leftovers
 
     if any(leftovers(cluster).values()):
         LocalCluster(cluster).destroy()

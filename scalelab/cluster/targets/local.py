@@ -16,26 +16,39 @@ route, even between teardown steps; it is removed last.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
-import json
 import logging
 import os
-import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from scalelab.cluster import inventory, netshape, ssh
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.cluster.targets.interface import SshReachable
+from scalelab.cluster.targets.localhost import (
+    GUARD_METRIC,
+    TARGET,
+    CpuCgroup,
+    _alive,
+    _host_memory_mb,
+    _sshd_config,
+    bridge_address,
+    bridge_name,
+    cgroup_mounts,
+    end_pids,
+    host_veth,
+    netns_name,
+    node_address,
+    node_name,
+    pick_subnet,
+    require_root,
+)
 from scalelab.core import sh
-from scalelab.core.errors import ClusterError, CommandError, InputError, NotRootError, ProvisionError
+from scalelab.core.errors import ClusterError, InputError, ProvisionError
 from scalelab.core.state import (
     PROJECT_ROOT,
     check_cluster_name,
@@ -43,357 +56,35 @@ from scalelab.core.state import (
     load_cluster,
     private_dir,
     save_cluster,
-    state_root,
     write_atomic,
 )
 from scalelab.core.units import format_rate, parse_cpus, parse_rate_mbit
 
 log = logging.getLogger(__name__)
 
-TARGET = "local"
 MAX_NODES = 64
-GUARD_METRIC = 4294967295  # lowest priority: only used when no bridge route exists
 NODE_IFACE = "eth0"
-DEFAULT_POOL = ipaddress.ip_network("10.213.0.0/16")
-CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
-CGROUP_V2 = Path("/sys/fs/cgroup")
-CFS_PERIOD_US = 100_000
 SSHD = "/usr/sbin/sshd"
 
 
-# ------------------------------------------------------------------ naming (pure)
-
-def short_hash(cluster: str) -> str:
-    """Five hex digits that keep interface names unique per cluster and under 15 chars.
-
-    >>> short_hash("demo")
-    '89e49'
-    """
-    return hashlib.sha1(cluster.encode()).hexdigest()[:5]
-
-
-def bridge_name(cluster: str) -> str:
-    return f"slb{short_hash(cluster)}"
-
-
-def host_veth(cluster: str, index: int) -> str:
-    return f"slv{short_hash(cluster)}n{index}"
-
-
-def netns_name(cluster: str, index: int) -> str:
-    return f"scalelab-{cluster}-n{index}"
-
-
-def node_name(cluster: str, index: int) -> str:
-    return f"{cluster}-n{index}"
-
-
-def node_address(subnet: ipaddress.IPv4Network, index: int) -> str:
-    """Node i gets the subnet's (10 + i)th address; .1 is the controller's bridge address.
-
-    >>> node_address(ipaddress.ip_network("10.213.4.0/24"), 2)
-    '10.213.4.12'
-    """
-    return str(subnet.network_address + 10 + index)
-
-
-def bridge_address(subnet: ipaddress.IPv4Network) -> str:
-    return str(subnet.network_address + 1)
-
-
-def cgroup_mounts(mounts: str, root: str) -> list[str]:
-    r"""Shell steps that give a node the host's /sys/fs/cgroup (`ip netns exec` mounts a fresh
-    sysfs without it): what runs on a real host and looks there (slurmd does) finds it.
-
-    The same hierarchies are mounted again, so a node sees the host's cgroups, as a
-    container does; its own processes stay in the node's CPU cgroup.
-
-    >>> text = ("tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0\n"
-    ...         "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n"
-    ...         "cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0\n"
-    ...         "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n")
-    >>> cgroup_mounts(text, "/m")  # doctest: +NORMALIZE_WHITESPACE
-    ['mount -t tmpfs -o mode=755 cgroup /m/sys/fs/cgroup',
-     'mkdir -p /m/sys/fs/cgroup/cpu', 'mount -t cgroup -o cpu cgroup /m/sys/fs/cgroup/cpu',
-     'mkdir -p /m/sys/fs/cgroup/systemd',
-     'mount -t cgroup -o none,name=systemd cgroup /m/sys/fs/cgroup/systemd',
-     'mkdir -p /m/sys/fs/cgroup/unified', 'mount -t cgroup2 cgroup2 /m/sys/fs/cgroup/unified']
-    >>> cgroup_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n", "/m")
-    ['mount -t cgroup2 cgroup2 /m/sys/fs/cgroup']
-    """
-    base = "/sys/fs/cgroup"
-    steps: list[str] = []
-    for line in mounts.splitlines():
-        parts = line.split()
-        if len(parts) < 4 or not (parts[1] == base or parts[1].startswith(base + "/")):
-            continue
-        point, fstype, opts = parts[1], parts[2], parts[3].split(",")
-        if not re.fullmatch(r"[\w/.-]+", point):
-            continue
-        target = f"{root}{point}"
-        if point != base:
-            steps.append(f"mkdir -p {target}")
-        if fstype == "tmpfs":
-            steps.append(f"mount -t tmpfs -o mode=755 cgroup {target}")
-        elif fstype == "cgroup2":
-            steps.append(f"mount -t cgroup2 cgroup2 {target}")
-        elif fstype == "cgroup":
-            keep = [o for o in opts if re.fullmatch(r"[a-z_]+|name=[\w.-]+", o)
-                    and o not in ("rw", "ro", "relatime", "noatime", "nosuid", "nodev",
-                                  "noexec", "clone_children")]
-            if any(o.startswith("name=") for o in keep):
-                keep = ["none", *keep]
-            if keep:
-                steps.append(f"mount -t cgroup -o {','.join(keep)} cgroup {target}")
-    return steps
-
-
-# ------------------------------------------------------------------ checks
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        raise NotRootError(
-            "the local target needs root: it creates network namespaces, veth links, routes, "
-            "cgroups and overlay mounts; run as root (e.g. sudo invoke provision ...)"
-        )
-
-
-def _routes() -> list[dict[str, Any]]:
-    out = sh.run(["ip", "-j", "-4", "route", "show", "table", "all"]).stdout
-    return json.loads(out or "[]")
-
-
-def _route_net(route: dict[str, Any]) -> ipaddress.IPv4Network | None:
-    dst = route.get("dst", "")
-    if dst in ("", "default"):
-        return None
-    try:
-        return ipaddress.ip_network(dst if "/" in dst else f"{dst}/32", strict=False)
-    except ValueError:
-        return None
-
-
-def overlapping_routes(subnet: ipaddress.IPv4Network, own_devs: set[str]) -> list[str]:
-    """Routes on this host that overlap the subnet (ignoring our own bridge and guard)."""
-    clashes = []
-    for r in _routes():
-        net = _route_net(r)
-        if net is None or not net.overlaps(subnet):
-            continue
-        if r.get("dev") in own_devs:
-            continue
-        clashes.append(f"{r.get('dst')} dev {r.get('dev', r.get('type', '?'))}")
-    return clashes
-
-
-def _subnets_in_use() -> list[ipaddress.IPv4Network]:
-    from scalelab.core.state import list_clusters
-
-    used = []
-    for name in list_clusters():
-        rec = load_cluster(name)
-        if rec.get("target") == TARGET:
-            used.append(ipaddress.ip_network(rec["subnet"]))
-    return used
-
-
-def pick_subnet(requested: str | None, cluster: str) -> ipaddress.IPv4Network:
-    """The requested subnet (checked), or the first free /24 of 10.213.0.0/16."""
-    own = {bridge_name(cluster)}
-    if requested:
+def _checked_request(nodes: int | str, cpus_per_node: str | float,
+                     bandwidth: str) -> tuple[int, float, float | None]:
+    """What provision was asked, checked before anything is touched."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int):
         try:
-            subnet = ipaddress.ip_network(requested, strict=True)
-        except ValueError as exc:
-            raise InputError(f"subnet: {requested!r} is not an IPv4 network ({exc}); "
-                             "give e.g. 10.213.7.0/24") from None
-        if subnet.version != 4 or not 16 <= subnet.prefixlen <= 26:
-            raise InputError(f"subnet: {requested} must be IPv4 with a prefix of /16 to /26")
-        if not subnet.is_private:
-            raise InputError(f"subnet: {requested} is not a private range; use e.g. 10.213.7.0/24")
-        clashes = overlapping_routes(subnet, own)
-        for other in _subnets_in_use():
-            if other.overlaps(subnet) and other != subnet:
-                clashes.append(f"{other} (another scalelab cluster)")
-        if clashes:
-            raise InputError(f"subnet {subnet} overlaps existing route {clashes[0]}; "
-                             "choose another with --subnet (e.g. 10.213.9.0/24)")
-        return subnet
-    used = _subnets_in_use()
-    for candidate in DEFAULT_POOL.subnets(new_prefix=24):
-        if any(candidate.overlaps(u) for u in used):
-            continue
-        if overlapping_routes(candidate, own):
-            continue
-        return candidate
-    raise InputError("no free /24 left in 10.213.0.0/16; give one with --subnet")
-
-
-# ------------------------------------------------------------------ cgroups
-
-@dataclass(frozen=True)
-class CpuCgroup:
-    """A node's CPU cgroup on whichever hierarchy has the cpu controller."""
-
-    path: Path
-    version: int
-
-    @classmethod
-    def for_node(cls, cluster: str, name: str) -> CpuCgroup:
-        if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
-            return cls(CGROUP_V1_CPU / "scalelab" / cluster / name, 1)
-        controllers = CGROUP_V2 / "cgroup.controllers"
-        if controllers.exists() and "cpu" in controllers.read_text().split():
-            return cls(CGROUP_V2 / "scalelab" / cluster / name, 2)
-        raise ClusterError("no cgroup cpu controller found (neither v1 /sys/fs/cgroup/cpu nor "
-                           "v2 with cpu enabled); CPU quotas cannot be applied on this host")
-
-    def create(self, cpus: float) -> None:
-        if self.version == 2:
-            # v2 needs the controller enabled in every ancestor's subtree_control
-            for parent in [CGROUP_V2, *reversed(list(self.path.parents)[: -len(CGROUP_V2.parts)])]:
-                parent.mkdir(exist_ok=True)
-                if parent != self.path:
-                    ctl = parent / "cgroup.subtree_control"
-                    if "cpu" not in ctl.read_text().split():
-                        ctl.write_text("+cpu")
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.set_quota(cpus)
-
-    def set_quota(self, cpus: float) -> None:
-        quota = max(int(cpus * CFS_PERIOD_US), 1000)
-        if self.version == 1:
-            (self.path / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
-        else:
-            (self.path / "cpu.max").write_text(f"{quota} {CFS_PERIOD_US}")
-
-    def quota_cpus(self) -> float:
-        if self.version == 1:
-            quota = int((self.path / "cpu.cfs_quota_us").read_text())
-            period = int((self.path / "cpu.cfs_period_us").read_text())
-        else:
-            q, p = (self.path / "cpu.max").read_text().split()
-            quota, period = (-1 if q == "max" else int(q)), int(p)
-        return quota / period if quota > 0 else float("inf")
-
-    def pids(self) -> list[int]:
-        try:
-            text = (self.path / "cgroup.procs").read_text()
-        except FileNotFoundError:
-            return []
-        return [int(p) for p in text.split()]
-
-    def subtree_pids(self) -> list[int]:
-        """The pids in this node's cgroups and below, in every hierarchy: a node's containers
-        run in child cgroups (the engine's cgroup-parent), in every controller it mounts."""
-        found: set[int] = set()
-        for d in node_cgroup_dirs(self.path):
-            try:
-                found.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-            except (FileNotFoundError, ValueError):
-                pass
-        return sorted(found)
-
-    def remove(self) -> None:
-        """Remove the cgroup, what is below it in every hierarchy, and its now-empty parents
-        (scalelab/<cluster>)."""
-        for d in node_cgroup_dirs(self.path):  # deepest first
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("cgroup %s not removed: %s", d, exc)
-        # and its parents once empty (scalelab/<cluster>, then scalelab), in every hierarchy
-        # the node's engine made them in
-        home = next((h for h in cgroup_hierarchies() if h in self.path.parents), None)
-        groups = ([h / self.path.parent.relative_to(home) for h in cgroup_hierarchies()]
-                  if home else [self.path.parent])
-        for group in groups:
-            for path in (group, group.parent):
-                try:
-                    path.rmdir()
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    break  # not empty: another node or cluster still lives there
-
-
-def cgroup_hierarchies(mounts: str | None = None) -> list[Path]:
-    """Every cgroup hierarchy mounted under /sys/fs/cgroup (each v1 controller, v2).
-
-    >>> [str(p) for p in cgroup_hierarchies("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\\n"
-    ...     "tmpfs /sys/fs/cgroup tmpfs rw 0 0\\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\\n")]
-    ['/sys/fs/cgroup/cpu', '/sys/fs/cgroup/unified']
-    """
-    text = Path("/proc/self/mounts").read_text() if mounts is None else mounts
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) > 2 and parts[2] in ("cgroup", "cgroup2") \
-                and (parts[1] + "/").startswith("/sys/fs/cgroup/") and Path(parts[1]) not in out:
-            out.append(Path(parts[1]))
-    return out
-
-
-def node_cgroup_dirs(cpu_path: Path) -> list[Path]:
-    """A node's cgroup directories (its path under scalelab/, in every hierarchy, and all
-    below), deepest first, so they can be removed in this order."""
-    rel = None
-    for h in cgroup_hierarchies():
-        if cpu_path == h or h in cpu_path.parents:
-            rel = cpu_path.relative_to(h)
-            break
-    if rel is None:
-        return [cpu_path] if cpu_path.exists() else []
-    out: list[Path] = []
-    for h in cgroup_hierarchies():
-        top = h / rel
-        if top.is_dir():
-            out += [Path(d) for d, _, _ in os.walk(top, topdown=False)]
-    return out
-
-
-# ------------------------------------------------------------------ processes
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours still answers kill(0); reap it if it is ours
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return Path(f"/proc/{pid}").exists() and _state(pid) != "Z"
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return "X"
-
-
-def end_pids(pids: list[int], grace_s: float = 2.0) -> None:
-    """SIGTERM the given pids, then SIGKILL whatever remains after the grace period."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        live = [p for p in pids if _alive(p)]
-        for p in live:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while live and time.monotonic() < deadline:
-            live = [p for p in live if _alive(p)]
-            time.sleep(0.02)
-        if not live:
-            return
-    raise ClusterError(f"processes {live} did not exit after SIGKILL")
+            nodes = int(str(nodes).strip())
+        except ValueError:
+            raise InputError(f"nodes: {nodes!r} is not a whole number; give e.g. 4") from None
+    if nodes < 1:
+        raise InputError(f"nodes: {nodes} must be 1 or more")
+    if nodes > MAX_NODES:
+        raise InputError(f"nodes: {nodes} is above the local target's limit of {MAX_NODES}")
+    cpus = parse_cpus(cpus_per_node)
+    rate = parse_rate_mbit(bandwidth)
+    require_root()
+    if not Path(SSHD).exists():
+        raise ClusterError(f"{SSHD} not found; install openssh-server (./bootstrap.sh does)")
+    return nodes, cpus, rate
 
 
 # ------------------------------------------------------------------ the target
@@ -407,6 +98,7 @@ class LocalCluster:
         self.key = self.dir / "id_ed25519"
         self.known_hosts = self.dir / "known_hosts"
         self.shared = self.dir / "node-shared"  # bind-mounted read-only at /etc/scalelab on nodes
+        self._step = "prepare"  # the provisioning step under way, named if it fails
 
     # -- records
 
@@ -427,27 +119,35 @@ class LocalCluster:
 
     def provision(self, nodes: int, cpus_per_node: str | float = 1.0,
                   bandwidth: str = "native", subnet: str | None = None) -> list[Node]:
-        if isinstance(nodes, bool) or not isinstance(nodes, int):
-            try:
-                nodes = int(str(nodes).strip())
-            except ValueError:
-                raise InputError(f"nodes: {nodes!r} is not a whole number; give e.g. 4") from None
-        if nodes < 1:
-            raise InputError(f"nodes: {nodes} must be 1 or more")
-        if nodes > MAX_NODES:
-            raise InputError(f"nodes: {nodes} is above the local target's limit of {MAX_NODES}")
-        cpus = parse_cpus(cpus_per_node)
-        rate = parse_rate_mbit(bandwidth)
-        require_root()
-        if not Path(SSHD).exists():
-            raise ClusterError(f"{SSHD} not found; install openssh-server (./bootstrap.sh does)")
+        nodes, cpus, rate = _checked_request(nodes, cpus_per_node, bandwidth)
+        rec, fresh = self._record(nodes, cpus, rate, subnet)
+        created: list[int] = []
+        try:
+            self._converge(rec, fresh, nodes, cpus, rate, created)
+        except Exception as exc:
+            log.warning("provision failed at step %s; removing what was created", self._step)
+            for i in reversed(created):
+                self._remove_node(i, rec["pids"].pop(node_name(self.name, i), None),
+                                  best_effort=True)
+                rec["nodes"] = [n for n in rec["nodes"] if self._index(n["name"]) != i]
+            if fresh:
+                self.destroy(best_effort=True)
+            else:
+                self._write_known_hosts(rec)
+                self.save(rec)
+            detail = exc.args[0] if exc.args else type(exc).__name__
+            raise ProvisionError(f"local provisioning failed at step '{self._step}': {detail}; "
+                                 "everything it created was removed") from exc
+        return self.nodes(rec)
 
+    def _record(self, nodes: int, cpus: float, rate: float | None,
+                subnet: str | None) -> tuple[dict[str, Any], bool]:
+        """The cluster's record (a new one on a free subnet, or the one kept), and whether it
+        is new; nothing is created yet."""
         rec = self.load()
         fresh = rec is None
         if fresh:
             net = pick_subnet(subnet, self.name)
-            if net.num_addresses < nodes + 12:
-                raise InputError(f"subnet {net} is too small for {nodes} nodes")
             rec = {"name": self.name, "target": TARGET, "subnet": str(net),
                    "bridge": bridge_name(self.name), "cpus_per_node": cpus,
                    "bandwidth_mbit": rate, "nodes": [], "pids": {},
@@ -460,74 +160,59 @@ class LocalCluster:
         net = ipaddress.ip_network(rec["subnet"])
         if net.num_addresses < nodes + 12:
             raise InputError(f"subnet {net} is too small for {nodes} nodes")
+        return rec, fresh
 
-        created: list[int] = []
-        step = "prepare"
-        try:
-            if fresh:
-                step = "state directory"
-                self._init_state()
-                self.save(rec)
-                step = "guard route"
-                self._add_guard(net)
-                rec["guard"] = True
-                self.save(rec)
-                step = "bridge"
-                self._add_bridge(net)
-            have = {self._index(n["name"]) for n in rec["nodes"]}
-            for i in range(nodes):
-                if i in have:
-                    continue
-                step = f"node {node_name(self.name, i)}"
-                node, pid = self._add_node(i, net, cpus, rate)
-                created.append(i)
-                rec["nodes"].append(node.to_dict())
-                rec["pids"][node.name] = pid
-                rec["nodes"].sort(key=lambda n: self._index(n["name"]))
-            step = "known_hosts"
-            self._write_known_hosts(rec)
-            step = "wait for sshd"
-            for i in created:
-                self._wait_ssh(node_address(net, i))
-            for n in [n for n in rec["nodes"] if self._index(n["name"]) >= nodes]:
-                step = f"remove node {n['name']}"
-                self._remove_node(self._index(n["name"]), rec["pids"].pop(n["name"], None))
-                rec["nodes"].remove(n)
-            if cpus != rec["cpus_per_node"]:
-                step = "cpu quota"
-                for n in rec["nodes"]:
-                    CpuCgroup.for_node(self.name, n["name"]).set_quota(cpus)
-                rec["cpus_per_node"] = cpus
-                for n in rec["nodes"]:
-                    n["cpus"] = cpus
-            if rate != rec["bandwidth_mbit"]:
-                step = "link rate"
-                self._shape_all(rec, rate)
-            self._write_known_hosts(rec)
-            self._write_hosts(rec)
-            for n in rec["nodes"]:
-                n["facts"] = local_facts(n)
-            rec["capabilities"] = LocalTarget().capabilities(rec).to_dict()
-            rec["trust_key"] = str(self.key)  # made for this cluster, gone with it
+    def _converge(self, rec: dict[str, Any], fresh: bool, nodes: int, cpus: float,
+                  rate: float | None, created: list[int]) -> None:
+        """Bring the host to the record's cluster of that many nodes, step by step (self._step
+        names the one under way); created lists the nodes made, for the undo."""
+        net = ipaddress.ip_network(rec["subnet"])
+        if fresh:
+            self._step = "state directory"
+            self._init_state()
             self.save(rec)
-            inventory.write(self.name, self.nodes(rec), known_hosts=str(self.known_hosts),
-                            capabilities=LocalTarget().capabilities(rec).as_vars(),
-                            trust_key=str(self.key))
-        except Exception as exc:
-            log.warning("provision failed at step %s; removing what was created", step)
-            for i in reversed(created):
-                self._remove_node(i, rec["pids"].pop(node_name(self.name, i), None),
-                                  best_effort=True)
-                rec["nodes"] = [n for n in rec["nodes"] if self._index(n["name"]) != i]
-            if fresh:
-                self.destroy(best_effort=True)
-            else:
-                self._write_known_hosts(rec)
-                self.save(rec)
-            detail = exc.args[0] if exc.args else type(exc).__name__
-            raise ProvisionError(f"local provisioning failed at step '{step}': {detail}; "
-                                 "everything it created was removed") from exc
-        return self.nodes(rec)
+            self._step = "guard route"
+            self._add_guard(net)
+            rec["guard"] = True
+            self.save(rec)
+            self._step = "bridge"
+            self._add_bridge(net)
+        have = {self._index(n["name"]) for n in rec["nodes"]}
+        for i in (i for i in range(nodes) if i not in have):
+            self._step = f"node {node_name(self.name, i)}"
+            node, pid = self._add_node(i, net, cpus, rate)
+            created.append(i)
+            rec["nodes"].append(node.to_dict())
+            rec["pids"][node.name] = pid
+            rec["nodes"].sort(key=lambda n: self._index(n["name"]))
+        self._step = "known_hosts"
+        self._write_known_hosts(rec)
+        self._step = "wait for sshd"
+        for i in created:
+            self._wait_ssh(node_address(net, i))
+        for n in [n for n in rec["nodes"] if self._index(n["name"]) >= nodes]:
+            self._step = f"remove node {n['name']}"
+            self._remove_node(self._index(n["name"]), rec["pids"].pop(n["name"], None))
+            rec["nodes"].remove(n)
+        if cpus != rec["cpus_per_node"]:
+            self._step = "cpu quota"
+            for n in rec["nodes"]:
+                CpuCgroup.for_node(self.name, n["name"]).set_quota(cpus)
+                n["cpus"] = cpus
+            rec["cpus_per_node"] = cpus
+        if rate != rec["bandwidth_mbit"]:
+            self._step = "link rate"
+            self._shape_all(rec, rate)
+        self._write_known_hosts(rec)
+        self._write_hosts(rec)
+        for n in rec["nodes"]:
+            n["facts"] = local_facts(n)
+        caps = LocalTarget().capabilities(rec)
+        rec["capabilities"] = caps.to_dict()
+        rec["trust_key"] = str(self.key)  # made for this cluster, gone with it
+        self.save(rec)
+        inventory.write(self.name, self.nodes(rec), known_hosts=str(self.known_hosts),
+                        capabilities=caps.as_vars(), trust_key=str(self.key))
 
     def nodes(self, rec: dict[str, Any] | None = None) -> list[Node]:
         rec = rec or self.load() or {"nodes": []}
@@ -809,28 +494,6 @@ class LocalCluster:
                 for n in rec["nodes"]]
 
 
-def _sshd_config(addr: str) -> str:
-    return "\n".join([
-        "# Written by scalelab for an emulated node; listens on the cluster address only.",
-        f"ListenAddress {addr}",
-        "Port 22",
-        "HostKey /etc/ssh/ssh_host_ed25519_key",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "PidFile none",
-        "AuthorizedKeysFile .ssh/authorized_keys",
-        "AcceptEnv LANG LC_*",
-        "PermitUserEnvironment no",
-        "MaxStartups 100:30:200",
-        "MaxSessions 100",
-        "Subsystem sftp internal-sftp",
-        "",
-    ])
-
-
 def runtime_paths() -> tuple[str, str]:
     """The local target's shortcut: nodes see the controller's venv and checkout at the same
     paths through their overlay's lower layer, so they need no install. Only this target may
@@ -839,13 +502,6 @@ def runtime_paths() -> tuple[str, str]:
 
     project = PROJECT_ROOT
     return str(Path(sys.executable).parent / "python"), str(project)
-
-
-def _host_memory_mb() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) // 1024
-    return 0
 
 
 def local_facts(node: dict[str, Any]) -> dict[str, Any]:
@@ -942,31 +598,3 @@ def target(name: str = TARGET) -> LocalTarget:
 
 def describe_rate(rec: dict[str, Any]) -> str:
     return format_rate(rec.get("bandwidth_mbit"))
-
-
-def leftovers(cluster: str) -> dict[str, list[str]]:
-    """What of a cluster exists on the host: used by tests and `destroy` verification."""
-    out: dict[str, list[str]] = {}
-    prefix = f"scalelab-{cluster}-n"
-    out["netns"] = [ln.split()[0] for ln in sh.run(["ip", "netns", "list"]).stdout.splitlines()
-                    if ln.strip() and ln.split()[0].startswith(prefix)]
-    links = json.loads(sh.run(["ip", "-j", "link", "show"]).stdout or "[]")
-    h = short_hash(cluster)
-    out["links"] = [ln["ifname"] for ln in links
-                    if ln["ifname"] in (f"slb{h}",) or ln["ifname"].startswith(f"slv{h}n")]
-    cg = [p / "scalelab" / cluster for p in cgroup_hierarchies()]
-    out["cgroups"] = [str(p) for p in cg if p.exists()]
-    mounts = Path("/proc/mounts").read_text().splitlines()
-    cdir = str(cluster_dir(cluster))
-    out["mounts"] = [m for m in mounts if cdir in m or f"/run/netns/{prefix}" in m]
-    out["state"] = [cdir] if Path(cdir).exists() else []
-    return out
-
-
-def guard_routes() -> list[str]:
-    return [r["dst"] for r in _routes()
-            if r.get("type") == "unreachable" and r.get("metric") == GUARD_METRIC]
-
-
-__all__ = ["LocalCluster", "leftovers", "guard_routes", "require_root", "state_root",
-           "CommandError"]
