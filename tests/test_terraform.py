@@ -23,7 +23,7 @@ from conftest import unique_name
 
 from scalelab.cluster import inventory
 from scalelab.cluster.nodes import Node, nodes_from_outputs
-from scalelab.cluster.targets import TERRAFORM_TARGETS, tf
+from scalelab.cluster.targets import TERRAFORM_TARGETS, tf, tfmodule
 from scalelab.cluster.terraform import (
     Terraform,
     TerraformError,
@@ -136,7 +136,7 @@ def test_static_end_to_end(static_cluster, static_var_file, tmp_path):
     work = cluster_dir(name) / "terraform"
     assert (work / "terraform.tfstate").is_file()
     assert (work / "operator.tfvars.json").is_file()
-    assert not (work / tf.PLAN_FILE).exists()
+    assert not (work / tfmodule.PLAN_FILE).exists()
     assert oct(cluster_dir(name).stat().st_mode & 0o777) == "0o700"
     assert not list(MODULES.rglob(".terraform")) and not list(MODULES.rglob("*.tfstate"))
     rec = load_cluster(name)
@@ -244,7 +244,7 @@ def test_failed_apply_is_destroyed_unless_kept(static_var_file, monkeypatch):
 def test_dry_run_prints_commands_and_variables(static_var_file, caplog):
     name = unique_name("st")
     vf = static_var_file()
-    lines = tf.dry_run(name, "static", 3, vf).lines()
+    lines = tfmodule.dry_run(name, "static", 3, vf).lines()
     text = "\n".join(lines)
     work = cluster_dir(name) / "terraform"
     for sub in ("init", "plan", "apply", "output"):
@@ -265,7 +265,7 @@ def test_dry_run_prints_commands_and_variables(static_var_file, caplog):
 
 def test_dry_run_cloud_target_makes_no_key(tmp_path):
     name = unique_name("aw")
-    lines = tf.dry_run(name, "aws", 2, MODULES / "aws/examples/minimal/scalelab.tfvars").lines()
+    lines = tfmodule.dry_run(name, "aws", 2, MODULES / "aws/examples/minimal/scalelab.tfvars").lines()
     text = "\n".join(lines)
     assert "-var-file=operator.tfvars " in text
     assert "generate the cluster's SSH key" in text and "ssh_public_key=<public half of" in text
@@ -427,11 +427,11 @@ def test_python_hcl2_parses_every_module():
     files = tf_files()
     assert {p.relative_to(MODULES).parts[0] for p in files} == set(TERRAFORM_TARGETS)
     for path in files:
-        assert tf.parse_hcl(path), f"{path} parsed to nothing"
+        assert tfmodule.parse_hcl(path), f"{path} parsed to nothing"
     # the parser must see every top-level block, not just the first
-    assert {"locals", "data", "resource", "provider"} <= set(tf.parse_hcl(MODULES / "aws/main.tf"))
+    assert {"locals", "data", "resource", "provider"} <= set(tfmodule.parse_hcl(MODULES / "aws/main.tf"))
     assert {"locals", "data", "resource", "provider"} <= set(
-        tf.parse_hcl(MODULES / "openstack/main.tf"))
+        tfmodule.parse_hcl(MODULES / "openstack/main.tf"))
 
 
 @pytest.mark.parametrize("target", TERRAFORM_TARGETS)
@@ -444,20 +444,20 @@ def test_module_layout(target):
 
 @pytest.mark.parametrize("target", TERRAFORM_TARGETS)
 def test_outputs_contract(target):
-    outputs = tf.read_outputs(MODULES / target)
-    assert set(outputs) == set(tf.CONTRACT_OUTPUTS), f"{target} outputs drift from the contract"
+    outputs = tfmodule.read_outputs(MODULES / target)
+    assert set(outputs) == set(tfmodule.CONTRACT_OUTPUTS), f"{target} outputs drift from the contract"
     for name, out in outputs.items():
         assert out["description"].strip(), f"{target} output {name} has no description"
     nodes_value = outputs["nodes"]["value"]
-    for key in tf.NODE_KEYS:
+    for key in tfmodule.NODE_KEYS:
         assert re.search(rf"\b{key}\s*=", nodes_value), f"{target} nodes output lacks {key}"
-    ex = tf.read_outputs(MODULES / target / "examples/minimal")
-    assert set(ex) == set(tf.CONTRACT_OUTPUTS)
+    ex = tfmodule.read_outputs(MODULES / target / "examples/minimal")
+    assert set(ex) == set(tfmodule.CONTRACT_OUTPUTS)
 
 
 @pytest.mark.parametrize("target", TERRAFORM_TARGETS)
 def test_variables_typed_described_and_documented(target):
-    variables = tf.read_variables(MODULES / target)
+    variables = tfmodule.read_variables(MODULES / target)
     readme = (MODULES / target / "README.md").read_text()
     assert {"cluster_name", "nodes", "max_nodes"} <= set(variables)
     if target != "static":
@@ -466,13 +466,13 @@ def test_variables_typed_described_and_documented(target):
         assert v.type and v.type != "any", f"{target} variable {v.name} has no type"
         assert v.description.strip(), f"{target} variable {v.name} has no description"
         assert f"`{v.name}`" in readme, f"terraform/{target}/README.md does not list {v.name}"
-    for name in tf.CONTRACT_OUTPUTS:
+    for name in tfmodule.CONTRACT_OUTPUTS:
         assert f"`{name}`" in readme
 
 
 @pytest.mark.parametrize("target", TERRAFORM_TARGETS)
 def test_versions_pinned(target):
-    parsed = tf.parse_hcl(MODULES / target / "versions.tf")
+    parsed = tfmodule.parse_hcl(MODULES / target / "versions.tf")
     (block,) = parsed["terraform"]
     assert re.match(r">=\s*1\.\d+", block["required_version"])
     providers: dict[str, dict] = {}
@@ -485,7 +485,7 @@ def test_versions_pinned(target):
     # every resource and data source belongs to a declared provider
     used = set()
     for path in (MODULES / target).glob("*.tf"):
-        p = tf.parse_hcl(path)
+        p = tfmodule.parse_hcl(path)
         for kind in ("resource", "data"):
             for item in p.get(kind, []):
                 used |= {t.split("_")[0] for t in item}
@@ -498,19 +498,19 @@ def test_versions_pinned(target):
 @pytest.mark.parametrize("target", TERRAFORM_TARGETS)
 def test_example_var_file_passes_the_checks(target):
     (vf,) = (MODULES / target / "examples/minimal").glob("scalelab.tfvars*")
-    values = tf.load_var_file(vf)
-    tf.check_values(target, values, tf.read_variables(MODULES / target), vf)
+    values = tfmodule.load_var_file(vf)
+    tfmodule.check_values(target, values, tfmodule.read_variables(MODULES / target), vf)
 
 
 def test_local_records_meet_the_contract():
     nodes = [Node("c-n0", "10.1.0.10", "10.1.0.10", "head", "local", ssh_key="/k", gpus=0),
              Node("c-n1", "10.1.0.11", "10.1.0.11", "worker", "local", ssh_key="/k", gpus=0)]
-    out = tf.contract_outputs(nodes)
-    assert set(out) == set(tf.CONTRACT_OUTPUTS)
-    assert all(set(v) == set(tf.NODE_KEYS) for v in out["nodes"]["value"].values())
+    out = tfmodule.contract_outputs(nodes)
+    assert set(out) == set(tfmodule.CONTRACT_OUTPUTS)
+    assert all(set(v) == set(tfmodule.NODE_KEYS) for v in out["nodes"]["value"].values())
     assert nodes_from_outputs(out, "local", "/k") == nodes
-    assert tf.bastion_of(out) is None
-    assert tf.bastion_of({}) is None  # Terraform omits null outputs
+    assert tfmodule.bastion_of(out) is None
+    assert tfmodule.bastion_of({}) is None  # Terraform omits null outputs
 
 
 # ---------------------------------------------------------------- the wrapper
@@ -619,7 +619,7 @@ def test_terraform_error_is_a_scalelab_error():
 
 def _cloud_ready(target: str) -> bool:
     return os.environ.get("SCALELAB_CLOUD_TESTS") == "1" and \
-        tf.target_module(target).credentials_present()
+        tfmodule.target_module(target).credentials_present()
 
 
 @CLOUD
@@ -628,7 +628,7 @@ def test_cloud_plan_minimal_example(target, tmp_path, monkeypatch):
     """`terraform plan` of examples/minimal against the real cloud (creates nothing)."""
     if not _cloud_ready(target):
         pytest.skip(f"opt-in: SCALELAB_CLOUD_TESTS=1 and {target} credentials "
-                    f"({tf.target_module(target).CREDENTIALS_HINT})")
+                    f"({tfmodule.target_module(target).CREDENTIALS_HINT})")
     if not os.environ.get("SCALELAB_TERRAFORM_CLOUD"):
         monkeypatch.delenv("SCALELAB_TERRAFORM")  # the venv's, as a user's provision finds it
     else:
@@ -651,7 +651,7 @@ def test_docstring_examples():
     import scalelab.cluster.targets.static
     import scalelab.cluster.terraform
 
-    for mod in (scalelab.cluster.terraform, tf, scalelab.cluster.targets.static):
+    for mod in (scalelab.cluster.terraform, tfmodule, scalelab.cluster.targets.static):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, \
             f"{mod.__name__}: {result.failed} of {result.attempted} doctest(s) failed"

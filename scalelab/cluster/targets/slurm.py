@@ -153,8 +153,8 @@ def _copy_workloads(login: Node, known_hosts: str, workdir: str) -> None:
 def provision(cluster: str, nodes: int | str, var_file: str | None = None,
               **_: Any) -> list[Node]:
     from scalelab.cluster import inventory
-    from scalelab.cluster.targets.tf import load_var_file
-    from scalelab.cluster.targets.tf import parse_nodes as parse_count
+    from scalelab.cluster.targets.tfmodule import load_var_file
+    from scalelab.cluster.targets.tfmodule import parse_nodes as parse_count
 
     check_cluster_name(cluster)
     if not var_file:
