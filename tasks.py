@@ -13,6 +13,8 @@ import sys
 
 from invoke import Collection, Exit, task
 
+from scalelab.run import lifecycle
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from scalelab.cluster.targets.base import DEFAULT_TARGET  # noqa: E402
@@ -250,13 +252,12 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
     import threading
 
     from scalelab.core.state import reports_dir
-    from scalelab.run import driver
     from scalelab.sweep import planner as sweeps
     from scalelab.sweep import spec as sweepfile
 
     root = reports_dir()
     if resume:
-        sweep_dir, prep = driver.prepare_resume(root, resume, retry_failed=retry_failed)
+        sweep_dir, prep = lifecycle.prepare_resume(root, resume, retry_failed=retry_failed)
         print(f"resuming {sweep_dir.name}: {len(prep.runs)} runs missing")
     else:
         if not (sweep or nodes):
@@ -264,7 +265,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
         elif not (sweep or batch_size or global_batch_size):
             # the mission's own first line, invoke bench --nodes 1-10: every axis not given is
             # the reference experiment's, as this cluster can run it
-            fill, line = driver.reference_fill(cluster, {
+            fill, line = lifecycle.reference_fill(cluster, {
                 "bandwidth": bandwidth, "precision": precision, "device": device,
                 "accelerator": accelerator, "batch_size": batch_size, "model": model,
                 "engine": engine, "repeats": repeats, "steps": steps})
@@ -290,7 +291,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
             fusion_threshold_mb=fusion_threshold_mb or None,
             cycle_time_ms=cycle_time_ms or None, compression=compression or None,
             sweep_file=sweep or None)
-        prep = driver.prepare(cluster, spec)
+        prep = lifecycle.prepare(cluster, spec)
     if dry_run:
         for r in prep.runs:
             print(f"  {r.run_id:<34} {sweeps.describe(r)}")
@@ -301,9 +302,9 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
     bar = _progress_bar(len(prep.runs), prep.estimate_s)
     try:
         if resume:
-            counts = driver.resume(sweep_dir, prep, bar.update, stop)
+            counts = lifecycle.resume(sweep_dir, prep, bar.update, stop)
         else:
-            sweep_dir, counts = driver.start(prep, root, bar.update, stop)
+            sweep_dir, counts = lifecycle.start(prep, root, bar.update, stop)
     finally:
         bar.close()  # before the error line, which must come last and alone
     print(f"sweep {sweep_dir.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
@@ -543,7 +544,6 @@ def demo(c, nodes="8", sweep="demo", keep=False):
     from scalelab import report as reports
     from scalelab.cluster import provisioning
     from scalelab.core.state import reports_dir
-    from scalelab.run import driver
     from scalelab.sweep import spec as sweepfile
 
     spec = sweepfile.spec_from_options(sweep_file=sweep)  # a bad sweep file fails before provisioning
@@ -553,12 +553,12 @@ def demo(c, nodes="8", sweep="demo", keep=False):
         _print_nodes(result)
         for line in provisioning.connectivity_check("demo"):
             print(line)
-        prep = driver.prepare("demo", spec)
+        prep = lifecycle.prepare("demo", spec)
         print(f"sweep {sweep}: {len(prep.runs)} runs, estimated {int(prep.estimate_s // 60)} min "
               f"{int(prep.estimate_s % 60)} s")
         bar = _progress_bar(len(prep.runs), prep.estimate_s)
         try:
-            sweep_dir, counts = driver.start(prep, reports_dir(), bar.update)
+            sweep_dir, counts = lifecycle.start(prep, reports_dir(), bar.update)
         finally:
             bar.close()
         print(f"sweep {sweep_dir.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))

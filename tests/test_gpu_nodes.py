@@ -20,7 +20,7 @@ from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.base import Runtime
 from scalelab.cluster.targets.local import runtime_paths
 from scalelab.core.errors import InputError
-from scalelab.run import commands, launch
+from scalelab.run import commands, launch, lifecycle
 from scalelab.sweep import spec as sweepfile
 
 CUDA_TORCH = {"version": "2.13.0+cu128", "cuda": "12.8", "cuda_available": True, "devices": 8,
@@ -247,16 +247,15 @@ def test_profile_refuses_cuda_where_there_is_none_and_names_the_device(tmp_path)
 
 
 def test_the_eta_takes_gpu_step_times_only_for_runs_that_train_on_gpus():
-    from scalelab.run import driver
     from scalelab.sweep import estimate
     from scalelab.sweep.planner import plan
 
     nodes = [gpu_node(0), gpu_node(1)]
     on_gpus = plan(spec(procs_per_node="1"), nodes, can_shape=True)
     on_cpus = plan(spec(procs_per_node="1", device="cpu"), nodes, can_shape=True)
-    assert driver._device(on_gpus) == "gpu" and driver._device(on_cpus) == "cpu"
-    gpu_eta = estimate.estimate_duration_s(on_gpus, device=driver._device(on_gpus))
-    cpu_eta = estimate.estimate_duration_s(on_cpus, device=driver._device(on_cpus))
+    assert lifecycle._device(on_gpus) == "gpu" and lifecycle._device(on_cpus) == "cpu"
+    gpu_eta = estimate.estimate_duration_s(on_gpus, device=lifecycle._device(on_gpus))
+    cpu_eta = estimate.estimate_duration_s(on_cpus, device=lifecycle._device(on_cpus))
     assert gpu_eta < cpu_eta
 
 

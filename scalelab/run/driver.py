@@ -4,8 +4,8 @@ Plan -> runs -> store. Every finished run is appended (and fsync'ed) to the swee
 runs.jsonl before the next one starts, so a crash loses at most the run in flight; `resume`
 runs only what the store lacks.
 
-Ctrl-C (SIGINT) and SIGTERM during start() or resume() do not cut the driver short: they
-stop the sweep at the next safe point. The run in flight is ended on every node and recorded
+Ctrl-C (SIGINT) and SIGTERM during lifecycle.start() or resume() do not cut the driver short:
+they stop the sweep at the next safe point. The run in flight is ended on every node and recorded
 as interrupted, link rates are restored, and then KeyboardInterrupt is raised. A driver killed
 outright (SIGKILL) leaves two notes in the sweep directory that --resume acts on: the
 process groups in flight (.inflight.json in the sweep directory), and the rate to restore
@@ -20,25 +20,21 @@ import logging
 import os
 import platform
 import secrets
-import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import facts, netshape, ssh
+from scalelab.cluster import netshape, ssh
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.cluster.targets import base as targets
-from scalelab.core.errors import ClusterError, InputError, ScalelabError
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
-from scalelab.core.units import format_rate
 from scalelab.model import fabric
 from scalelab.results import store
-from scalelab.run import commands, launch, reap
+from scalelab.run import commands, launch
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool
@@ -298,13 +294,6 @@ class Launcher:
         return "slurm", res, record
 
 
-def _warm(caps: targets.Capabilities, spec) -> bool:
-    """Whether runs that start without a launcher are forked from warm-start servers (on the
-    host: a container starts its own interpreter)."""
-    return caps.shares_host_cpus and spec.launcher != "slurm" \
-        and getattr(spec, "runtime", "host") == "host" and getattr(spec, "warm_start", True)
-
-
 def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
             on_progress: Callable[[Progress], None] | None = None,
             stop: threading.Event | None = None, netprobe: bool = True,
@@ -319,130 +308,116 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     container of the cluster's training image, recorded by configure --image). warm_start:
     fork directly started ranks from warm-start servers where the nodes share one host.
     """
-    rec = load_cluster(cluster)
-    all_nodes = nodes_of(rec)
-    target = targets.of(rec)
-    caps = targets.capabilities(rec)
-    rt = target.runtime(rec)
-    shaper = Shaper(target.links(cluster, rec, all_nodes), marker=cluster_dir(cluster) / SHAPED)
-    sweep_id = sweep_dir.name
+    ex = _Execution(cluster, sweep_dir, runs, launcher, partition, runtime, stop)
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
-    links: dict[Any, tuple[float | None, str, float | None]] = {}
-    container = None
-    if runtime == "container":
-        from scalelab.run import containers
-
-        container = containers.Spec(rec["image"]["tag"], rec["image"]["id"])
-    starter = Launcher(launcher, target.login(rec), rt, caps.shares_host_cpus,
-                       partition or target.default_partition(rec), container)
-
-    def calibrate() -> float | None:
-        shaper.set(None)
-        return starter.measure_link(all_nodes, BASE_PORT + 450, stop)[0]
-
-    emu = Emulation(runs, all_nodes, rt.known_hosts, rt.workdir, caps.shares_host_cpus, calibrate)
-    emu.keep(store.read_runs(sweep_dir).values())  # a resumed sweep keeps its k
-
-    def stopped() -> bool:
-        return stop is not None and stop.is_set()
-
     # ranks started directly on shared cores are forked from a warm-start server per node
-    direct = [r for r in runs if launcher != "slurm" and container is None and warm_start
-              and planner.run_starts_directly(r, caps.shares_host_cpus)]
-    warm = (WarmPool(all_nodes[: max(r.params["nodes"] for r in direct)], rt, sweep_dir / WARM)
-            if direct else None)
+    direct = [r for r in runs if launcher != "slurm" and ex.container is None and warm_start
+              and planner.run_starts_directly(r, ex.caps.shares_host_cpus)]
+    warm = (WarmPool(ex.all_nodes[: max(r.params["nodes"] for r in direct)], ex.rt,
+                     sweep_dir / WARM) if direct else None)
     try:
         if warm is not None and warm.start(stop=stop):
-            starter.warm = warm.name
+            ex.starter.warm = warm.name
         for k, run in enumerate(runs):
-            if stopped():
+            if ex.stopped():
                 raise KeyboardInterrupt
             desc = describe(run)
             if on_progress:
                 on_progress(Progress(k, len(runs), run.run_id, desc, None))
-            before = ssh.connections()
-            dilation = emu.dilation(run)
-            run = emu.with_dilation(run, dilation)
-            p = run.params
-            requested = p.get("bandwidth_mbit")
-            # what tc is set to: the line rate, or the share of it a fabric profile's
-            # collectives achieve, in the emulated device's time
-            line = fabric.tc_line_mbit(requested, p.get("fabric_profile"), p["procs_per_node"])
-            rate = line / dilation if line else line
-            nodes = all_nodes[: p["nodes"]]
-            shaper.set(rate)
-            if rate not in links:
-                links[rate] = (starter.probe_link(all_nodes, k, stop) if netprobe
-                               else (None, "", None))
-            profile = emu.stage(run)
-            if stopped():
-                raise KeyboardInterrupt
-            # a fresh port per run: the last one may still be in TIME_WAIT
-            port = BASE_PORT + (os.getpid() * 7 + k) % 400
-            if run.kind == "allreduce":
-                script, args, engine = ("allreduce.py",
-                                        commands.allreduce_args(p, run.allreduce_sizes), "ddp")
-            else:
-                script, args, engine = ("resnet.py", commands.workload_args(p, profile),
-                                        p["engine"])
-            started = utcnow()
-            interrupted = False
-            job = None
-            launcher_name = starter.kind
-            try:
-                launcher_name, res, job = starter.run(run, engine, nodes, script, args, port,
-                                                      timeout_s, stop, sweep_dir / INFLIGHT)
-            except KeyboardInterrupt:
-                interrupted = True
-                res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
-            parallel, why, single = links[rate]
-            # in the emulated device's time
-            measured_mbit = None if parallel is None else parallel * dilation
-            single = None if single is None else single * dilation
-            record = run_record(sweep_id, run, rec["target"], res, started, measured_mbit, rate,
-                                why, launcher_name, job, single_mbit=single,
-                                image={"id": container.image_id, "tag": container.image}
-                                if container is not None else None,
-                                connections={k: v - before[k]
-                                             for k, v in ssh.connections().items()})
-            store.append_run(sweep_dir, record)
-            counts[res.status] = counts.get(res.status, 0) + 1
+            record, interrupted = ex.one(k, run, timeout_s, netprobe)
+            counts[record["status"]] = counts.get(record["status"], 0) + 1
             if on_progress:
                 on_progress(Progress(k, len(runs), run.run_id, desc, record))
-            if interrupted or res.status == "interrupted":
+            if interrupted:
                 raise KeyboardInterrupt
     finally:
         if warm is not None:
             warm.stop()
-        shaper.restore()
+        ex.shaper.restore()
     return counts
 
 
-@contextmanager
-def interrupts_stop(stop: threading.Event) -> Iterator[threading.Event]:
-    """While the block runs, SIGINT and SIGTERM set stop instead of raising at once.
+class _Execution:
+    """What execute() holds for a sweep's runs: the cluster, its links and their probes, the
+    launcher, the emulation's dilation."""
 
-    Cleanup (ending process groups over SSH, restoring link rates, committing the record)
-    then runs whole: a KeyboardInterrupt in the middle of it would leave ranks running and
-    links shaped. Only the main thread can own signal handlers; elsewhere this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    seen = {"n": 0}
+    def __init__(self, cluster: str, sweep_dir: Path, runs: list, launcher: str,
+                 partition: str | None, runtime: str, stop: threading.Event | None) -> None:
+        self.rec = rec = load_cluster(cluster)
+        self.all_nodes = nodes_of(rec)
+        target = targets.of(rec)
+        self.caps = targets.capabilities(rec)
+        self.rt = target.runtime(rec)
+        self.sweep_dir, self.stop = sweep_dir, stop
+        self.shaper = Shaper(target.links(cluster, rec, self.all_nodes),
+                             marker=cluster_dir(cluster) / SHAPED)
+        # per tc rate: the parallel probe's rate, why it is missing, the single-stream rate
+        self.links: dict[Any, tuple[float | None, str, float | None]] = {}
+        self.container = None
+        if runtime == "container":
+            from scalelab.run import containers
 
-    def handler(signum: int, frame: Any) -> None:
-        seen["n"] += 1
-        stop.set()
+            self.container = containers.Spec(rec["image"]["tag"], rec["image"]["id"])
+        self.starter = Launcher(launcher, target.login(rec), self.rt, self.caps.shares_host_cpus,
+                                partition or target.default_partition(rec), self.container)
+        self.emu = Emulation(runs, self.all_nodes, self.rt.known_hosts, self.rt.workdir,
+                             self.caps.shares_host_cpus, self._calibrate)
+        self.emu.keep(store.read_runs(sweep_dir).values())  # a resumed sweep keeps its k
 
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-    if seen["n"] and stop.is_set():
-        log.info("stopped by a signal (%d received)", seen["n"])
+    def _calibrate(self) -> float | None:
+        self.shaper.set(None)
+        return self.starter.measure_link(self.all_nodes, BASE_PORT + 450, self.stop)[0]
+
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    def one(self, k: int, run, timeout_s: float, netprobe: bool) -> tuple[dict[str, Any], bool]:
+        """Shape, probe, stage and launch one run; its record, committed, and whether the
+        user interrupted it."""
+        before = ssh.connections()
+        dilation = self.emu.dilation(run)
+        run = self.emu.with_dilation(run, dilation)
+        p = run.params
+        # what tc is set to: the line rate, or the share of it a fabric profile's
+        # collectives achieve, in the emulated device's time
+        line = fabric.tc_line_mbit(p.get("bandwidth_mbit"), p.get("fabric_profile"),
+                                   p["procs_per_node"])
+        rate = line / dilation if line else line
+        self.shaper.set(rate)
+        if rate not in self.links:
+            self.links[rate] = (self.starter.probe_link(self.all_nodes, k, self.stop)
+                                if netprobe else (None, "", None))
+        profile = self.emu.stage(run)
+        if self.stopped():
+            raise KeyboardInterrupt
+        # a fresh port per run: the last one may still be in TIME_WAIT
+        port = BASE_PORT + (os.getpid() * 7 + k) % 400
+        if run.kind == "allreduce":
+            script, args, engine = ("allreduce.py",
+                                    commands.allreduce_args(p, run.allreduce_sizes), "ddp")
+        else:
+            script, args, engine = "resnet.py", commands.workload_args(p, profile), p["engine"]
+        started = utcnow()
+        interrupted, job, launcher_name = False, None, self.starter.kind
+        try:
+            launcher_name, res, job = self.starter.run(
+                run, engine, self.all_nodes[: p["nodes"]], script, args, port, timeout_s,
+                self.stop, self.sweep_dir / INFLIGHT)
+        except KeyboardInterrupt:
+            interrupted = True
+            res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
+        parallel, why, single = self.links[rate]
+        # in the emulated device's time
+        measured_mbit = None if parallel is None else parallel * dilation
+        single = None if single is None else single * dilation
+        c = self.container
+        record = run_record(self.sweep_dir.name, run, self.rec["target"], res, started,
+                            measured_mbit, rate, why, launcher_name, job, single_mbit=single,
+                            image={"id": c.image_id, "tag": c.image} if c is not None else None,
+                            connections={key: v - before[key]
+                                         for key, v in ssh.connections().items()})
+        store.append_run(self.sweep_dir, record)
+        return record, interrupted or res.status == "interrupted"
 
 
 def describe(run) -> str:
@@ -454,324 +429,6 @@ def describe(run) -> str:
         return run.run_id
 
 
-def preflight(cluster: str, nodes_needed: int) -> None:
-    """Before any run: every node the sweep uses must answer SSH; name the first that doesn't."""
-    rec = load_cluster(cluster)
-    nodes = nodes_of(rec)[:nodes_needed]
-    _, errors = ssh.on_each(nodes, lambda n: ssh.run(n, rec["known_hosts"], "true", timeout=15))
-    bad = ssh.first_error(nodes, errors)
-    if bad:
-        raise ClusterError(f"node {bad[0]} does not answer SSH ({bad[1]}); check it with "
-                           f"invoke status --cluster {cluster}, or reprovision")
-
-
-def host_cpus() -> int:
-    return os.cpu_count() or 1
-
-
 # ---------------------------------------------------------------- sweeps: start and resume
 
-@dataclass
-class Prepared:
-    """A validated sweep, ready to run or to print for --dry-run. Nothing written yet."""
 
-    cluster: str
-    spec: Any
-    runs: list
-    estimate_s: float
-
-
-def _device(runs: list) -> str:
-    """Which default step times estimate the runs: gpu where they train on GPUs (the device
-    the plan resolved from the nodes' facts, not nvidia-smi's count)."""
-    return "gpu" if any(r.params.get("device") == "cuda" for r in runs) else "cpu"
-
-
-def reference_fill(cluster: str, given: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """What a command line that names nodes but no batch takes from the reference experiment
-    (bench/sweeps/slices.yml): every axis it does not give, as the cluster can run it: links
-    at their own rate where the target cannot shape them, fp32 where no GPU computes (amp needs
-    one). Returns the options to add (over the reference file) and the one line that says so.
-    """
-    from scalelab.sweep import spec as sweepfile
-
-    rec = load_cluster(cluster)
-    caps = targets.capabilities(rec)
-    ref = sweepfile.spec_from_options(sweep_file=sweepfile.REFERENCE)
-    fill: dict[str, Any] = {}
-    notes = []
-    if not given.get("bandwidth") and not caps.shape_links:
-        fill["bandwidth"] = "native"
-        notes.append("links at their own rate (this cluster cannot shape them)")
-    on_gpus = given.get("device") != "cpu" and (
-        given.get("accelerator") or any(n.gpus > 0 for n in nodes_of(rec)))
-    if not given.get("precision") and not on_gpus and set(ref.precisions) & {"amp", "bf16"}:
-        fill["precision"] = "fp32"
-        notes.append("fp32 (its amp needs GPUs; these nodes have none)")
-    taken = [f"{k.replace('_', '-')} {v}" for k, v in (
-        ("batch_size", ",".join(map(str, ref.batch_sizes))), ("model", ref.model),
-        ("engine", ref.engine), ("precision", ",".join(ref.precisions)),
-        ("bandwidth", ",".join(format_rate(b) for b in ref.bandwidths)),
-        ("repeats", ref.repeats), ("steps", ref.steps)) if not given.get(k) and k not in fill]
-    line = (f"axes not given come from the reference experiment (bench/sweeps/"
-            f"{sweepfile.REFERENCE}.yml): {', '.join(taken)}"
-            + (f"; {'; '.join(notes)}" if notes else "") + "; give any of them to override")
-    return fill, line
-
-
-def prepare(cluster: str, spec) -> Prepared:
-    """Validate the sweep against the cluster and expand it; writes nothing."""
-    from scalelab.sweep import estimate
-    from scalelab.sweep import planner as sweep
-
-    rec = load_cluster(cluster)
-    facts.require_configured(rec)
-    nodes = nodes_of(rec)
-    target = targets.of(rec)
-    caps = targets.capabilities(rec)
-    allowed = target.launchers(rec)
-    if spec.launcher is None:
-        spec.launcher = allowed[0]
-    elif spec.launcher not in allowed:
-        raise InputError(f"cluster {cluster} can only start runs with --launcher "
-                         f"{' or '.join(allowed)}; it has no SSH to its compute nodes")
-    if spec.partition and spec.launcher != "slurm":
-        raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
-                         "launcher: slurm in the sweep file)")
-    runs = sweep.plan(spec, nodes, caps.shape_links, cluster=cluster)
-    shaped = sorted({r.params["bandwidth_mbit"] for r in runs} - {None})
-    profile = getattr(spec, "fabric_profile", "ideal")
-    if profile != "ideal" and not caps.shares_host_cpus:
-        raise InputError(f"--fabric-profile {profile}: a fabric profile stands for a network "
-                         f"on emulated links; cluster {cluster}'s nodes are real hosts whose "
-                         "NICs already are the fabric, so use --fabric-profile ideal")
-    no_sudo = [n for n in nodes[:max((r.params["nodes"] for r in runs), default=0)]
-               if (n.facts or {}).get("sudo") == "no"]
-    if shaped and no_sudo:
-        n = no_sudo[0]
-        raise InputError(f"--bandwidth {format_rate(shaped[0])}: node {n.name}'s user "
-                         f"{(n.facts or {}).get('user') or n.ssh_user} may not sudo without a "
-                         "password, which tc needs to set the rate; use --bandwidth native, or "
-                         "ask the host's admins for passwordless sudo")
-    if getattr(spec, "runtime", "host") == "container" and runs:
-        check_container_runtime(cluster, rec, spec, runs, nodes)
-    if spec.launcher == "slurm" and runs:
-        from scalelab.cluster import slurmctl
-
-        # before anything is written or submitted: Slurm answers, the partition holds the nodes
-        most = max(r.params["nodes"] for r in runs)
-        fix = "" if caps.configurable else slurmctl.ADMIN_FIX
-        slurmctl.check(cluster, target.login(rec), rec["known_hosts"],
-                       spec.partition or target.default_partition(rec),
-                       [n.name for n in nodes[:most]], fix=fix)
-    return Prepared(cluster, spec, runs, estimate.estimate_duration_s(
-        runs, device=_device(runs), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
-
-
-def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
-                            nodes: list[Node]) -> None:
-    """--runtime container: the nodes run Docker and hold the cluster's training image, which
-    has what the runs need; InputError naming the first gap and its fix, before any run."""
-    from scalelab.cluster import image as images
-
-    fix = (f"build one with invoke image and load it with invoke configure --cluster {cluster} "
-           "--image ARCHIVE")
-    if spec.launcher == "slurm":
-        raise InputError("--runtime container with --launcher slurm needs Slurm's container "
-                         "plugin (pyxis: srun --container-image), which scalelab does not drive; "
-                         "use --launcher ssh or --runtime host")
-    img = rec.get("image")
-    if not isinstance(img, dict) or not img.get("id"):
-        raise InputError(f"--runtime container: cluster {cluster} has no training image; {fix}")
-    lacking = images.missing_for(img.get("contents") or {}, sorted({
-        r.params["engine"] for r in runs if r.kind == "train"}))
-    if lacking:
-        raise InputError(f"--runtime container: image {img['tag']} lacks {', '.join(lacking)}, "
-                         f"which these runs need; {fix} (an image invoke image built has both)")
-    if img.get("workloads") is not None and img["workloads"] != images.workloads_now():
-        raise InputError(f"--runtime container: image {img['tag']} holds other workloads than "
-                         f"this checkout's bench/workloads; {fix}")
-    used = nodes[:max(r.params["nodes"] for r in runs)]
-    cuda = any(r.params.get("device") == "cuda" for r in runs)
-    for n in used:
-        f = n.facts or {}
-        if not f.get("docker"):
-            raise InputError(f"--runtime container: node {n.name} has no Docker engine that "
-                             f"{f.get('user') or n.ssh_user} can use; {fix}")
-        if (f.get("images") or {}).get(img["tag"]) != img["id"]:
-            raise InputError(f"--runtime container: node {n.name} does not hold image "
-                             f"{img['tag']} ({img['id'][:19]}); load it with invoke configure "
-                             f"--cluster {cluster} --image {img.get('archive') or 'ARCHIVE'}")
-        if cuda and "nvidia" not in (f.get("docker_runtimes") or []):
-            raise InputError(f"--runtime container: node {n.name}'s Docker has no nvidia runtime, "
-                             "so a container cannot see its GPUs; configure it again (the "
-                             "docker_nvidia role installs the NVIDIA container toolkit on GPU "
-                             "nodes), or run with --runtime host")
-
-
-def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
-    from scalelab.sweep import spec as sweepfile
-
-    rec = load_cluster(prep.cluster)
-    return {
-        "sweep_id": sweep_id, "cluster": prep.cluster, "target": rec["target"],
-        "created_at": utcnow(), "finished_at": None, "plan": sweepfile.spec_to_dict(prep.spec),
-        "nodes": rec["nodes"], "bandwidth_mbit_cluster": rec.get("bandwidth_mbit"),
-        "emulated": targets.capabilities(rec).shares_host_cpus,
-        "host_cpus": host_cpus() if targets.capabilities(rec).shares_host_cpus else None,
-        "capabilities": targets.capabilities(rec).to_dict(),
-        "software": {"scalelab": scalelab_commit(), "python": platform.python_version(),
-                     **_terraform_used(rec)},
-        "planned_runs": [r.run_id for r in prep.runs],
-        # every pair's rate as the last `invoke check --links` measured it (optional)
-        **_link_pairs(prep.cluster, rec),
-    }
-
-
-def _terraform_used(rec: dict[str, Any]) -> dict[str, Any]:
-    """{"terraform": {"binary", "version"}} when the cluster was applied by Terraform (or
-    OpenTofu) and its record says which; {} otherwise.
-
-    >>> _terraform_used({"terraform": {"binary": "/usr/bin/tofu", "version": "1.8.0"}})
-    {'terraform': {'binary': 'tofu', 'version': '1.8.0'}}
-    >>> _terraform_used({"target": "local"}), _terraform_used({"terraform": {"version": ""}})
-    ({}, {})
-    """
-    meta = rec.get("terraform")
-    if not isinstance(meta, dict) or not meta.get("version"):
-        return {}
-    binary = Path(str(meta.get("binary") or "terraform")).name
-    return {"terraform": {"binary": binary, "version": str(meta["version"])}}
-
-
-def _link_pairs(cluster: str, rec: dict[str, Any]) -> dict[str, Any]:
-    """{"link_pairs": doc} from the cluster's last check --links, if it measured these nodes."""
-    import json
-
-    from scalelab.run import linkprobe
-
-    path = cluster_dir(cluster) / linkprobe.LINKS_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    names = {n["name"] for n in rec.get("nodes", [])}
-    pairs = linkprobe.measurements(doc) if isinstance(doc, dict) else []
-    if not pairs or any({m.server, m.client} - names for m in pairs):
-        return {}  # measured on nodes this cluster no longer has
-    return {"link_pairs": doc}
-
-
-def start(prep: Prepared, reports_root: Path,
-          on_progress: Callable[[Progress], None] | None = None,
-          stop: threading.Event | None = None) -> tuple[Path, dict[str, int]]:
-    """Create the sweep in the store, run every planned run, write results.csv."""
-    from scalelab.sweep import planner as sweep
-
-    stop = stop if stop is not None else threading.Event()
-    with interrupts_stop(stop):
-        ended = end_abandoned(reports_root, prep.cluster)
-        if ended:
-            log.warning("ended %d process groups that a killed driver left on cluster %s",
-                        ended, prep.cluster)
-        if prep.spec.launcher != "slurm":  # a Slurm sweep's nodes were asked of sinfo
-            preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
-        if stop.is_set():
-            raise KeyboardInterrupt  # before anything is written
-        sweep_id = sweep.new_sweep_id(dt.datetime.now(dt.UTC))
-        sweep_dir = store.create_sweep(reports_root, sweep_id, sweep_meta(prep, sweep_id))
-        store.update_latest(reports_root, sweep_id)
-        return sweep_dir, _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec,
-                                          on_progress, stop)
-
-
-def end_abandoned(reports_root: Path, cluster: str) -> int:
-    """End what killed drivers left running on this cluster's nodes (ranks, their containers,
-    warm-start servers), in every sweep of it that no driver holds now, as --resume would:
-    a new sweep never starts beside a dead one's ranks. Returns how many groups were listed."""
-    rec = load_cluster(cluster)
-    ended = 0
-    for marker in sorted([*Path(reports_root).glob(f"*/{INFLIGHT}"),
-                          *Path(reports_root).glob(f"*/{WARM}")]):
-        sweep_dir = marker.parent
-        try:
-            meta = store.read_meta(sweep_dir)
-        except (ScalelabError, OSError):
-            continue
-        if meta.get("cluster") != cluster:
-            continue
-        try:
-            with store.hold_sweep(sweep_dir):  # a live driver holds its own: left alone
-                ended += reap.reap_inflight(marker, rec["known_hosts"], retry_s=5.0)
-        except store.StoreError:
-            continue
-    return ended
-
-
-def prepare_resume(reports_root: Path, sweep_id: str,
-                   retry_failed: bool = False) -> tuple[Path, Prepared]:
-    """The runs of an earlier sweep that its store lacks (or that were interrupted; with
-    retry_failed, also those that failed or timed out)."""
-    from scalelab.sweep import estimate
-    from scalelab.sweep import spec as sweepfile
-
-    stored = store.load_sweep(reports_root, sweep_id)
-    sweep_dir, meta = stored.path, stored.meta
-    spec = sweepfile.spec_from_mapping(meta["plan"], f"{sweep_dir}/sweep.json")
-    prep = prepare(meta["cluster"], spec)
-    todo = store.missing_runs(sweep_dir, prep.runs, retry_failed=retry_failed)
-    rec = load_cluster(meta["cluster"])
-    caps = targets.capabilities(rec)
-    return sweep_dir, Prepared(meta["cluster"], spec, todo, estimate.estimate_duration_s(
-        todo, device=_device(todo), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
-
-
-def resume(sweep_dir: Path, prep: Prepared,
-           on_progress: Callable[[Progress], None] | None = None,
-           stop: threading.Event | None = None) -> dict[str, int]:
-    stop = stop if stop is not None else threading.Event()
-    with interrupts_stop(stop):
-        with store.hold_sweep(sweep_dir):  # a second resume of the same sweep fails here
-            store.compact(sweep_dir)
-            rec = load_cluster(prep.cluster)
-            reaped = (reap.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
-                      + reap.reap_inflight(sweep_dir / WARM, rec["known_hosts"]))
-        if reaped:
-            log.warning("ended %d process groups left by the interrupted driver", reaped)
-        if prep.runs and prep.spec.launcher != "slurm":
-            preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
-        if stop.is_set():
-            raise KeyboardInterrupt
-        return _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec, on_progress,
-                               stop)
-
-
-def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
-                    on_progress, stop) -> dict[str, int]:
-    from scalelab.results import frames as results
-
-    ended = False
-    try:
-        with store.hold_sweep(sweep_dir):
-            counts = execute(cluster, sweep_dir, runs, spec.timeout_s, on_progress, stop,
-                             netprobe=getattr(spec, "netprobe", True),
-                             launcher=getattr(spec, "launcher", None) or "ssh",
-                             partition=getattr(spec, "partition", None),
-                             runtime=getattr(spec, "runtime", "host"),
-                             warm_start=getattr(spec, "warm_start", True))
-            store.finish_sweep(sweep_dir, utcnow())
-        ended = True
-        return counts
-    except OSError as exc:
-        # a full disk (ENOSPC) or the like, where the store itself has no word for it
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise store.StoreError(f"sweep {sweep_dir.name} stopped: {exc.strerror}{where}; every "
-                               f"run recorded so far is kept; fix it (free space?), then "
-                               f"resume with invoke bench --resume {sweep_dir.name}") from None
-    finally:
-        try:
-            results.write_csv(sweep_dir)
-        except (ScalelabError, OSError) as exc:
-            # e.g. a full disk: when the sweep itself failed, its error is the one to show
-            log.log(logging.WARNING if ended else logging.INFO, "results.csv not written: %s",
-                    exc)

@@ -13,6 +13,7 @@ import pytest
 from conftest import bench_exit, needs_root, needs_sshd
 
 from scalelab.cluster.targets.local import LocalCluster
+from scalelab.run import lifecycle
 
 from . import faultlib as fl
 
@@ -147,7 +148,6 @@ def test_ctrl_c_mid_run_marks_it_interrupted_and_cleans_up(fcluster, reports, tm
 def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkeypatch, fault):
     """SIGINT lands between two nodes' tc changes: shaping finishes, no run starts, every
     link goes back to the cluster's rate, and KeyboardInterrupt comes out at the end."""
-    from scalelab.run import driver
     from scalelab.sweep import spec as sweepfile
 
     lc = fcluster(3, bandwidth="1gbit")
@@ -163,10 +163,10 @@ def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkey
     monkeypatch.setattr(LocalCluster, "_shape_node", shape_then_interrupt)
     spec = sweepfile.load_sweep_file(fl.write_sweep(tmp_path / "s.yml", nodes=[3],
                                                  bandwidth=["100mbit"]))
-    prep = driver.prepare(lc.name, spec)
+    prep = lifecycle.prepare(lc.name, spec)
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
-        driver.start(prep, reports)
+        lifecycle.start(prep, reports)
     fault()
     assert sent["n"] == 1
     sweep_dir = fl.latest(reports)

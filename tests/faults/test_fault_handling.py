@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import fill, needs_root, needs_sshd, running, tiny_fs, wait_until
 
-from scalelab.run import driver, launch, reap
+from scalelab.run import launch, lifecycle, reap
 
 DATA = Path(__file__).parent / "data"
 
@@ -236,7 +236,7 @@ def test_a_failed_restore_keeps_the_note_for_the_next_sweep(tmp_path):
 def test_sigint_and_sigterm_set_the_stop_flag_and_handlers_come_back():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     stop = threading.Event()
-    with driver.interrupts_stop(stop):
+    with lifecycle.interrupts_stop(stop):
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)  # no KeyboardInterrupt, no exit
@@ -249,7 +249,7 @@ def test_outside_the_main_thread_signals_are_left_alone():
     seen = {}
 
     def body():
-        with driver.interrupts_stop(stop):
+        with lifecycle.interrupts_stop(stop):
             seen["handler"] = signal.getsignal(signal.SIGINT)
 
     t = threading.Thread(target=body)
