@@ -18,8 +18,8 @@ import pytest
 import yaml
 from conftest import needs_root, needs_sshd
 
-from scalelab.cluster import bundle
-from scalelab.cluster.bundle import BundleError
+from scalelab.cluster import bundle, packages
+from scalelab.cluster.packages import BundleError
 from scalelab.cluster.targets.base import Capabilities
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ perl
 # ------------------------------------------------------------------ pure helpers
 
 def test_closure_keeps_real_packages_once_and_drops_virtual_ones():
-    assert bundle.parse_depends_closure(DEPENDS_IPERF3) == [
+    assert packages.parse_depends_closure(DEPENDS_IPERF3) == [
         "iperf3", "init-system-helpers", "debconf", "adduser", "libc6", "libiperf0",
         "cdebconf", "usrmerge", "perl"]
 
@@ -77,7 +77,7 @@ def test_apt_paragraphs_keep_continuation_lines():
             "Description: Tool for generating GNU Standards-compliant Makefiles\n"
             " Automake is a tool.\n .\n More.\n\n"
             "Package: hello\nVersion: 2.10-3\n")
-    first, second = bundle.parse_stanzas(text)
+    first, second = packages.parse_stanzas(text)
     assert first["Version"] == "1:1.16.5-1.3"
     assert first["Description"].splitlines()[1:] == [" Automake is a tool.", " .", " More."]
     assert second == {"Package": "hello", "Version": "2.10-3"}
@@ -91,30 +91,30 @@ def test_apt_paragraphs_keep_continuation_lines():
     ("foo_bar-1.0-1build-py3-none-any.whl", ("foo-bar", "1.0")),
 ])
 def test_wheel_file_names_give_name_and_version(filename, expected):
-    assert bundle.parse_wheel_filename(filename) == expected
+    assert packages.parse_wheel_filename(filename) == expected
 
 
 def test_a_file_that_is_no_wheel_is_refused():
     with pytest.raises(BundleError, match="not a wheel file name"):
-        bundle.parse_wheel_filename("horovod-0.28.1.tar.gz")
+        packages.parse_wheel_filename("horovod-0.28.1.tar.gz")
 
 
 def test_requirements_and_pins():
-    assert bundle.parse_requirement("torch==2.13.0") == ("torch", "==2.13.0")
-    assert bundle.parse_requirement("Pillow") == ("pillow", "")
+    assert packages.parse_requirement("torch==2.13.0") == ("torch", "==2.13.0")
+    assert packages.parse_requirement("Pillow") == ("pillow", "")
     with pytest.raises(BundleError, match="give a name"):
-        bundle.parse_requirement("horovod[pytorch]==0.28.1")
-    assert bundle.satisfies("2.13.0+cpu", "==2.13.0")
-    assert not bundle.satisfies("2.13.1", "==2.13.0")
-    assert bundle.torch_pin(["numpy"], ROOT / "constraints.txt") == "2.13.0"
+        packages.parse_requirement("horovod[pytorch]==0.28.1")
+    assert packages.satisfies("2.13.0+cpu", "==2.13.0")
+    assert not packages.satisfies("2.13.1", "==2.13.0")
+    assert packages.torch_pin(["numpy"], ROOT / "constraints.txt") == "2.13.0"
 
 
 def test_packages_index_and_release_carry_what_apt_checks():
-    stanza = bundle.packages_stanza("Package: hello\nVersion: 2.10-3\nArchitecture: amd64\n",
+    stanza = packages.packages_stanza("Package: hello\nVersion: 2.10-3\nArchitecture: amd64\n",
                                     "hello_2.10-3_amd64.deb", 53104, "m" * 32, "s" * 64)
-    fields = bundle.parse_stanzas(stanza)[0]
+    fields = packages.parse_stanzas(stanza)[0]
     assert fields["Filename"] == "./hello_2.10-3_amd64.deb" and fields["Size"] == "53104"
-    release = bundle.parse_stanzas(bundle.release_file(stanza.encode(), "Mon, 1 Jan 2026 00:00:00 GMT"))[0]
+    release = packages.parse_stanzas(packages.release_file(stanza.encode(), "Mon, 1 Jan 2026 00:00:00 GMT"))[0]
     assert hashlib.sha256(stanza.encode()).hexdigest() in release["SHA256"]
 
 
@@ -123,10 +123,10 @@ def test_horovod_wheel_built_for_the_pinned_torch_wins(tmp_path):
     for key in ("horovod-0.28.1_torch-2.12.0_cp311", "horovod-0.28.1_torch-2.13.0+cpu_cp311"):
         (tmp_path / key).mkdir()
         (tmp_path / key / name).write_bytes(b"x")
-    picked = bundle.pick_local_wheels([tmp_path], "2.13.0")
+    picked = packages.pick_local_wheels([tmp_path], "2.13.0")
     assert [p.parent.name for p in picked] == ["horovod-0.28.1_torch-2.13.0+cpu_cp311"]
     with pytest.raises(BundleError, match="is in 2 places"):
-        bundle.pick_local_wheels([tmp_path], None)
+        packages.pick_local_wheels([tmp_path], None)
 
 
 # ------------------------------------------------------------------ contents = role defaults
@@ -282,7 +282,7 @@ def test_build_makes_a_flat_repo_wheels_and_manifest_and_a_second_build_is_a_no_
     assert {"iperf3", "libiperf0", "libc6"} <= set(debs)
     for d in manifest["debs"]:
         assert (out / "debs" / d["file"]).stat().st_size == d["size"]
-    index = bundle.parse_stanzas((out / "debs" / "Packages").read_text())
+    index = packages.parse_stanzas((out / "debs" / "Packages").read_text())
     assert {p["Package"] for p in index} == set(debs)
     assert all(p["Filename"] == f"./{debs[p['Package']]['file']}" for p in index)
     assert "Packages" in (out / "debs" / "Release").read_text()
