@@ -18,13 +18,12 @@ from scalelab.model.analysis import (
     baseline_world_size,
     fit_alpha_s,
     host_limits,
-    mean_ci,
     missing_baselines,
     ring_allreduce_time_s,
     scaling_efficiency,
     summarize,
-    t_critical,
 )
+from scalelab.model.stats import mean_ci, t_critical
 from scalelab.results import frames as results
 
 # ------------------------------------------------------------------------------ helpers
