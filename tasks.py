@@ -248,50 +248,19 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
           price_per_node_hour="", bucket_cap_mb="", fusion_threshold_mb="", cycle_time_ms="",
           compression=""):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
+    asked = {k: v for k, v in locals().items() if k != "c"}
     import datetime as dt
     import threading
 
     from scalelab.core.state import reports_dir
     from scalelab.sweep import planner as sweeps
-    from scalelab.sweep import spec as sweepfile
 
     root = reports_dir()
     if resume:
         sweep_dir, prep = lifecycle.prepare_resume(root, resume, retry_failed=retry_failed)
         print(f"resuming {sweep_dir.name}: {len(prep.runs)} runs missing")
     else:
-        if not (sweep or nodes):
-            sweep = "demo"
-        elif not (sweep or batch_size or global_batch_size):
-            # the mission's own first line, invoke bench --nodes 1-10: every axis not given is
-            # the reference experiment's, as this cluster can run it
-            fill, line = lifecycle.reference_fill(cluster, {
-                "bandwidth": bandwidth, "precision": precision, "device": device,
-                "accelerator": accelerator, "batch_size": batch_size, "model": model,
-                "engine": engine, "repeats": repeats, "steps": steps})
-            bandwidth = bandwidth or fill.get("bandwidth", "")
-            precision = precision or fill.get("precision", "")
-            sweep = sweepfile.REFERENCE
-            print(line, flush=True)
-        spec = sweepfile.spec_from_options(
-            nodes=nodes or None, batch_size=batch_size or None, bandwidth=bandwidth or None,
-            global_batch_size=global_batch_size or None,
-            procs_per_node=procs_per_node or None, model=model or None, engine=engine or None,
-            precision=precision or None, repeats=repeats or None, steps=steps or None,
-            accelerator=accelerator or None, dilation=dilation or None,
-            launcher=launcher or None, partition=partition or None, timeout_s=timeout or None,
-            device=device or None, fabric=fabric or None,
-            fabric_profile=fabric_profile or None, channels_last=channels_last or None,
-            memory_format=memory_format or None,
-            loader_workers=loader_workers or None, pin_memory=pin_memory or None,
-            allreduce_sizes=allreduce_sizes or None, runtime=runtime or None,
-            warm_start=None if warm_start else False,
-            price_per_node_hour=price_per_node_hour or None,
-            bucket_cap_mb=bucket_cap_mb or None,
-            fusion_threshold_mb=fusion_threshold_mb or None,
-            cycle_time_ms=cycle_time_ms or None, compression=compression or None,
-            sweep_file=sweep or None)
-        prep = lifecycle.prepare(cluster, spec)
+        prep = lifecycle.prepare(cluster, _bench_spec(cluster, asked))
     if dry_run:
         for r in prep.runs:
             print(f"  {r.run_id:<34} {sweeps.describe(r)}")
@@ -299,16 +268,12 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
         print(f"{len(prep.runs)} runs on cluster {prep.cluster}, estimated {eta}")
         return
     stop = threading.Event()
-    bar = _progress_bar(len(prep.runs), prep.estimate_s)
-    try:
-        if resume:
-            counts = lifecycle.resume(sweep_dir, prep, bar.update, stop)
-        else:
-            sweep_dir, counts = lifecycle.start(prep, root, bar.update, stop)
-    finally:
-        bar.close()  # before the error line, which must come last and alone
-    print(f"sweep {sweep_dir.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
-    print(f"results: {sweep_dir / 'results.csv'}")
+    if resume:
+        _run_with_bar(prep, lambda update: (sweep_dir, lifecycle.resume(sweep_dir, prep, update,
+                                                                         stop)))
+    else:
+        sweep_dir, _ = _run_with_bar(prep, lambda update: lifecycle.start(prep, root, update,
+                                                                          stop))
     if report:
         from scalelab import report as reports
 
@@ -326,36 +291,46 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
                    f"--resume {sweep_dir.name} --retry-failed runs them again", code=1)
 
 
-class _Bar:
-    """tqdm bar over runs: run k of n, the current configuration, and an ETA."""
-
-    def __init__(self, total: int, estimate_s: float) -> None:
-        self.total = total
-        self.bar = None  # drawn when the first run starts, so a preflight error stands alone
-        self.failed = 0
-
-    def update(self, p) -> None:
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total, unit="run", dynamic_ncols=True,
-                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
-        if p.record is None:
-            self.bar.set_description_str(f"run {p.index + 1}/{p.total}")
-            self.bar.set_postfix_str(p.description.strip())
-            return
-        if p.record["status"] != "ok":
-            self.failed += 1
-            self.bar.write(f"{p.run_id}: {p.record['status']}: {p.record['error']}")
-        self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+# bench's options that are not the sweep's, and those the sweep names otherwise
+_BENCH_ONLY = ("cluster", "dry_run", "resume", "retry_failed", "report")
+_SPEC_NAMES = {"timeout": "timeout_s", "sweep": "sweep_file"}
+# what the reference experiment may fill in when a command line names nodes but no batch
+_REFERENCE_FILLS = ("bandwidth", "precision", "device", "accelerator", "batch_size", "model",
+                    "engine", "repeats", "steps")
 
 
-def _progress_bar(total: int, estimate_s: float) -> _Bar:
-    return _Bar(total, estimate_s)
+def _bench_spec(cluster: str, asked: dict):
+    """The sweep bench's options ask for: an option not given is None (the sweep file's or
+    the default); no options at all is the demo sweep; nodes without a batch is the reference
+    experiment, as this cluster can run it (the mission's own invoke bench --nodes 1-10)."""
+    from scalelab.sweep import spec as sweepfile
+
+    opts = {_SPEC_NAMES.get(k, k): (v or None) for k, v in asked.items() if k not in _BENCH_ONLY}
+    opts["warm_start"] = None if asked["warm_start"] else False
+    if not (asked["sweep"] or asked["nodes"]):
+        opts["sweep_file"] = "demo"
+    elif not (asked["sweep"] or asked["batch_size"] or asked["global_batch_size"]):
+        fill, line = lifecycle.reference_fill(cluster, {k: asked[k] for k in _REFERENCE_FILLS})
+        opts["bandwidth"] = opts["bandwidth"] or fill.get("bandwidth") or None
+        opts["precision"] = opts["precision"] or fill.get("precision") or None
+        opts["sweep_file"] = sweepfile.REFERENCE
+        print(line, flush=True)
+    return sweepfile.spec_from_options(**opts)
+
+
+def _run_with_bar(prep, go):
+    """Run a prepared sweep (go: the progress callback to (sweep directory, counts)) under a
+    progress bar; say what it did and where its results are."""
+    from scalelab.run.progress import Bar
+
+    bar = Bar(len(prep.runs), prep.estimate_s)
+    try:
+        sweep_dir, counts = go(bar.update)
+    finally:
+        bar.close()  # before the error line, which must come last and alone
+    print(f"sweep {sweep_dir.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    print(f"results: {sweep_dir / 'results.csv'}")
+    return sweep_dir, counts
 
 
 @task(help={
@@ -556,13 +531,8 @@ def demo(c, nodes="8", sweep="demo", keep=False):
         prep = lifecycle.prepare("demo", spec)
         print(f"sweep {sweep}: {len(prep.runs)} runs, estimated {int(prep.estimate_s // 60)} min "
               f"{int(prep.estimate_s % 60)} s")
-        bar = _progress_bar(len(prep.runs), prep.estimate_s)
-        try:
-            sweep_dir, counts = lifecycle.start(prep, reports_dir(), bar.update)
-        finally:
-            bar.close()
-        print(f"sweep {sweep_dir.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
-        print(f"results: {sweep_dir / 'results.csv'}")
+        sweep_dir, _ = _run_with_bar(prep, lambda update: lifecycle.start(prep, reports_dir(),
+                                                                          update))
     finally:
         if not keep:
             provisioning.destroy("demo")

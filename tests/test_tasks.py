@@ -59,3 +59,22 @@ def test_bench_with_nodes_only_sweeps_the_reference_experiment(tmp_path):
     assert {r for _, _, r in planned} == {"0", "1", "2"}  # its 3 repeats
     assert "probe" in proc.stdout  # and its allreduce probes
     assert not (tmp_path / "reports").exists()  # a dry run writes nothing
+
+
+def test_the_progress_bar_says_how_long_the_sweep_has_left(monkeypatch, capsys):
+    """Before any run ends the time left is the sweep's estimate; then the estimate for the
+    runs to go, at the pace the finished runs kept against theirs."""
+    from scalelab.run import progress
+    from scalelab.run.driver import Progress
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    bar = progress.Bar(4, 400.0)
+    bar.update(Progress(0, 4, "r0", "1 node", None))
+    assert "about 0:06:40 left" in capsys.readouterr().err
+    clock[0] += 200.0  # the first run took twice its share of the estimate
+    bar.update(Progress(0, 4, "r0", "1 node", {"status": "failed", "error": "gloo aborted"}))
+    bar.update(Progress(1, 4, "r1", "2 nodes", None))
+    shown = capsys.readouterr()
+    assert "about 0:10:00 left" in shown.err and "r0: failed: gloo aborted" in shown.out
+    bar.close()
