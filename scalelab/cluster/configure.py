@@ -360,27 +360,7 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
     from scalelab.cluster import facts
 
     rec = load_cluster(cluster)  # raises ClusterError with a hint when unknown
-    variables_extra: dict[str, Any] = {}
-    if bundle:
-        from scalelab.cluster import bundle as bundles
-
-        bundle_dir = Path(bundle).expanduser().resolve()
-        # without --tags slurm, a bundle made before the slurm role (or without its debs) serves
-        apt, reqs = bundles.default_contents(slurm="slurm" in parse_tags(tags, known_tags()))
-        bundles.check(bundle_dir, apt, reqs)
-        variables_extra["scalelab_bundle_dir"] = str(bundle_dir)
-    image_meta = None
-    if image:
-        from scalelab.cluster import image as images
-
-        image_meta = images.read_meta(Path(image))  # ImageError with the fix, before any host
-        if not targets.capabilities(rec).containers:
-            raise InputError(f"--image: the nodes of cluster {cluster} cannot run a Docker "
-                             "engine; train on the host (invoke bench --runtime host)")
-        variables_extra.update({
-            "docker_nvidia_image_archive": str(Path(image).expanduser().resolve()),
-            "docker_nvidia_image_tag": image_meta["tag"],
-            "docker_nvidia_image_id": image_meta["id"]})
+    variables_extra, image_meta = _offline_inputs(cluster, rec, tags, bundle, image)
     if not targets.capabilities(rec).configurable:
         raise InputError(f"cluster {cluster} is reached through its "
                          "login host only: scalelab installs nothing there; its facts came from "
@@ -414,23 +394,7 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
 
     failures: list[Failure] = []
     text: list[str] = []
-
-    def on_event(event: dict[str, Any]) -> bool:
-        p = progress_from_event(event)
-        if p is not None:
-            if p.kind in ("failed", "unreachable"):
-                log.warning("%s %s on %s: %s", p.task, p.kind, p.host, p.message)
-            else:
-                log.debug("%s %s %s %s", p.kind, p.host, p.play, p.task)
-            if progress is not None:
-                progress(p)
-        f = failure_from_event(event)
-        if f is not None:
-            failures.append(f)
-        if event.get("event") in _TEXT_EVENTS and event.get("stdout"):
-            text.append(str(event["stdout"]))
-        return True  # keep the event in the artifacts
-
+    on_event = _event_handler(progress, failures, text)
     log.info("configure %s (%s target): %s tags=%s check=%s", cluster, rec.get("target"),
              playbook, ",".join(tag_list) or "all", check)
     started = time.monotonic()
@@ -463,6 +427,59 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
             done["image"]["archive"] = str(Path(image).expanduser().resolve())
             save_cluster(cluster, done)
     return result
+
+
+def _offline_inputs(cluster: str, rec: dict[str, Any], tags: Sequence[str] | str | None,
+                    bundle: str | Path | None,
+                    image: str | Path | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The variables an offline bundle and a training image add, each checked before any host
+    is touched (a bundle that lacks a package, an image archive unreadable, nodes that cannot
+    run an engine); and the image's metadata."""
+    variables: dict[str, Any] = {}
+    if bundle:
+        from scalelab.cluster import bundle as bundles
+
+        bundle_dir = Path(bundle).expanduser().resolve()
+        # without --tags slurm, a bundle made before the slurm role (or without its debs) serves
+        apt, reqs = bundles.default_contents(slurm="slurm" in parse_tags(tags, known_tags()))
+        bundles.check(bundle_dir, apt, reqs)
+        variables["scalelab_bundle_dir"] = str(bundle_dir)
+    image_meta = None
+    if image:
+        from scalelab.cluster import image as images
+
+        image_meta = images.read_meta(Path(image))  # ImageError with the fix, before any host
+        if not targets.capabilities(rec).containers:
+            raise InputError(f"--image: the nodes of cluster {cluster} cannot run a Docker "
+                             "engine; train on the host (invoke bench --runtime host)")
+        variables.update({
+            "docker_nvidia_image_archive": str(Path(image).expanduser().resolve()),
+            "docker_nvidia_image_tag": image_meta["tag"],
+            "docker_nvidia_image_id": image_meta["id"]})
+    return variables, image_meta
+
+
+def _event_handler(progress: Callable[[Progress], None] | None, failures: list[Failure],
+                   text: list[str]) -> Callable[[dict[str, Any]], bool]:
+    """ansible-runner's event handler: progress to the caller, failures and text collected."""
+
+    def on_event(event: dict[str, Any]) -> bool:
+        p = progress_from_event(event)
+        if p is not None:
+            if p.kind in ("failed", "unreachable"):
+                log.warning("%s %s on %s: %s", p.task, p.kind, p.host, p.message)
+            else:
+                log.debug("%s %s %s %s", p.kind, p.host, p.play, p.task)
+            if progress is not None:
+                progress(p)
+        f = failure_from_event(event)
+        if f is not None:
+            failures.append(f)
+        if event.get("event") in _TEXT_EVENTS and event.get("stdout"):
+            text.append(str(event["stdout"]))
+        return True  # keep the event in the artifacts
+
+    return on_event
 
 
 def verify(cluster: str, tags: Sequence[str] | str | None = None,
