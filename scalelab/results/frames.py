@@ -197,6 +197,23 @@ def plan_min_nodes(meta: dict[str, Any]) -> dict[str, int]:
     return {str(meta["sweep_id"]): min(ints)}
 
 
+# a train record's own columns, in the order to_frame builds them
+RUN_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model",
+               "engine", "precision", "batch_size", "bandwidth_mbit", "repeat", "status",
+               "link_mbit_measured", "link_error", "started_at", "duration_s", "error", "data",
+               "bandwidth", "steps", "image_size", "gradient_bytes", "accelerator", "dilation",
+               "profile_step_s", "accelerator_source", "launcher", "slurm_job_id",
+               *TIMELINE_KEYS, "device", "backend", "transport", "gpus_per_node", "gpu_model",
+               "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime", "image_id",
+               "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
+               "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile"]
+# each rank's figures as to_frame reads them: short name -> the record's key
+RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step_time_p95_s",
+               "compute": "compute_time_mean_s", "comm": "comm_time_mean_s",
+               "inflight": "comm_inflight_mean_s", "idle": "host_cpu_idle", "tx": "nic_tx_bytes",
+               "wall": "timed_wall_s", "data": "data_time_mean_s"}
+
+
 def to_frame(records: Sequence[dict[str, Any]],
              min_nodes: dict[str, int] | None = None) -> pd.DataFrame:
     """One row per train run: CSV_COLUMNS then EXTRA_COLUMNS.
@@ -213,99 +230,9 @@ def to_frame(records: Sequence[dict[str, Any]],
     the plan's smallest node count (min_nodes: sweep id -> count, from plan_min_nodes) x procs
     per node.
     """
-    runs: list[dict[str, Any]] = []
-    rank_rows: list[tuple] = []
-    for idx, rec in enumerate(r for r in records if r.get("kind", "train") == "train"):
-        p = _params(rec)
-        nodes = _num(p.get("nodes"))
-        ppn = _num(p.get("procs_per_node"))
-        ws = _num(p.get("world_size"))
-        if math.isnan(ws) and not (math.isnan(nodes) or math.isnan(ppn)):
-            ws = nodes * ppn
-        bw = _num(p.get("bandwidth_mbit"))
-        ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
-        timeline = rec.get("timeline") if isinstance(rec.get("timeline"), dict) else {}
-        # raw values here, converted column by column below: per-value float() is slow
-        rank_rows.extend((idx, rk.get("images_per_sec"), rk.get("step_time_mean_s"),
-                          rk.get("step_time_p95_s"), rk.get("compute_time_mean_s"),
-                          rk.get("comm_time_mean_s"), rk.get("comm_inflight_mean_s"),
-                          rk.get("host_cpu_idle"), rk.get("nic_tx_bytes"), rk.get("timed_wall_s"),
-                          rk.get("data_time_mean_s"))
-                         for rk in ranks if isinstance(rk, dict))
-        acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
-        env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
-        job = rec.get("slurm") if isinstance(rec.get("slurm"), dict) else {}  # a Slurm job's
-        placed = rec.get("placement") if isinstance(rec.get("placement"), dict) else {}
-        runs.append({
-            "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
-            "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
-            "world_size": ws, "model": str(p.get("model", "")), "engine": str(p.get("engine", "")),
-            "precision": str(p.get("precision", "")), "batch_size": _num(p.get("batch_size")),
-            "bandwidth_mbit": bw, "repeat": _num(p.get("repeat")),
-            "status": str(rec.get("status", "")),
-            "link_mbit_measured": _num(rec.get("link_mbit_measured")),
-            "link_error": str(rec.get("link_error") or ""),
-            "started_at": str(rec.get("started_at") or ""), "duration_s": _num(rec.get("duration_s")),
-            "error": str(rec.get("error") or ""), "data": str(p.get("data") or "synthetic"),
-            "bandwidth": _bandwidth_label(bw), "steps": _num(p.get("steps")),
-            "image_size": _num(p.get("image_size")),
-            "gradient_bytes": _num(rec.get("gradient_bytes")),
-            "accelerator": str(p.get("accelerator") or ""),
-            "dilation": _num(p.get("dilation")) if p.get("accelerator") else 1.0,
-            "profile_step_s": _num(acc.get("profile_step_s")),
-            "accelerator_source": str(acc.get("source") or ""),
-            # how the ranks started: direct, torchrun, horovodrun (over SSH) or slurm
-            "launcher": str(env.get("launcher") or ""),
-            "slurm_job_id": str(job.get("job_id") or ""),
-            **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
-            "device": str(placed.get("device") or ""),
-            "backend": str(placed.get("backend") or ""),
-            "transport": str(placed.get("transport") or ""),
-            "gpus_per_node": gpus_per_node(ranks),
-            "gpu_model": ", ".join(n for n in placed.get("device_names") or [] if n != "cpu"),
-            "gpu_mem_peak_mb": _num(placed.get("gpu_mem_peak_mb")),
-            "link_mbit_single_stream": _num(rec.get("link_mbit_single_stream")),
-            "runtime": str(p.get("runtime") or "host"),
-            "image_id": str((env.get("image") or {}).get("id") or "")
-            if isinstance(env.get("image"), dict) else "",
-            **_comm_params(p),
-            "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
-            **_scaling(p),
-            "fabric_profile": str(p.get("fabric_profile") or "ideal"),
-        })
-    frame = pd.DataFrame(runs, columns=[
-        "sweep_id", "run_id", "target", "nodes", "procs_per_node", "world_size", "model", "engine",
-        "precision", "batch_size", "bandwidth_mbit", "repeat", "status", "link_mbit_measured",
-        "link_error", "started_at", "duration_s", "error", "data", "bandwidth", "steps", "image_size",
-        "gradient_bytes", "accelerator", "dilation", "profile_step_s", "accelerator_source",
-        "launcher", "slurm_job_id", *TIMELINE_KEYS, "device", "backend", "transport",
-        "gpus_per_node", "gpu_model", "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime",
-        "image_id", "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
-        "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile"])
-    ranks_df = pd.DataFrame(rank_rows, columns=["idx", "ips", "step", "p95", "compute", "comm",
-                                                "inflight", "idle", "tx", "wall", "data"])
-    for col in ("ips", "step", "p95", "compute", "comm", "inflight", "idle", "tx", "wall", "data"):
-        if ranks_df[col].dtype.kind != "f":
-            ranks_df[col] = pd.to_numeric(ranks_df[col].where(
-                ranks_df[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
-    ranks_df["comm_frac"] = ranks_df["comm"] / ranks_df["step"]
-    ranks_df["tx_mbit"] = ranks_df["tx"] * 8 / ranks_df["wall"] / 1e6  # wall clock: on the link
-    g = ranks_df.groupby("idx")
-    per_run = pd.DataFrame({
-        # min_count=1: a run whose ranks all lack the figure gives NaN, not 0 images/s
-        "images_per_sec": g["ips"].sum(min_count=1),
-        "images_per_sec_per_worker": g["ips"].mean(),
-        "step_time_mean_s": g["step"].mean(),
-        "step_time_p95_s": g["p95"].max(),
-        "comm_fraction": g["comm_frac"].mean(),
-        "compute_time_mean_s": g["compute"].mean(),
-        "comm_time_mean_s": g["comm"].mean(),
-        "comm_inflight_mean_s": g["inflight"].mean(),
-        "data_time_mean_s": g["data"].mean(),  # waiting for the input batch
-        "n_ranks": g.size(),
-        "host_cpu_idle": g["idle"].min(),  # the worst moment any rank saw
-        "tx_mbit": g["tx_mbit"].mean(),
-    })
+    runs = [r for r in records if r.get("kind", "train") == "train"]
+    frame = pd.DataFrame([_run_row(rec) for rec in runs], columns=RUN_COLUMNS)
+    per_run = _per_run([row for idx, rec in enumerate(runs) for row in _rank_rows(idx, rec)])
     frame = frame.join(per_run)
     frame["n_ranks"] = frame["n_ranks"].fillna(0).astype(int)
     for col in ("nodes", "procs_per_node", "world_size", "batch_size", "repeat",
@@ -321,6 +248,95 @@ def to_frame(records: Sequence[dict[str, Any]],
     frame["scaling_efficiency"] = (analysis.add_efficiency(
         frame, base_ws=frame["baseline_world_size"]) if len(frame) else [])
     return frame[CSV_COLUMNS + EXTRA_COLUMNS]
+
+
+def _run_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """One train record's own columns (RUN_COLUMNS), its ranks' figures aside."""
+    p = _params(rec)
+    nodes = _num(p.get("nodes"))
+    ppn = _num(p.get("procs_per_node"))
+    ws = _num(p.get("world_size"))
+    if math.isnan(ws) and not (math.isnan(nodes) or math.isnan(ppn)):
+        ws = nodes * ppn
+    bw = _num(p.get("bandwidth_mbit"))
+    ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
+    timeline = rec.get("timeline") if isinstance(rec.get("timeline"), dict) else {}
+    acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
+    env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
+    job = rec.get("slurm") if isinstance(rec.get("slurm"), dict) else {}  # a Slurm job's
+    placed = rec.get("placement") if isinstance(rec.get("placement"), dict) else {}
+    return {
+        "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
+        "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
+        "world_size": ws, "model": str(p.get("model", "")), "engine": str(p.get("engine", "")),
+        "precision": str(p.get("precision", "")), "batch_size": _num(p.get("batch_size")),
+        "bandwidth_mbit": bw, "repeat": _num(p.get("repeat")),
+        "status": str(rec.get("status", "")),
+        "link_mbit_measured": _num(rec.get("link_mbit_measured")),
+        "link_error": str(rec.get("link_error") or ""),
+        "started_at": str(rec.get("started_at") or ""), "duration_s": _num(rec.get("duration_s")),
+        "error": str(rec.get("error") or ""), "data": str(p.get("data") or "synthetic"),
+        "bandwidth": _bandwidth_label(bw), "steps": _num(p.get("steps")),
+        "image_size": _num(p.get("image_size")),
+        "gradient_bytes": _num(rec.get("gradient_bytes")),
+        "accelerator": str(p.get("accelerator") or ""),
+        "dilation": _num(p.get("dilation")) if p.get("accelerator") else 1.0,
+        "profile_step_s": _num(acc.get("profile_step_s")),
+        "accelerator_source": str(acc.get("source") or ""),
+        # how the ranks started: direct, torchrun, horovodrun (over SSH) or slurm
+        "launcher": str(env.get("launcher") or ""),
+        "slurm_job_id": str(job.get("job_id") or ""),
+        **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
+        "device": str(placed.get("device") or ""),
+        "backend": str(placed.get("backend") or ""),
+        "transport": str(placed.get("transport") or ""),
+        "gpus_per_node": gpus_per_node(ranks),
+        "gpu_model": ", ".join(n for n in placed.get("device_names") or [] if n != "cpu"),
+        "gpu_mem_peak_mb": _num(placed.get("gpu_mem_peak_mb")),
+        "link_mbit_single_stream": _num(rec.get("link_mbit_single_stream")),
+        "runtime": str(p.get("runtime") or "host"),
+        "image_id": str((env.get("image") or {}).get("id") or "")
+        if isinstance(env.get("image"), dict) else "",
+        **_comm_params(p),
+        "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
+        **_scaling(p),
+        "fabric_profile": str(p.get("fabric_profile") or "ideal"),
+    }
+
+
+def _rank_rows(idx: int, rec: dict[str, Any]) -> list[tuple]:
+    """A record's ranks as raw tuples (RANK_FIELDS), converted column by column later:
+    per-value float() is slow."""
+    ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
+    return [(idx, *(rk.get(k) for k in RANK_FIELDS.values())) for rk in ranks
+            if isinstance(rk, dict)]
+
+
+def _per_run(rank_rows: list[tuple]) -> pd.DataFrame:
+    """Per-rank figures combined per run (see to_frame)."""
+    ranks_df = pd.DataFrame(rank_rows, columns=["idx", *RANK_FIELDS])
+    for col in RANK_FIELDS:
+        if ranks_df[col].dtype.kind != "f":
+            ranks_df[col] = pd.to_numeric(ranks_df[col].where(
+                ranks_df[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
+    ranks_df["comm_frac"] = ranks_df["comm"] / ranks_df["step"]
+    ranks_df["tx_mbit"] = ranks_df["tx"] * 8 / ranks_df["wall"] / 1e6  # wall clock: on the link
+    g = ranks_df.groupby("idx")
+    return pd.DataFrame({
+        # min_count=1: a run whose ranks all lack the figure gives NaN, not 0 images/s
+        "images_per_sec": g["ips"].sum(min_count=1),
+        "images_per_sec_per_worker": g["ips"].mean(),
+        "step_time_mean_s": g["step"].mean(),
+        "step_time_p95_s": g["p95"].max(),
+        "comm_fraction": g["comm_frac"].mean(),
+        "compute_time_mean_s": g["compute"].mean(),
+        "comm_time_mean_s": g["comm"].mean(),
+        "comm_inflight_mean_s": g["inflight"].mean(),
+        "data_time_mean_s": g["data"].mean(),  # waiting for the input batch
+        "n_ranks": g.size(),
+        "host_cpu_idle": g["idle"].min(),  # the worst moment any rank saw
+        "tx_mbit": g["tx_mbit"].mean(),
+    })
 
 
 RANK_COLUMNS = ["sweep_id", "run_id", "rank", "host", "compute_time_mean_s"]
