@@ -335,43 +335,11 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
     sets = ["group_mb", "compression", "cycle_time_ms"]
     if ok[sets].drop_duplicates().shape[0] <= 1:
         return pd.DataFrame(columns=cols)
-    keys = ["sweep_id", "model", "engine", "precision", "memory_format", "data", "batch_size",
-            "bandwidth", "procs_per_node", "scaling"]
     ok = analysis.with_series_columns(ok)  # a frame from before memory_format was a key
-    rows = []
-    for key, grp in ok.groupby(keys, dropna=False, sort=True):
-        n0 = grp["world_size"].min()
-        any_base = grp.loc[grp["world_size"] == n0, "images_per_sec"].mean()
-        first = grp.iloc[0]
-        for setting, sg in grp.groupby(sets, dropna=False, sort=True):
-            base = sg.loc[sg["world_size"] == n0, "images_per_sec"].mean()
-            base = any_base if not base > 0 else base
-            for ws, wg in sg.groupby("world_size"):
-                ips = float(wg["images_per_sec"].mean())
-                rows.append({**dict(zip(keys, key, strict=True)), "world_size": int(ws),
-                             "group_mb": setting[0], "compression": setting[1],
-                             "cycle_time_ms": setting[2], "measured": True,
-                             "eff": ips / (ws / n0 * base), "images_per_sec": ips,
-                             "bandwidth_mbit": first["bandwidth_mbit"],
-                             "link_mbit": wg["link_mbit_measured"].mean(),
-                             "accelerator": first.get("accelerator", ""),
-                             "fabric_profile": first.get("fabric_profile", "ideal")})
-    out = pd.DataFrame(rows)
-    out = out[out["world_size"] > out.groupby(keys, dropna=False)["world_size"].transform("min")]
-    # predicted-only rows: the default and half and double the measured group sizes
-    extra = []
-    for _key, grp in out.groupby([*keys, "world_size"], dropna=False, sort=True):
-        first = grp.iloc[0]
-        engine = str(first["engine"])
-        default = COMM_DEFAULTS["fusion_threshold_mb" if engine == "horovod" else "bucket_cap_mb"]
-        sizes = set(grp["group_mb"].dropna())
-        want = {default} | {s * f for s in sizes for f in (0.5, 2.0)}
-        for comp in sorted(set(grp["compression"])):
-            for size in sorted(want - sizes):
-                extra.append({**first.to_dict(), "group_mb": size, "compression": comp,
-                              "measured": False, "eff": np.nan, "images_per_sec": np.nan})
-    if extra:
-        out = pd.concat([out, pd.DataFrame(extra)], ignore_index=True)
+    out = _measured_settings(ok, sets)
+    out = out[out["world_size"] > out.groupby(SETTING_KEYS, dropna=False)["world_size"]
+              .transform("min")]
+    out = _with_unmeasured_settings(out)
     out["model_eff"] = [_setting_prediction(r, alpha_s) for _, r in out.iterrows()]
     out["setting"] = [setting_label(str(r["engine"]), float(r["group_mb"]), str(r["compression"]))
                       + (f", cycle {r['cycle_time_ms']:g} ms" if r["cycle_time_ms"] == r["cycle_time_ms"]
@@ -382,10 +350,73 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
     out["is_default"] = ((out["group_mb"] == default_mb) & (out["compression"] == "none")
                          & out["cycle_time_ms"].fillna(COMM_DEFAULTS["cycle_time_ms"]).eq(
                              COMM_DEFAULTS["cycle_time_ms"]))
-    point = [*keys, "world_size"]
-    # the best is the one that trained fastest at that point (images/s: what a user buys);
-    # at one world size and batch that is also the most efficient unless the settings' own
-    # baselines differ
+    point = [*SETTING_KEYS, "world_size"]
+    out = _best_and_gains(out, point)
+    out = out.sort_values([*point, "measured", "group_mb", "compression"],
+                          ascending=[True] * len(point) + [False, True, True])
+    return out[cols].reset_index(drop=True)
+
+
+# what one comparison of communication settings holds fixed (the world size aside)
+SETTING_KEYS = ["sweep_id", "model", "engine", "precision", "memory_format", "data", "batch_size",
+                "bandwidth", "procs_per_node", "scaling"]
+
+
+def _measured_settings(ok: Any, sets: list[str]) -> Any:
+    """A row per measured setting and world size: its images/s and its efficiency against its
+    own smallest world size (or the group's, where it has no run there)."""
+    import pandas as pd
+
+    rows = []
+    for key, grp in ok.groupby(SETTING_KEYS, dropna=False, sort=True):
+        n0 = grp["world_size"].min()
+        any_base = grp.loc[grp["world_size"] == n0, "images_per_sec"].mean()
+        first = grp.iloc[0]
+        for setting, sg in grp.groupby(sets, dropna=False, sort=True):
+            base = sg.loc[sg["world_size"] == n0, "images_per_sec"].mean()
+            base = any_base if not base > 0 else base
+            for ws, wg in sg.groupby("world_size"):
+                ips = float(wg["images_per_sec"].mean())
+                rows.append({**dict(zip(SETTING_KEYS, key, strict=True)), "world_size": int(ws),
+                             "group_mb": setting[0], "compression": setting[1],
+                             "cycle_time_ms": setting[2], "measured": True,
+                             "eff": ips / (ws / n0 * base), "images_per_sec": ips,
+                             "bandwidth_mbit": first["bandwidth_mbit"],
+                             "link_mbit": wg["link_mbit_measured"].mean(),
+                             "accelerator": first.get("accelerator", ""),
+                             "fabric_profile": first.get("fabric_profile", "ideal")})
+    return pd.DataFrame(rows)
+
+
+def _with_unmeasured_settings(out: Any) -> Any:
+    """Adds predicted-only rows: the engine's default and half and double the measured group
+    sizes, at every measured point."""
+    import numpy as np
+    import pandas as pd
+
+    from scalelab.model.comm import COMM_DEFAULTS
+
+    extra = []
+    for _key, grp in out.groupby([*SETTING_KEYS, "world_size"], dropna=False, sort=True):
+        first = grp.iloc[0]
+        engine = str(first["engine"])
+        default = COMM_DEFAULTS["fusion_threshold_mb" if engine == "horovod" else "bucket_cap_mb"]
+        sizes = set(grp["group_mb"].dropna())
+        want = {default} | {s * f for s in sizes for f in (0.5, 2.0)}
+        for comp in sorted(set(grp["compression"])):
+            for size in sorted(want - sizes):
+                extra.append({**first.to_dict(), "group_mb": size, "compression": comp,
+                              "measured": False, "eff": np.nan, "images_per_sec": np.nan})
+    return pd.concat([out, pd.DataFrame(extra)], ignore_index=True) if extra else out
+
+
+def _best_and_gains(out: Any, point: list[str]) -> Any:
+    """Marks the best measured setting at each point (the one that trained fastest: images/s
+    is what a user buys; at one world size and batch that is also the most efficient unless
+    the settings' own baselines differ) and its lead over the default, where the default was
+    measured."""
+    import numpy as np
+
     measured_ips = out["images_per_sec"].where(out["measured"])
     top = measured_ips.groupby([out[k] for k in point], dropna=False).transform("max")
     out["best"] = out["measured"] & (measured_ips == top)
@@ -400,9 +431,7 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
             gains_p.append(np.nan)
             gains_i.append(np.nan)
     out["gain_points"], out["gain_ips"] = gains_p, gains_i
-    out = out.sort_values([*point, "measured", "group_mb", "compression"],
-                          ascending=[True] * len(point) + [False, True, True])
-    return out[cols].reset_index(drop=True)
+    return out
 
 
 def _setting_prediction(row: Any, alpha_s: float) -> float:
