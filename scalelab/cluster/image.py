@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.cluster import bundle as bundles
+from scalelab.cluster import packages
 from scalelab.core.errors import ScalelabError
 from scalelab.core.state import PROJECT_ROOT
 
@@ -269,7 +270,7 @@ class Plan:
 def plan(wheel_dirs: Sequence[Path], constraints: Path, cache: Path | None = None) -> Plan:
     """The image these wheel directories and constraints make, changing nothing."""
     _apt, requirements = bundles.default_contents(slurm=False)
-    local = bundles.pick_local_wheels(wheel_dirs, bundles.torch_pin(requirements, constraints))
+    local = packages.pick_local_wheels(wheel_dirs, packages.torch_pin(requirements, constraints))
     doc = inputs(requirements, constraints, local)
     key = key_of(doc)
     return Plan(list(requirements), list(local), doc, key, Path(cache or cache_root()) / key)

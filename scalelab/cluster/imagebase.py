@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.cluster import bundle as bundles
+from scalelab.cluster import packages
 from scalelab.cluster.image import (
     ARCHIVE,
     BUILD_TIMEOUT_S,
@@ -273,24 +274,8 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
             raise ImageError(f"--base {ref}: its python3 cannot import torch; pick a base that "
                              "holds PyTorch (e.g. nvcr.io/nvidia/pytorch), or build without "
                              "--base")
-        notes = []
-        if not found["horovod"]:
-            try:
-                wheel = next((w for w in bundles.pick_local_wheels(
-                    wheel_dirs, found["torch"].split("+")[0]) if w.name.startswith("horovod-")),
-                    None)
-                why = _horovod_fits(found, wheel)
-            except ScalelabError as exc:  # e.g. several Horovod wheels, none for this torch
-                why = str(exc)
-            if why:
-                notes.append(f"no Horovod: {why}")
-            else:
-                say(f"image: Horovod from {wheel.name} into the base's torch {found['torch']}")
-                _install_horovod(rootfs, wheel, constraints, staging, found["python"], say)
-                found = _check(rootfs, path_env)
-                if not found["horovod"]:
-                    notes.append(f"no Horovod: {wheel.name} went in but does not import with "
-                                 f"the base's torch {found['torch']}")
+        found, notes = _horovod_into_base(rootfs, found, wheel_dirs, constraints, staging,
+                                          path_env, say)
         bench = rootfs / PREFIX.lstrip("/") / "bench"
         shutil.rmtree(bench, ignore_errors=True)
         shutil.copytree(WORKLOADS, bench / "workloads",
@@ -324,6 +309,32 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
         return {**meta, "archive": str(final / ARCHIVE), "cached": False}
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _horovod_into_base(rootfs: Path, found: dict[str, Any], wheel_dirs: Sequence[Path],
+                       constraints: Path, staging: Path, path_env: str,
+                       say: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
+    """Horovod into a base that lacks it, from a local wheel built for the base's torch; what
+    the base then holds, and a note where Horovod could not go in (and why)."""
+    notes: list[str] = []
+    if found["horovod"]:
+        return found, notes
+    try:
+        wheel = next((w for w in packages.pick_local_wheels(
+            wheel_dirs, found["torch"].split("+")[0]) if w.name.startswith("horovod-")), None)
+        why = _horovod_fits(found, wheel)
+    except ScalelabError as exc:  # e.g. several Horovod wheels, none for this torch
+        why = str(exc)
+    if why:
+        notes.append(f"no Horovod: {why}")
+        return found, notes
+    say(f"image: Horovod from {wheel.name} into the base's torch {found['torch']}")
+    _install_horovod(rootfs, wheel, constraints, staging, found["python"], say)
+    found = _check(rootfs, path_env)
+    if not found["horovod"]:
+        notes.append(f"no Horovod: {wheel.name} went in but does not import with the base's "
+                     f"torch {found['torch']}")
+    return found, notes
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
