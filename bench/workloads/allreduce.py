@@ -159,6 +159,7 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+@common.recorded
 def main(argv: list[str] | None = None) -> int:
     return run(parse_args(argv))
 

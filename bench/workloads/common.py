@@ -3,6 +3,7 @@ torch.distributed setup and step clocks. Imports torch lazily so netprobe runs w
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -290,6 +291,22 @@ def sample_delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float | 
 
 # set by warm.py in a rank it forked: tells the rank's client its exit code, then leaves
 exit_hook = None
+
+
+def recorded(main):
+    """main under torch.distributed.elastic's @record: an exception that ends the rank is
+    written, as structured JSON, to the file TORCHELASTIC_ERROR_FILE names (torchrun names one
+    per worker and copies the failed one's up into its own; scalelab names it for ranks it
+    starts itself and reads it back). torch is imported when main runs, not before: the
+    timeline's first mark is taken before it."""
+
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return record(main)(*args, **kwargs)
+
+    return run
 
 
 def exit_now(code: int) -> None:

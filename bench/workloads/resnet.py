@@ -706,6 +706,7 @@ def run(a: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+@common.recorded
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:

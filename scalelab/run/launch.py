@@ -30,10 +30,13 @@ from scalelab.cluster.targets.interface import Runtime
 from scalelab.run import containers
 from scalelab.run.commands import RankCommand, remote_line
 from scalelab.run.reap import (
+    ERROR_FILE_VAR,
     TOKEN_VAR,
     LaunchError,
     end_groups,
     end_leftovers,
+    error_file,
+    error_message,
     run_cancels,
     save_inflight,
     token_mark,
@@ -65,6 +68,7 @@ class RankOutcome:
     stderr: str
     ended_s: float | None = None  # seconds after launch when it exited by itself
     reaped: bool = False  # still running when scalelab ended it (after a failure, timeout, stop)
+    error: str = ""  # the message of the rank's error file (reap.error_file), where it wrote one
 
 
 @dataclass
@@ -94,6 +98,7 @@ class Launch:
         self._t0 = time.monotonic()
         self._buffers: list[tuple[list[str], list[str]]] = []
         self._threads: list[threading.Thread] = []
+        self.errors: dict[str, str] = {}  # node -> the message of its rank's error file
 
     def start(self, inflight: Path | None = None) -> None:
         self._t0 = time.monotonic()
@@ -103,6 +108,8 @@ class Launch:
         for i, cmd in enumerate(self.commands):
             mark = token_mark(self.token, cmd.node.name) if self.token else ""
             env = {**cmd.env, TOKEN_VAR: mark} if self.token else cmd.env
+            if self.token and cmd.container is None:
+                env[ERROR_FILE_VAR] = error_file(mark)
             argv, workdir = cmd.argv, self.rt.workdir
             if cmd.container is not None:
                 if not mark:
@@ -233,6 +240,28 @@ class Launch:
         """Each command's exit code, None while it runs."""
         return self._note_exits()
 
+    def read_errors(self) -> None:
+        """Read back the error files of the commands that failed by themselves (one SSH each,
+        in parallel): why a rank failed, in the rank's own words, even where its stderr was
+        lost. Before reap, which removes them."""
+        codes = self._note_exits()
+        failed = [c for c, code in zip(self.commands, codes, strict=True)
+                  if code not in (0, None) and c.container is None and self.token]
+        if not failed:
+            return
+        nodes = [c.node for c in failed]
+
+        def read(node: Node) -> str:
+            path = shlex.quote(error_file(token_mark(self.token, node.name)))
+            return ssh.run(node, self.rt.known_hosts, f"cat {path} 2>/dev/null; true",
+                           timeout=15, check=False).stdout
+
+        texts, _ = ssh.on_each(nodes, read, timeout_s=30)
+        for node in nodes:
+            message = error_message(texts.get(node.name) or "")
+            if message:
+                self.errors[node.name] = message
+
     def outcomes(self) -> list[RankOutcome]:
         out = []
         for i, (c, p, (o, e)) in enumerate(zip(self.commands, self.procs, self._buffers,
@@ -240,7 +269,7 @@ class Launch:
             natural = i in self._ended
             out.append(RankOutcome(c.node.name, p.returncode, "".join(o), "".join(e),
                                    round(self._ended[i] - self._t0, 3) if natural else None,
-                                   reaped=not natural))
+                                   reaped=not natural, error=self.errors.get(c.node.name, "")))
         return out
 
 
@@ -293,11 +322,14 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
-def rank_reason(stderr: str, returncode: int | None) -> str:
-    """Why a rank's command failed, in one phrase, from its exit code and stderr.
+def rank_reason(stderr: str, returncode: int | None, error: str = "") -> str:
+    """Why a rank's command failed, in one phrase, from its exit code, its error file's
+    message (error: the exception the rank recorded, torch.distributed.elastic's structured
+    error) and stderr.
 
-    Reads torchrun's failure summary when there is one, else the last exception line,
-    else the last meaningful line; exit 255 with nothing from the workload is ssh's own.
+    The error file's message first; else torchrun's failure summary when there is one, else
+    the last exception line, else the last meaningful line; exit 255 with nothing from the
+    workload is ssh's own.
 
     >>> rank_reason("exitcode  : -9 (pid: 7)  (SIGKILL)\\n  rank      : 1 (local_rank: 0)\\n", 1)
     'rank 1 killed by signal 9 (SIGKILL)'
@@ -312,6 +344,9 @@ def rank_reason(stderr: str, returncode: int | None) -> str:
     'rank 1 killed by signal 9 (SIGKILL)'
     >>> rank_reason("netprobe.py: error: bind failed\\n", 2)
     'exit 2: netprobe.py: error: bind failed'
+    >>> rank_reason("  rank      : 1 (local_rank: 0)\\n  exitcode  : 1 (pid: 8)\\n", 1,
+    ...             "RuntimeError: disk on fire")
+    'rank 1 exit 1: RuntimeError: disk on fire'
     """
     lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip() and not PGID.match(ln)]
     fields: dict[str, str] = {}
@@ -339,6 +374,8 @@ def rank_reason(stderr: str, returncode: int | None) -> str:
         who = f"rank {rank[-1]['rank']} " if rank else ""
     if code is not None and code < 0:
         return f"{who}killed by signal {-code} ({_signal_name(-code)})"
+    if error:
+        return f"{who}exit {code}: {_clean(error)}"[:400]
     if returncode == 255 and not who:
         sshline = [ln for ln in lines if _SSH_ERR.search(ln)]
         if sshline:
@@ -370,7 +407,8 @@ def explain_failure(outcomes: list[RankOutcome], status: str, timeout_s: float) 
         return "interrupted by the user"
     failed = [o for o in outcomes if o.returncode not in (0, None) and not o.reaped]
     failed.sort(key=lambda o: o.ended_s if o.ended_s is not None else float("inf"))
-    reasons = [f"{o.node}: {rank_reason(o.stderr, o.returncode)}"[:400] for o in failed]
+    reasons = [f"{o.node}: {rank_reason(o.stderr, o.returncode, o.error)}"[:400]
+               for o in failed]
     if not reasons:
         return "no result line from rank 0"
     ended = [o.node for o in outcomes if o.reaped]
@@ -397,6 +435,8 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
         launch.start(inflight)
         status = launch.wait(timeout_s, stop=stop, inflight=inflight)
         waited_s = time.monotonic() - t0
+        if status == "failed":
+            launch.read_errors()
     except KeyboardInterrupt:
         status = "interrupted"
         raise

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 
 TOKEN_VAR = "SCALELAB_LAUNCH"
+# torch.distributed.elastic's error file: a workload's @record writes why it failed there, and
+# torchrun copies its failed worker's into its own
+ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
 
 
 class LaunchError(ScalelabError):
@@ -77,6 +80,35 @@ def token_mark(token: str, node: str = "") -> str:
     return f"{token}@{node}" if node else token
 
 
+def error_file(mark: str) -> str:
+    """Where the ranks of launch mark on a node write why they failed (read back by the
+    launch, removed by reap_line).
+
+    >>> error_file("ab12@lab-n1")
+    '/tmp/scalelab-error-ab12@lab-n1.json'
+    """
+    return f"/tmp/scalelab-error-{mark}.json"
+
+
+def error_message(text: str) -> str:
+    """The message of an error file's JSON (a rank's, or the one torchrun copied up from its
+    failed worker); "" for anything else.
+
+    >>> error_message('{"message": {"message": "RuntimeError: disk on fire", "errorCode": 1}}')
+    'RuntimeError: disk on fire'
+    >>> error_message(""), error_message("[1]")
+    ('', '')
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return ""
+    msg = data.get("message") if isinstance(data, dict) else None
+    if isinstance(msg, dict):
+        msg = msg.get("message")
+    return " ".join(str(msg).split()) if isinstance(msg, str) else ""
+
+
 def warm_comm(mark: str) -> str:
     """The process name a warm-started rank of launch mark takes (warm.py's comm_of).
 
@@ -115,7 +147,8 @@ def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str
                 "do p=${e#/proc/}; p=${p%/*}; "
                 "{ read -r l < /proc/$p/stat; } 2>/dev/null || continue; set -- ${l##*) }; "
                 "echo $3; done | sort -u); ")
-        return (containers.reap_clause(mark) + find + "[ -n \"$gs\" ] || exit 0; "
+        return (f"rm -f {shlex.quote(error_file(mark))}; " + containers.reap_clause(mark) + find
+                + "[ -n \"$gs\" ] || exit 0; "
                 "for g in $gs; do kill -TERM -$g 2>/dev/null; done; i=0; "
                 f"while [ $i -lt {ticks} ]; do a=; for g in $gs; do kill -0 -$g 2>/dev/null "
                 "&& a=1; done; [ -n \"$a\" ] || exit 0; sleep 0.1; i=$((i+1)); done; "

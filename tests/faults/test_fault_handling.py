@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import fill, needs_root, needs_sshd, running, tiny_fs, wait_until
 
-from scalelab.run import launch, lifecycle, reap
+from scalelab.run import commands, launch, lifecycle, reap
 
 DATA = Path(__file__).parent / "data"
 
@@ -165,6 +165,34 @@ def test_unreachable_groups_stay_noted_and_reachable_ones_end(fcluster, tmp_path
         assert not running(pgid)  # the nodes share the host's pid space
     finally:
         ssh.run(a, kh, f"kill -9 -{pgid} 2>/dev/null; true", timeout=30, check=False)
+
+
+def test_a_rank_whose_stderr_is_lost_still_says_why_it_failed(fcluster):
+    """A real rank on a node ends with an exception after its stderr is gone: the run's error
+    is the exception the rank recorded in its error file (torch.distributed.elastic's, as the
+    workloads write it), read back over SSH; and the file is gone after the launch."""
+    from scalelab.cluster import ssh
+    from scalelab.cluster.targets import base as targets
+    from scalelab.core.state import load_cluster
+
+    lc = fcluster(1)
+    (node,) = lc.nodes()
+    rt = targets.of(load_cluster(lc.name)).runtime(load_cluster(lc.name))
+    script = ("import os, sys\n"
+              f"sys.path.insert(0, {rt.workdir + '/bench/workloads'!r})\n"
+              "import common\n"
+              "@common.recorded\n"
+              "def main():\n"
+              "    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"
+              "    raise RuntimeError('disk on fire at step 7')\n"
+              "main()\n")
+    res = launch.run([commands.RankCommand(node, [rt.python, "-c", script])], rt, timeout_s=120)
+    assert res.status == "failed"
+    assert res.outcomes[0].stderr.count("disk on fire") == 0  # nothing to scrape
+    assert res.error == f"{node.name}: exit 1: RuntimeError: disk on fire at step 7"
+    left = ssh.run(node, rt.known_hosts, "ls /tmp | grep -c scalelab-error- || true",
+                   timeout=30).stdout.strip()
+    assert left == "0"
 
 
 # ------------------------------------------------------------------ the link-rate note
