@@ -572,7 +572,7 @@ def new_sweep_id(now: datetime, suffix: str | None = None) -> str:
 
 
 def starts_directly(engine: str, procs_per_node: int, shared_host: bool) -> bool:
-    """Whether launch.rank_commands starts a run's ranks without a launcher (direct_commands)."""
+    """Whether commands.rank_commands starts a run's ranks without a launcher (direct_commands)."""
     return shared_host and procs_per_node == 1 and engine != "horovod"
 
 

@@ -26,7 +26,7 @@ def test_sshd_down_at_sweep_start_names_the_node_and_writes_nothing(fcluster, re
     victim = f"{lc.name}-n1"
     pid = lc.load()["pids"][victim]  # the sshd this cluster started for node 1
     fl.kill_pid(pid, signal.SIGTERM)
-    fl.wait_for(lambda: fl.local._state(pid) in ("X", "Z"), 10, "node 1's sshd to end")
+    fl.wait_for(lambda: fl.localhost._state(pid) in ("X", "Z"), 10, "node 1's sshd to end")
     fault()
     sweep = fl.write_sweep(tmp_path / "s.yml", nodes=[1, 2])
     t0 = time.monotonic()

@@ -38,7 +38,7 @@ def test_rank_killed_mid_run_fails_that_run_only(fcluster, reports, tmp_path, fa
         fl.wait_for(lambda: fl.records(sweep_dir), TIMEOUT_S, "the failed run's record")
         handled_s = time.monotonic() - t_kill
         # every other process of that run was gone before its record was written
-        left = [p for p in survivors if fl.local._state(p) not in ("X", "Z")]
+        left = [p for p in survivors if fl.localhost._state(p) not in ("X", "Z")]
         assert not left, {p: survivors[p] for p in left}
         out, err = fl.finish(proc, 300)
     finally:
@@ -92,7 +92,7 @@ def test_link_cut_mid_run_fails_that_run_only(fcluster, reports, tmp_path, fault
         first = fl.wait_for(lambda: fl.records(sweep_dir), 60, "the failed run's record")
         assert first[0]["status"] == "failed", first[0]
         # node 1's ranks were ended once it could be reached again, before the record
-        left = [p for p in run_pids if fl.local._state(p) not in ("X", "Z")]
+        left = [p for p in run_pids if fl.localhost._state(p) not in ("X", "Z")]
         assert not left, {p: run_pids[p] for p in left}
         out, err = fl.finish(proc, 400)
     finally:
