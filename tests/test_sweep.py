@@ -448,34 +448,40 @@ def test_emulated_nodes_share_their_hosts_memory():
                    role="head" if i == 0 else "worker", target="local", cpus=1,
                    facts={"memory_mb": 8192, "memory_pool": "host h"}) for i in range(4)]
     s = spec(nodes="1,4", batch_size="32", model="resnet50")
-    # 8 GiB x 0.9 / 4 ranks = 1.84 GiB each; 409 MB state + 512 MiB runtime + 94.5 MB an image:
-    # batch 32 needs 3.7 GiB, 10 images fit
+    # 8 GiB x 0.9 less four warm-start servers of 304 MB, / 4 ranks = 1.52 GiB each; 409 MB
+    # state + 512 MiB runtime + 94.5 MB an image: batch 32 needs 3.7 GiB, 7 images fit
+    with pytest.raises(InputError, match=r"the 7.2 GiB that nodes n0-n3 share \(less 1.1 GiB "
+                                         r"for their warm-start servers\) give each of 4 ranks; "
+                                         r"the largest batch that fits every planned run is 7"):
+        plan(s, shared, can_shape=True)
+    # started cold (no servers), 7.2 GiB / 4 = 1.84 GiB each: 10 images fit
     with pytest.raises(InputError, match=r"the 7.2 GiB that nodes n0-n3 share give each of 4 "
                                          r"ranks; the largest batch that fits every planned run "
                                          r"is 10"):
-        plan(s, shared, can_shape=True)
+        plan(spec(nodes="1,4", batch_size="32", model="resnet50", warm_start=False), shared,
+             can_shape=True)
     # the same nodes on hosts of their own each have 7.2 GiB: batch 32 fits
     own = [Node(**{**n.__dict__, "facts": {"memory_mb": 8192}}) for n in shared]
     assert plan(s, own, can_shape=True)
 
 
 def test_a_global_batch_is_checked_at_each_layout_by_its_share():
-    """Strong scaling on 4 emulated nodes sharing 8 GiB: 40 images fit one rank alone (7.2 GiB)
-    and 10 per rank when 4 share; a global batch of 40 is 40 at 1 node and 10 at 4, so it fits
-    both (a check of 40 per rank against 4 ranks would refuse it), while 48 leaves 12 per rank
-    at 4 nodes, which does not fit, and the line says where."""
+    """Strong scaling on 4 emulated nodes sharing 8 GiB (less their warm-start servers): 28
+    images fit one rank alone and 7 per rank when 4 share; a global batch of 28 is 28 at 1 node
+    and 7 at 4, so it fits both (a check of 28 per rank against 4 ranks would refuse it), while
+    32 leaves 8 per rank at 4 nodes, which does not fit, and the line says where."""
     shared = [Node(name=f"n{i}", address=f"10.1.0.{i + 2}", private_address=f"10.1.0.{i + 2}",
                    role="head" if i == 0 else "worker", target="local", cpus=1,
                    facts={"memory_mb": 8192, "memory_pool": "host h"}) for i in range(4)]
-    ok = plan(spec(nodes="1,4", batch_size=None, global_batch_size="40", model="resnet50"),
+    ok = plan(spec(nodes="1,4", batch_size=None, global_batch_size="28", model="resnet50"),
               shared, can_shape=True)
     assert sorted({(r.params["world_size"], r.params["batch_size"]) for r in ok
-                   if r.kind == "train"}) == [(1, 40), (4, 10)]
+                   if r.kind == "train"}) == [(1, 28), (4, 7)]
     with pytest.raises(InputError) as e:
-        plan(spec(nodes="1,4", batch_size=None, global_batch_size="48", model="resnet50"),
+        plan(spec(nodes="1,4", batch_size=None, global_batch_size="32", model="resnet50"),
              shared, can_shape=True)
-    assert str(e.value).startswith("--global-batch-size 48 gives each of 4 ranks 12 (4 nodes "
-                                   "x 1); --batch-size 12: resnet50 needs"), str(e.value)
+    assert str(e.value).startswith("--global-batch-size 32 gives each of 4 ranks 8 (4 nodes "
+                                   "x 1); --batch-size 8: resnet50 needs"), str(e.value)
 
 
 def test_demo_estimate_on_the_local_target_matches_the_measured_sweep():

@@ -8,7 +8,8 @@ fixed runtime (CUDA context and workspaces on a GPU, the interpreter and torch o
 
 On a GPU node each rank has its own GPU's memory. On a CPU node the ranks of every node that
 shares one memory pool (the facts' ``memory_pool``: emulated nodes on one host share the
-host's) divide HOST_SHARE of it. Nodes whose memory is unknown are not checked.
+host's) divide HOST_SHARE of it, less a warm-start server per such node where the sweep forks
+its ranks from them (bench/workloads/warm.py). Nodes whose memory is unknown are not checked.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ GPU_RUNTIME_BYTES = 1 << 30  # CUDA context, cuDNN/cuBLAS workspaces, allocator 
 CPU_RUNTIME_BYTES = 512 << 20  # the interpreter, torch and the engine on a CPU rank
 HOST_SHARE = 0.9  # of a host's memory, the rest left to the system
 AMP_ACTIVATION_FACTOR = 0.5  # activations kept in 16 bits
+# a warm-start server, resident for the sweep on each node that shares a host: VmRSS of
+# `warm.py serve` with torch 2.13, DDP and the workloads imported, 297,052 kB measured; a rank
+# forked from it shares those pages, and still counts its own runtime above
+WARM_SERVER_BYTES = 304_000_000
 
 
 def rank_bytes(params: int, activation_bytes: int, batch: int, *, gpu: bool,
@@ -63,12 +68,13 @@ def _gib(n: float) -> str:
 
 def check(nodes: Sequence[Node], node_counts: Sequence[int], procs_per_node: Sequence[int],
           batch_sizes: Sequence[int], *, model: str, params: int, activation_bytes: int,
-          image_scale: float = 1.0, amp: bool = False) -> None:
+          image_scale: float = 1.0, amp: bool = False, warm_servers: bool = False) -> None:
     """Raise InputError (one line, with the largest batch that fits) if a planned run cannot fit.
 
     nodes are the cluster's, in the order runs take them (a run on n nodes uses the first n).
     The tightest planned layout decides, so the batch the message offers fits every run: the
-    most nodes (more of them share a host's memory) at the most procs per node.
+    most nodes (more of them share a host's memory) at the most procs per node. warm_servers:
+    the ranks are forked from warm-start servers, one per node of a shared pool.
     """
     used, ppn = list(nodes[:max(node_counts)]), max(procs_per_node)
     # (bytes per rank, ranks sharing them, where, on a GPU) for every GPU and host memory pool
@@ -82,7 +88,12 @@ def check(nodes: Sequence[Node], node_counts: Sequence[int], procs_per_node: Seq
         host = _host_mb(members[0]) * (1 << 20) * HOST_SHARE
         where = (f"node {members[0].name}'s {_gib(host)}" if len(members) == 1 else
                  f"the {_gib(host)} that nodes {members[0].name}-{members[-1].name} share")
-        budgets.append((host / (ppn * len(members)), ppn * len(members), where, False))
+        servers = len(members) * WARM_SERVER_BYTES if warm_servers \
+            and members[0].facts.get("memory_pool") else 0
+        if servers:
+            where += f" (less {_gib(servers)} for their warm-start servers)"
+        budgets.append(((host - servers) / (ppn * len(members)), ppn * len(members), where,
+                        False))
     if not budgets:
         return  # memory unknown: nothing to check against
     budget, ranks, where, gpu = min(budgets, key=lambda b: b[0])

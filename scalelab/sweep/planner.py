@@ -428,7 +428,10 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
         fit = {"model": spec.model, "params": info.params,
                "activation_bytes": info.activation_bytes,
                "image_scale": (image / info.image_size) ** 2,
-               "amp": all(p in ("amp", "bf16") for p in spec.precisions)}
+               "amp": all(p in ("amp", "bf16") for p in spec.precisions),
+               # where nodes share a host, ranks are forked from a warm-start server per node
+               "warm_servers": spec.warm_start and spec.runtime == "host"
+               and spec.launcher != "slurm"}
         if spec.batch_sizes:
             memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, **fit)
         # a global batch: its share at each layout, against that layout's memory (the most
