@@ -13,12 +13,11 @@ import sys
 
 from invoke import Collection, Exit, task
 
-from scalelab.run import lifecycle
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from scalelab.cluster.targets.base import DEFAULT_TARGET  # noqa: E402
 from scalelab.core.errors import ScalelabError  # noqa: E402
+from scalelab.run import lifecycle  # noqa: E402
 
 
 def _setup_logging() -> None:

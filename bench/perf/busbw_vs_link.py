@@ -15,13 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from scalelab.run import commands
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from scalelab.cluster.targets import base as targets  # noqa: E402
 from scalelab.cluster.targets.local import LocalCluster  # noqa: E402
 from scalelab.core.units import parse_rate_mbit  # noqa: E402
-from scalelab.run import driver, launch  # noqa: E402
+from scalelab.run import commands, driver, launch  # noqa: E402
 
 
 def main() -> None:
@@ -37,9 +36,12 @@ def main() -> None:
     lc = LocalCluster("perfb")
     lc.provision(a.nodes, bandwidth=a.bandwidth)
     try:
-        rt = launch.default_runtime(lc.load())
+        rec = lc.load()
+        rt = targets.of(rec).runtime(rec)
         nodes = lc.nodes()
-        link = driver.measure_link(nodes, rt, 29600, seconds=2.0)
+        link, why = driver.measure_link(nodes, rt, 29600, seconds=2.0)
+        if link is None:
+            raise SystemExit(f"link probe failed: {why}")
         args = ["--min-bytes", str(1 << 20), "--max-bytes", a.max_bytes, "--factor", "4",
                 "--iters", "5", "--warmup", "2"]
         res = launch.run(commands.torchrun_commands(nodes, 1, "allreduce.py", args, rt, 29610),

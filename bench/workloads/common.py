@@ -304,7 +304,8 @@ def recorded(main):
     def run(*args, **kwargs):
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        return record(main)(*args, **kwargs)
+        code = record(main)(*args, **kwargs)
+        return 0 if code is None else code  # record turns SystemExit(0) (--help) into None
 
     return run
 

@@ -26,6 +26,10 @@ class RankCommand:
     cancel: str = ""
     # a scalelab.run.containers.Spec: the command runs in a container of the training image
     container: Any = None
+    # the command is this node's rank (started directly) or its torchrun: it gets an error file
+    # of the node's own (reap.error_file), which nothing passes on to another node's ranks
+    # (horovodrun and srun would: their commands carry none)
+    error_file: bool = False
 
 
 def workload_args(params: dict[str, Any], profile: str | None = None) -> list[str]:
@@ -154,7 +158,8 @@ def torchrun_commands(nodes: list[Node], procs_per_node: int, script: str, args:
                 "--nproc-per-node", str(procs_per_node), "--node-rank", str(i),
                 "--master-addr", head, "--master-port", str(port),
                 f"{rt.workdir}/{WORKLOADS}/{script}", *args]
-        out.append(RankCommand(n, argv, rank_env(n, procs_per_node, fabric, device)))
+        out.append(RankCommand(n, argv, rank_env(n, procs_per_node, fabric, device),
+                               error_file=True))
     return out
 
 
@@ -191,7 +196,7 @@ def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime
         argv = [f"{rt.workdir}/{WORKLOADS}/{script}", *args]
         if warm:
             argv = [f"{rt.workdir}/{WORKLOADS}/warm.py", "run", warm, "--", *argv]
-        out.append(RankCommand(n, [rt.python, *argv], env))
+        out.append(RankCommand(n, [rt.python, *argv], env, error_file=True))
     return out
 
 

@@ -7,7 +7,7 @@ node's shared memory; the paths a run reads (an emulated device's profile, a dat
 in read-only at the same place; GPUs passed through where the run trains on them, and the
 RDMA devices where its fabric is InfiniBand.
 
-A container carries its launch's token twice: as the label org.scalelab.run.launch, by which a
+A container carries its launch's token twice: as the label org.scalelab.launch, by which a
 reaper removes it (scalelab.run.reap.reap_line), and as SCALELAB_LAUNCH in its environment, like
 every host rank. Its name is sl-<token>-<node>-<index>, unique per launch.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-LABEL = "org.scalelab.run.launch"
+LABEL = "org.scalelab.launch"
 # the flags whose value is a path on the node that a rank reads
 PATH_FLAGS = ("--profile", "--data")
 
@@ -64,7 +64,7 @@ def docker_argv(spec: Spec, argv: list[str], env_names: list[str], mark: str,
     >>> a = docker_argv(s, ["/opt/scalelab/venv/bin/python", "x.py", "--profile", "/p.json"],
     ...                 ["RANK"], "ab12@n1", 0, "/opt/scalelab")
     >>> " ".join(a)  # doctest: +NORMALIZE_WHITESPACE
-    'docker run --rm --init --name sl-ab12-n1-0 --label org.scalelab.run.launch=ab12@n1
+    'docker run --rm --init --name sl-ab12-n1-0 --label org.scalelab.launch=ab12@n1
      --network host --ipc host -w /opt/scalelab -e SCALELAB_LAUNCH -e RANK
      -v /p.json:/p.json:ro scalelab/train:k /opt/scalelab/venv/bin/python x.py --profile /p.json'
     """
@@ -90,7 +90,7 @@ def reap_clause(mark: str) -> str:
     """Shell that removes (kills first) every container of a launch on a node; nothing where
     the node has no engine.
 
-    >>> "label=org.scalelab.run.launch=ab12@n1" in reap_clause("ab12@n1")
+    >>> "label=org.scalelab.launch=ab12@n1" in reap_clause("ab12@n1")
     True
     """
     return ("if command -v docker >/dev/null 2>&1 && [ -S /var/run/docker.sock ]; then "

@@ -108,7 +108,7 @@ class Launch:
         for i, cmd in enumerate(self.commands):
             mark = token_mark(self.token, cmd.node.name) if self.token else ""
             env = {**cmd.env, TOKEN_VAR: mark} if self.token else cmd.env
-            if self.token and cmd.container is None:
+            if self.token and cmd.error_file and cmd.container is None:
                 env[ERROR_FILE_VAR] = error_file(mark)
             argv, workdir = cmd.argv, self.rt.workdir
             if cmd.container is not None:
@@ -246,7 +246,7 @@ class Launch:
         lost. Before reap, which removes them."""
         codes = self._note_exits()
         failed = [c for c, code in zip(self.commands, codes, strict=True)
-                  if code not in (0, None) and c.container is None and self.token]
+                  if code not in (0, None) and c.error_file and c.container is None and self.token]
         if not failed:
             return
         nodes = [c.node for c in failed]
@@ -254,9 +254,9 @@ class Launch:
         def read(node: Node) -> str:
             path = shlex.quote(error_file(token_mark(self.token, node.name)))
             return ssh.run(node, self.rt.known_hosts, f"cat {path} 2>/dev/null; true",
-                           timeout=15, check=False).stdout
+                           timeout=8, check=False).stdout
 
-        texts, _ = ssh.on_each(nodes, read, timeout_s=30)
+        texts, _ = ssh.on_each(nodes, read, timeout_s=10)
         for node in nodes:
             message = error_message(texts.get(node.name) or "")
             if message:

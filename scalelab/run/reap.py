@@ -147,7 +147,10 @@ def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str
                 "do p=${e#/proc/}; p=${p%/*}; "
                 "{ read -r l < /proc/$p/stat; } 2>/dev/null || continue; set -- ${l##*) }; "
                 "echo $3; done | sort -u); ")
-        return (f"rm -f {shlex.quote(error_file(mark))}; " + containers.reap_clause(mark) + find
+        # the error files go last, on every exit: a launcher ended by TERM (torchrun) writes its
+        # own on the way out
+        return (f"trap \"rm -f {shlex.quote(error_file(mark))}\" EXIT; "
+                + containers.reap_clause(mark) + find
                 + "[ -n \"$gs\" ] || exit 0; "
                 "for g in $gs; do kill -TERM -$g 2>/dev/null; done; i=0; "
                 f"while [ $i -lt {ticks} ]; do a=; for g in $gs; do kill -0 -$g 2>/dev/null "

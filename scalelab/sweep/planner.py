@@ -429,9 +429,11 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                "activation_bytes": info.activation_bytes,
                "image_scale": (image / info.image_size) ** 2,
                "amp": all(p in ("amp", "bf16") for p in spec.precisions),
-               # where nodes share a host, ranks are forked from a warm-start server per node
+               # where nodes share a host, a warm-start server per node forks the ranks that
+               # start directly (one per node, DDP or an allreduce probe: starts_directly)
                "warm_servers": spec.warm_start and spec.runtime == "host"
-               and spec.launcher != "slurm"}
+               and spec.launcher != "slurm" and 1 in spec.procs_per_node
+               and (spec.engine != "horovod" or spec.allreduce_probe)}
         if spec.batch_sizes:
             memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, **fit)
         # a global batch: its share at each layout, against that layout's memory (the most

@@ -98,7 +98,7 @@ class LocalCluster:
         self.key = self.dir / "id_ed25519"
         self.known_hosts = self.dir / "known_hosts"
         self.shared = self.dir / "node-shared"  # bind-mounted read-only at /etc/scalelab on nodes
-        self._step = "prepare"  # the provisioning step under way, named if it fails
+        self._step = ""  # the provisioning step under way, named if it fails
 
     # -- records
 
@@ -122,6 +122,7 @@ class LocalCluster:
         nodes, cpus, rate = _checked_request(nodes, cpus_per_node, bandwidth)
         rec, fresh = self._record(nodes, cpus, rate, subnet)
         created: list[int] = []
+        self._step = "prepare"
         try:
             self._converge(rec, fresh, nodes, cpus, rate, created)
         except Exception as exc:
@@ -198,8 +199,9 @@ class LocalCluster:
             self._step = "cpu quota"
             for n in rec["nodes"]:
                 CpuCgroup.for_node(self.name, n["name"]).set_quota(cpus)
-                n["cpus"] = cpus
             rec["cpus_per_node"] = cpus
+            for n in rec["nodes"]:
+                n["cpus"] = cpus
         if rate != rec["bandwidth_mbit"]:
             self._step = "link rate"
             self._shape_all(rec, rate)
@@ -594,7 +596,3 @@ class LocalTarget(SshReachable):
 
 def target(name: str = TARGET) -> LocalTarget:
     return LocalTarget()
-
-
-def describe_rate(rec: dict[str, Any]) -> str:
-    return format_rate(rec.get("bandwidth_mbit"))
