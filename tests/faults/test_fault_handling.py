@@ -186,7 +186,8 @@ def test_a_rank_whose_stderr_is_lost_still_says_why_it_failed(fcluster):
               "    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"
               "    raise RuntimeError('disk on fire at step 7')\n"
               "main()\n")
-    res = launch.run([commands.RankCommand(node, [rt.python, "-c", script])], rt, timeout_s=120)
+    rank = commands.RankCommand(node, [rt.python, "-c", script], error_file=True)  # its own
+    res = launch.run([rank], rt, timeout_s=120)
     assert res.status == "failed"
     assert res.outcomes[0].stderr.count("disk on fire") == 0  # nothing to scrape
     assert res.error == f"{node.name}: exit 1: RuntimeError: disk on fire at step 7"
