@@ -558,7 +558,7 @@ def test(c, k="", fast=False, no_lint=False, gpu=False):
         return
     if not k and not no_lint:
         lint(c)
-    args = ["-q", "--durations=15"]  # CI prints where its time goes
+    args = ["-q", "--durations=40"]  # CI prints where its time goes
     if k:
         args += ["-k", k]
     if fast:

@@ -302,20 +302,19 @@ def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, 
     assert len(err.splitlines()) == 1 and "cannot import torch" in err, err
 
 
-def test_destroy_leaves_no_engine_mount_or_namespace(built):
-    lc = LocalCluster(unique_name("d"))
-    lc.provision(1)
-    try:
-        _configure(lc, built[0])
-        name = localhost.node_name(lc.name, 0)
-        engine = [p for p in CpuCgroup.for_node(lc.name, name).subtree_pids()
-                  if fl.cmdline(p).startswith(("dockerd", "/usr/sbin/dockerd", "containerd"))]
-        assert engine, "no engine ran on the node"
-        data_root = lc.dir / "nodes" / name / "docker"
-        assert (data_root / "overlay2").is_dir()
-    finally:
-        subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", lc.name],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+def test_destroy_leaves_no_engine_mount_or_namespace(dcluster):
+    """The last test of the module: destroy of the cluster every test above used (its engine
+    ran them all) leaves no engine, mount, data-root or namespace."""
+    lc = dcluster
+    name = localhost.node_name(lc.name, 0)
+    engine = [p for p in CpuCgroup.for_node(lc.name, name).subtree_pids()
+              if fl.cmdline(p).startswith(("dockerd", "/usr/sbin/dockerd", "containerd"))]
+    assert engine, "no engine ran on the node"
+    data_root = lc.dir / "nodes" / name / "docker"
+    assert (data_root / "overlay2").is_dir()
+    proc = subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", lc.name],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     assert localhost.leftovers(lc.name) == {"netns": [], "links": [], "cgroups": [], "mounts": [],
                                         "state": []}
     assert not [p for p in engine if localhost._state(p) not in ("X", "Z")]
