@@ -321,7 +321,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
         for k, run in enumerate(runs):
             if ex.stopped():
                 raise KeyboardInterrupt
-            desc = describe(run)
+            desc = planner.describe(run)
             if on_progress:
                 on_progress(Progress(k, len(runs), run.run_id, desc, None))
             record, interrupted = ex.one(k, run, timeout_s, netprobe)
@@ -418,15 +418,6 @@ class _Execution:
                                          for key, v in ssh.connections().items()})
         store.append_run(self.sweep_dir, record)
         return record, interrupted or res.status == "interrupted"
-
-
-def describe(run) -> str:
-    try:
-        from scalelab.sweep.planner import describe as sweep_describe
-
-        return sweep_describe(run)
-    except (ImportError, AttributeError):
-        return run.run_id
 
 
 # ---------------------------------------------------------------- sweeps: start and resume
