@@ -252,7 +252,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
     import threading
 
     from scalelab.core.state import reports_dir
-    from scalelab.sweep import planner as sweeps
+    from scalelab.sweep import planner
 
     root = reports_dir()
     if resume:
@@ -262,7 +262,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
         prep = lifecycle.prepare(cluster, _bench_spec(cluster, asked))
     if dry_run:
         for r in prep.runs:
-            print(f"  {r.run_id:<34} {sweeps.describe(r)}")
+            print(f"  {r.run_id:<34} {planner.describe(r)}")
         eta = dt.timedelta(seconds=int(prep.estimate_s))
         print(f"{len(prep.runs)} runs on cluster {prep.cluster}, estimated {eta}")
         return

@@ -125,8 +125,7 @@ def test_slices_dry_run_on_ten_gpu_hosts_plans_everything_with_a_gpu_estimate(tm
     """The reference experiment on a static cluster of 10 GPU hosts, facts as configure records
     them: every run planned, nothing refused, the ETA from GPU step times."""
     from scalelab.cluster.nodes import Node
-    from scalelab.sweep import estimate
-    from scalelab.sweep import planner as sweeps
+    from scalelab.sweep import estimate, planner
     from scalelab.sweep import spec as sweepfile
 
     name = unique_name("g")
@@ -140,7 +139,7 @@ def test_slices_dry_run_on_ten_gpu_hosts_plans_everything_with_a_gpu_estimate(tm
     proc = invoke("bench", "--cluster", name, "--sweep", "slices", "--dry-run", env=env)
     assert proc.returncode == 0, proc.stderr
     spec = sweepfile.load_sweep_file(ROOT / "bench/sweeps/slices.yml")
-    runs = sweeps.plan(spec, [Node.from_dict(n) for n in rec["nodes"]], True, cluster=name)
+    runs = planner.plan(spec, [Node.from_dict(n) for n in rec["nodes"]], True, cluster=name)
     gpu = dt.timedelta(seconds=int(estimate.estimate_duration_s(runs, device="gpu")))
     cpu = dt.timedelta(seconds=int(estimate.estimate_duration_s(runs, device="cpu")))
     assert f"{len(runs)} runs on cluster {name}, estimated {gpu}" in proc.stdout

@@ -11,7 +11,7 @@ from typing import Any
 from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.interface import Runtime
 from scalelab.run.reap import TOKEN_VAR
-from scalelab.sweep.planner import starts_directly
+from scalelab.sweep.starts import starts_directly
 
 WORKLOADS = "bench/workloads"
 

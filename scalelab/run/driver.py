@@ -38,7 +38,7 @@ from scalelab.run import commands, launch
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool
-from scalelab.sweep import planner
+from scalelab.sweep import planner, starts
 
 log = logging.getLogger(__name__)
 
@@ -311,8 +311,10 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     ex = _Execution(cluster, sweep_dir, runs, launcher, partition, runtime, stop)
     counts = {"ok": 0, "failed": 0, "timeout": 0, "interrupted": 0}
     # ranks started directly on shared cores are forked from a warm-start server per node
-    direct = [r for r in runs if launcher != "slurm" and ex.container is None and warm_start
-              and planner.run_starts_directly(r, ex.caps.shares_host_cpus)]
+    shared = ex.caps.shares_host_cpus
+    forks = starts.forks_warm(shared, launcher, "host" if ex.container is None else "container",
+                               warm_start)
+    direct = [r for r in runs if forks and starts.run_starts_directly(r, shared)]
     warm = (WarmPool(ex.all_nodes[: max(r.params["nodes"] for r in direct)], ex.rt,
                      sweep_dir / WARM) if direct else None)
     try:

@@ -26,6 +26,7 @@ from scalelab.results import store
 from scalelab.run import reap
 from scalelab.run.driver import INFLIGHT, Progress, execute, scalelab_commit, utcnow
 from scalelab.run.warmstart import WARM
+from scalelab.sweep import planner, starts
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,6 @@ def reference_fill(cluster: str, given: dict[str, Any]) -> tuple[dict[str, Any],
 def prepare(cluster: str, spec) -> Prepared:
     """Validate the sweep against the cluster and expand it; writes nothing."""
     from scalelab.sweep import estimate
-    from scalelab.sweep import planner as sweep
 
     rec = load_cluster(cluster)
     facts.require_configured(rec)
@@ -97,7 +97,7 @@ def prepare(cluster: str, spec) -> Prepared:
     if spec.partition and spec.launcher != "slurm":
         raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
                          "launcher: slurm in the sweep file)")
-    runs = sweep.plan(spec, nodes, caps.shape_links, cluster=cluster)
+    runs = planner.plan(spec, nodes, caps.shape_links, cluster=cluster)
     shaped = sorted({r.params["bandwidth_mbit"] for r in runs} - {None})
     profile = getattr(spec, "fabric_profile", "ideal")
     if profile != "ideal" and not caps.shares_host_cpus:
@@ -225,8 +225,6 @@ def start(prep: Prepared, reports_root: Path,
           on_progress: Callable[[Progress], None] | None = None,
           stop: threading.Event | None = None) -> tuple[Path, dict[str, int]]:
     """Create the sweep in the store, run every planned run, write results.csv."""
-    from scalelab.sweep import planner as sweep
-
     stop = stop if stop is not None else threading.Event()
     with interrupts_stop(stop):
         ended = end_abandoned(reports_root, prep.cluster)
@@ -237,7 +235,7 @@ def start(prep: Prepared, reports_root: Path,
             preflight(prep.cluster, max(r.params["nodes"] for r in prep.runs))
         if stop.is_set():
             raise KeyboardInterrupt  # before anything is written
-        sweep_id = sweep.new_sweep_id(dt.datetime.now(dt.UTC))
+        sweep_id = planner.new_sweep_id(dt.datetime.now(dt.UTC))
         sweep_dir = store.create_sweep(reports_root, sweep_id, sweep_meta(prep, sweep_id))
         store.update_latest(reports_root, sweep_id)
         return sweep_dir, _run_and_finish(prep.cluster, sweep_dir, prep.runs, prep.spec,
@@ -337,10 +335,9 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
 
 
 def _warm(caps: targets.Capabilities, spec) -> bool:
-    """Whether runs that start without a launcher are forked from warm-start servers (on the
-    host: a container starts its own interpreter)."""
-    return caps.shares_host_cpus and spec.launcher != "slurm" \
-        and getattr(spec, "runtime", "host") == "host" and getattr(spec, "warm_start", True)
+    """Whether runs that start without a launcher are forked from warm-start servers."""
+    return starts.forks_warm(caps.shares_host_cpus, spec.launcher,
+                              getattr(spec, "runtime", "host"), getattr(spec, "warm_start", True))
 
 
 @contextmanager

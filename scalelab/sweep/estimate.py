@@ -93,7 +93,7 @@ def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float]
 
     device is "gpu" on a cluster with GPUs (it picks the default per-step times).
     shared_host: the nodes share one host's cores (the local target); warm: there, the ranks of
-    runs started without a launcher are forked from warm-start servers (planner.starts_directly).
+    runs started without a launcher are forked from warm-start servers (starts.starts_directly).
 
     >>> from scalelab.sweep.planner import RunPlan
     >>> r = RunPlan("train", "train-x", {"world_size": 2, "bandwidth_mbit": None, "steps": 0,
@@ -102,7 +102,7 @@ def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float]
     >>> estimate_duration_s([r, r]) - RESHAPE_S, estimate_duration_s([r, r], shared_host=True, warm=True) - RESHAPE_S
     (20.0, 18.0)
     """
-    from scalelab.sweep.planner import run_starts_directly
+    from scalelab.sweep.starts import run_starts_directly
 
     total = 0.0
     rate: object = object()

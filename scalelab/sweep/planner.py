@@ -56,7 +56,7 @@ from scalelab.model.comm import (
     comm_label,
 )
 from scalelab.model.models import MODELS
-from scalelab.sweep import memory
+from scalelab.sweep import memory, starts
 
 log = logging.getLogger(__name__)
 
@@ -430,10 +430,8 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                "image_scale": (image / info.image_size) ** 2,
                "amp": all(p in ("amp", "bf16") for p in spec.precisions),
                # where nodes share a host, a warm-start server per node forks the ranks that
-               # start directly (one per node, DDP or an allreduce probe: starts_directly)
-               "warm_servers": spec.warm_start and spec.runtime == "host"
-               and spec.launcher != "slurm" and 1 in spec.procs_per_node
-               and (spec.engine != "horovod" or spec.allreduce_probe)}
+               # start directly
+               "warm_servers": starts.warm_servers(spec)}
         if spec.batch_sizes:
             memory.check(used, spec.nodes, spec.procs_per_node, spec.batch_sizes, **fit)
         # a global batch: its share at each layout, against that layout's memory (the most
@@ -574,14 +572,3 @@ def new_sweep_id(now: datetime, suffix: str | None = None) -> str:
     if not re.fullmatch(r"[0-9a-z]{1,8}", suffix):
         raise InputError(f"sweep id suffix {suffix!r} must be 1-8 lowercase letters or digits")
     return f"{now:%Y%m%d-%H%M%S}-{suffix}"
-
-
-def starts_directly(engine: str, procs_per_node: int, shared_host: bool) -> bool:
-    """Whether commands.rank_commands starts a run's ranks without a launcher (direct_commands)."""
-    return shared_host and procs_per_node == 1 and engine != "horovod"
-
-
-def run_starts_directly(run, shared_host: bool) -> bool:
-    """starts_directly for a planned run (an allreduce probe is a DDP program)."""
-    engine = "ddp" if run.kind == "allreduce" else run.params["engine"]
-    return starts_directly(engine, run.params["procs_per_node"], shared_host)
