@@ -81,9 +81,10 @@ def _ok_mask(frame: pd.DataFrame) -> pd.Series:
             & frame["world_size"].notna() & frame["batch_size"].notna())
 
 
-def fidelity(frame: pd.DataFrame) -> pd.Series:
+def fidelity(frame: pd.DataFrame, target: np.ndarray | None = None) -> pd.Series:
     """Why each emulated-accelerator run is emulation-bound ("" when it is faithful, and for
-    runs that compute for real, which the bottleneck rules judge instead).
+    runs that compute for real, which the bottleneck rules judge instead). target: each row's
+    rate as fabric_terms gives it, where the caller has it already.
 
     >>> f = pd.DataFrame({"accelerator": ["v100", "v100", "v100", ""],
     ...     "host_cpu_idle": [0.5, 0.04, 0.5, 0.0], "compute_time_mean_s": [0.2, 0.2, 0.3, 1.0],
@@ -96,7 +97,8 @@ def fidelity(frame: pd.DataFrame) -> pd.Series:
     out = []
     # the rate a link should carry: the fabric profile's share of the line, the line itself
     # on the ideal fabric
-    target, _ = fabric_terms(frame, DEFAULT_ALPHA_S)
+    if target is None:
+        target, _ = fabric_terms(frame, DEFAULT_ALPHA_S)
     for i, row in enumerate(frame.itertuples(index=False)):
         why = ""
         if getattr(row, "accelerator", ""):

@@ -243,7 +243,7 @@ def to_frame(records: Sequence[dict[str, Any]],
     # of it) that training kept busy in the timed steps
     target, _ = analysis.fabric_terms(frame, analysis.DEFAULT_ALPHA_S)
     frame["link_utilisation"] = frame["tx_mbit"] / (target / frame["dilation"])
-    frame["fidelity"] = analysis.fidelity(frame)
+    frame["fidelity"] = analysis.fidelity(frame, target)
     frame["baseline_world_size"] = analysis.baseline_world_size(frame, min_nodes)
     frame["scaling_efficiency"] = (analysis.add_efficiency(
         frame, base_ws=frame["baseline_world_size"]) if len(frame) else [])
