@@ -139,13 +139,13 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
     everything = _as_testbed(hosts, hosts.nodes(), user_pub)
     bastion, machines = everything[0], everything[1:]
     found_files = {m.name: _host_files(hosts, m) for m in machines}
-    # named as the machines call themselves, as a testbed's hosts are (the emulated machines
-    # cannot take a new hostname that outlives an SSH session)
+    # listed without names: scalelab labels them until configure reads the names the machines
+    # call themselves (their hostnames), which it takes; it renames no host
     names = [m.name for m in machines]
     var_file = tmp_path / "lab.tfvars.json"
     var_file.write_text(json.dumps({
-        "hosts": [{"name": names[0], "address": machines[0].address, "role": "head"},
-                  {"name": names[1], "address": machines[1].address}],
+        "hosts": [{"address": machines[0].address, "role": "head"},
+                  {"address": machines[1].address}],
         "ssh_user": USER, "ssh_private_key_file": str(key),
         "bastion_ip": bastion.address}))
     lab = unique_name("lab")
@@ -181,7 +181,7 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert proc.returncode != 0
         assert proc.stderr.strip() == (
             f"error: cluster {lab} has not been configured (no facts recorded for node "
-            f"{names[0]}); run invoke configure --cluster {lab}")
+            f"{lab}-n0); run invoke configure --cluster {lab}")
         before = _qdiscs(machines, kh0)
 
         proc = invoke("configure", "--cluster", lab, "--tags", TAGS, "--bundle",
@@ -190,6 +190,9 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
 
         # After: a venv of the hosts' own, with torch and Horovod installed from the bundle.
         rec = json.loads((state / "cluster.json").read_text())
+        assert [n["name"] for n in rec["nodes"]] == names  # the hosts' own names
+        for m in machines:
+            assert _on(m, kh0, "hostname") == m.name
         for m, recorded in zip(machines, rec["nodes"], strict=True):
             f = recorded["facts"]
             assert f["iface"] == "eth0" and f["cores"] == os.cpu_count()

@@ -175,6 +175,9 @@ def test_static_default_names_and_bastion(static_cluster, static_var_file):
     name, recs = static_cluster(nodes=2, var_file=static_var_file(hosts=hosts,
                                                                   bastion_ip="203.0.113.9"))
     assert [(n.name, n.role) for n in recs] == [(f"{name}-n1", "head"), (f"{name}-n0", "worker")]
+    # labels only, until configure reads the hosts' own names; status still matches them
+    assert [n.extra.get("label") for n in recs] == [n.name for n in recs]
+    assert tf.status(name).outputs_match
     assert load_cluster(name)["bastion"] == "ubuntu@203.0.113.9"
     # every node goes through the bastion, in Ansible's inventory as in scalelab's own SSH,
     # and the hop pins the bastion's host key in the cluster's known_hosts

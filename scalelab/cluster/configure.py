@@ -381,6 +381,8 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
         facts.check_interfaces(cluster, nodes, found)
         if not check:
             facts.check_sudo(cluster, nodes, found)
+            # hosts listed without a name take their own before any name is written onto them
+            nodes, found = facts.adopt_hostnames(cluster, nodes, found)
 
     state = cluster_dir(cluster)
     private = private_dir(state / "ansible")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shlex
 import time
 from typing import Any
@@ -81,6 +82,7 @@ def probe_script(address: str, python: str, workdir: str) -> str:
         "docker image ls --no-trunc --format '{{.Repository}}:{{.Tag}} {{.ID}}' "
         f"{image.REPO} 2>/dev/null | sed 's/^/image=/'; fi",
         "echo kernel=$(uname -r)",
+        "echo hostname=$(hostname)",
         "true",
     ])
 
@@ -186,6 +188,7 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
         "python": python if torch_version else "",
         "workdir": workdir if first("workloads") == "1" else "",
         "kernel": first("kernel"),
+        "hostname": first("hostname"),
         "sudo": first("sudo") or "unknown",  # root | yes | no
         "user": first("user"),
         "gpu_list": gpu_list,
@@ -250,6 +253,62 @@ def check_interfaces(cluster: str, nodes: list[Node], facts: dict[str, dict[str,
                 f"host lists them), then provision cluster {cluster} again")
 
 
+HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+
+
+def own_names(nodes: list[Node], facts: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The nodes listed without a name (scalelab's label in extra) that can take their host's own
+    name: {label: short hostname}. A hostname that is not a plain name, or that two hosts (or a
+    host and another node's name) share, leaves the label in place.
+
+    >>> def n(name, label=True):
+    ...     return Node(name, "a", "a", "worker", "static", extra={"label": name} if label else {})
+    >>> own_names([n("lab-n0"), n("lab-n1"), n("gpu7", False)],
+    ...           {"lab-n0": {"hostname": "gpu3.lab.example"}, "lab-n1": {"hostname": "gpu4"},
+    ...            "gpu7": {"hostname": "gpu7"}})
+    {'lab-n0': 'gpu3', 'lab-n1': 'gpu4'}
+    >>> own_names([n("lab-n0"), n("lab-n1")],  # images that all call themselves ubuntu
+    ...           {"lab-n0": {"hostname": "ubuntu"}, "lab-n1": {"hostname": "ubuntu"}})
+    {}
+    """
+    short = {n.name: (facts.get(n.name) or {}).get("hostname", "").split(".")[0] for n in nodes}
+    pending = [n.name for n in nodes if n.extra.get("label") == n.name]
+    taken = [short[x] for x in pending] + [n.name for n in nodes if n.name not in pending]
+    return {x: short[x] for x in pending
+            if HOSTNAME.fullmatch(short[x]) and taken.count(short[x]) == 1}
+
+
+def adopt_hostnames(cluster: str, nodes: list[Node],
+                    facts: dict[str, dict[str, Any]]) -> tuple[list[Node], dict[str, Any]]:
+    """Name the nodes listed without a name after their hosts (own_names), in the record and the
+    inventory, before configure writes any name onto a host. Returns the nodes and the facts
+    under their new names; nothing changes where no node takes a new name."""
+    new = own_names(nodes, facts)
+    if not new:
+        return nodes, facts
+    rec = load_cluster(cluster)
+    for node in rec["nodes"]:
+        if node["name"] in new:
+            log.info("%s: node %s takes its host's name %s", cluster, node["name"],
+                     new[node["name"]])
+            node["name"] = new[node["name"]]
+    _save(cluster, rec)
+    return nodes_of(rec), {new.get(k, k): v for k, v in facts.items()}
+
+
+def _save(cluster: str, rec: dict[str, Any]) -> None:
+    """The record, with the target's capabilities worked out again (shape_links may follow the
+    interfaces found), and the inventory rendered from it."""
+    from scalelab.cluster.targets import base
+
+    caps = base.capabilities(rec)
+    rec["capabilities"] = caps.to_dict()
+    save_cluster(cluster, rec)
+    # the inventory's names, scalelab_iface / scalelab_cpus / scalelab_gpus follow the record
+    inventory.write(cluster, nodes_of(rec), known_hosts=rec.get("known_hosts"),
+                    capabilities=caps.as_vars(), trust_key=rec.get("trust_key"))
+
+
 def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Write the facts into cluster.json, corrected by the target; returns the new record."""
     from scalelab.cluster.targets import base
@@ -267,13 +326,7 @@ def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
         node["cpus"] = float(f["cores"])
         node["gpus"] = int(f["gpus"])
     rec["configured_at"] = now
-    caps = base.capabilities(rec)  # shape_links may follow the interfaces just found
-    rec["capabilities"] = caps.to_dict()
-    save_cluster(cluster, rec)
-    # the inventory's scalelab_iface / scalelab_cpus / scalelab_gpus follow the facts
-    inventory.write(cluster, nodes_of(rec), known_hosts=rec.get("known_hosts"),
-                    capabilities=caps.as_vars(),
-                    trust_key=rec.get("trust_key"))
+    _save(cluster, rec)
     return rec
 
 

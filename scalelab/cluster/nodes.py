@@ -87,6 +87,9 @@ def nodes_from_outputs(outputs: dict[str, Any], target: str, ssh_key: str) -> li
                 ssh_user=rec.get("ssh_user") or default_user,
                 ssh_key=ssh_key,
                 gpus=int(rec.get("gpus") or 0),
+                # a static host listed without a name: scalelab's label, until configure
+                # reads the host's own hostname (facts.adopt_hostnames)
+                extra={} if rec.get("named", True) else {"label": name},
             )
         )
     return sort_nodes(nodes)

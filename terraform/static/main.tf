@@ -3,6 +3,7 @@ locals {
   hosts = [
     for i, h in var.hosts : {
       name            = lookup(h, "name", format("%s-n%d", var.cluster_name, i))
+      named           = lookup(h, "name", "") != ""
       address         = trimspace(h.address)
       private_address = trimspace(lookup(h, "private_address", h.address))
       role            = lookup(h, "role", "worker")

@@ -1,7 +1,7 @@
 # The outputs contract shared by every target; scalelab renders the inventory from these.
 
 output "nodes" {
-  description = "The cluster's machines: name -> {public_ip (address the controller's SSH reaches, null when only through the bastion), private_ip (cluster-network address the ranks use), role (head or worker), gpus, ssh_user}."
+  description = "The cluster's machines: name -> {public_ip (address the controller's SSH reaches, null when only through the bastion), private_ip (cluster-network address the ranks use), role (head or worker), gpus, ssh_user; static only: named, false where the var-file gave no name and scalelab labels the host until configure reads its hostname}."
   value = {
     for h in local.selected : h.name => {
       public_ip  = h.address
@@ -9,6 +9,7 @@ output "nodes" {
       role       = h.role
       gpus       = h.gpus
       ssh_user   = h.ssh_user
+      named      = h.named
     }
   }
 }

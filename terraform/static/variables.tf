@@ -25,7 +25,7 @@ variable "nodes" {
 
 variable "hosts" {
   type        = list(map(string))
-  description = "Already-allocated machines, one map each: address (required: where the controller's SSH goes), role (head or worker; default worker, exactly one head), name (default <cluster_name>-n<index>), private_address (cluster-network address the ranks use; default address), gpus (whole number; default 0), ssh_user (default var.ssh_user)."
+  description = "Already-allocated machines, one map each: address (required: where the controller's SSH goes), role (head or worker; default worker, exactly one head), name (default <cluster_name>-n<index>, until scalelab configure names the node after its hostname), private_address (cluster-network address the ranks use; default address), gpus (whole number; default 0), ssh_user (default var.ssh_user)."
 
   validation {
     condition     = length(var.hosts) >= 1

@@ -34,14 +34,16 @@ def normalise_hosts(hosts: list[Mapping[str, Any]], cluster: str,
     >>> normalise_hosts([{"address": "192.0.2.1", "role": "head", "gpus": 2},
     ...                  {"address": "192.0.2.2", "name": "b"}], "lab", "ubuntu")[1]
     ... # doctest: +NORMALIZE_WHITESPACE
-    {'name': 'b', 'address': '192.0.2.2', 'private_address': '192.0.2.2', 'role': 'worker',
-     'gpus': 0, 'ssh_user': 'ubuntu'}
+    {'name': 'b', 'named': True, 'address': '192.0.2.2', 'private_address': '192.0.2.2',
+     'role': 'worker', 'gpus': 0, 'ssh_user': 'ubuntu'}
     """
     out = []
     for i, h in enumerate(hosts):
         address = str(h.get("address", "")).strip()
         out.append({
             "name": str(h.get("name") or f"{cluster}-n{i}"),
+            # without a name, the label stands until configure reads the host's own hostname
+            "named": bool(h.get("name")),
             "address": address,
             "private_address": str(h.get("private_address") or address).strip(),
             "role": str(h.get("role", "worker")),

@@ -36,6 +36,7 @@ from scalelab.cluster.targets.tfmodule import (
     PLAN_FILE,
     Plan,
     bastion_of,
+    contract_outputs,
     dry_run,
     plugin_cache_dir,
     prepare,
@@ -387,7 +388,10 @@ def status(cluster: str) -> TfStatus:
         now = nodes_from_outputs(tf.output(), rec["target"], rec.get("ssh_key", ""))
     except (InputError, KeyError):
         return info
-    info.outputs_match = [n.to_dict() for n in now] == [n.to_dict() for n in nodes]
+    # the contract's fields, by the names Terraform knows (a static host listed without a name
+    # may have taken its hostname since: its label is kept in extra)
+    known = [dataclasses.replace(n, name=n.extra.get("label", n.name)) for n in nodes]
+    info.outputs_match = contract_outputs(now) == contract_outputs(known)
     return info
 
 
