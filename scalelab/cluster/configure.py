@@ -382,7 +382,10 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
         if not check:
             facts.check_sudo(cluster, nodes, found)
             # hosts listed without a name take their own before any name is written onto them
-            nodes, found = facts.adopt_hostnames(cluster, nodes, found)
+            nodes, found, limit = facts.adopt_hostnames(cluster, nodes, found, limit)
+        else:
+            for label, own in facts.own_names(nodes, found).items():
+                log.info("check: node %s would take its host's name %s", label, own)
 
     state = cluster_dir(cluster)
     private = private_dir(state / "ansible")

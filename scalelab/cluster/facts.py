@@ -254,12 +254,15 @@ def check_interfaces(cluster: str, nodes: list[Node], facts: dict[str, dict[str,
 
 
 HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+# names a node cannot take: the loopback's, and the inventory's groups
+RESERVED = {"localhost", "all", "ungrouped", "head", "workers"}
 
 
 def own_names(nodes: list[Node], facts: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """The nodes listed without a name (scalelab's label in extra) that can take their host's own
-    name: {label: short hostname}. A hostname that is not a plain name, or that two hosts (or a
-    host and another node's name) share, leaves the label in place.
+    """The nodes listed without a name and not configured before (scalelab's label in extra, no
+    facts) that can take their host's own name: {label: short hostname}. A hostname that is not
+    a plain name, is reserved, or would clash (case aside) with another node's name, new or
+    kept, leaves the label in place.
 
     >>> def n(name, label=True):
     ...     return Node(name, "a", "a", "worker", "static", extra={"label": name} if label else {})
@@ -268,24 +271,34 @@ def own_names(nodes: list[Node], facts: dict[str, dict[str, Any]]) -> dict[str, 
     ...            "gpu7": {"hostname": "gpu7"}})
     {'lab-n0': 'gpu3', 'lab-n1': 'gpu4'}
     >>> own_names([n("lab-n0"), n("lab-n1")],  # images that all call themselves ubuntu
-    ...           {"lab-n0": {"hostname": "ubuntu"}, "lab-n1": {"hostname": "ubuntu"}})
+    ...           {"lab-n0": {"hostname": "ubuntu"}, "lab-n1": {"hostname": "Ubuntu"}})
     {}
+    >>> own_names([n("lab-n0"), n("lab-n1"), n("lab-n2")],  # lab-n1 keeps its label
+    ...           {"lab-n0": {"hostname": "lab-n1"}, "lab-n1": {"hostname": "localhost"},
+    ...            "lab-n2": {"hostname": "gpu9"}})
+    {'lab-n2': 'gpu9'}
     """
     short = {n.name: (facts.get(n.name) or {}).get("hostname", "").split(".")[0] for n in nodes}
-    pending = [n.name for n in nodes if n.extra.get("label") == n.name]
-    taken = [short[x] for x in pending] + [n.name for n in nodes if n.name not in pending]
-    return {x: short[x] for x in pending
-            if HOSTNAME.fullmatch(short[x]) and taken.count(short[x]) == 1}
+    pending = {n.name for n in nodes if n.extra.get("label") == n.name and not n.facts
+               and HOSTNAME.fullmatch(short[n.name]) and short[n.name].lower() not in RESERVED}
+    while True:  # a refused name keeps its label, which may clash with another's new name
+        kept = [n.name.lower() for n in nodes if n.name not in pending]
+        proposed = [short[x].lower() for x in pending]
+        refused = {x for x in pending
+                   if proposed.count(short[x].lower()) > 1 or short[x].lower() in kept}
+        if not refused:
+            return {x: short[x] for x in sorted(pending)}
+        pending -= refused
 
 
-def adopt_hostnames(cluster: str, nodes: list[Node],
-                    facts: dict[str, dict[str, Any]]) -> tuple[list[Node], dict[str, Any]]:
-    """Name the nodes listed without a name after their hosts (own_names), in the record and the
-    inventory, before configure writes any name onto a host. Returns the nodes and the facts
-    under their new names; nothing changes where no node takes a new name."""
+def adopt_hostnames(cluster: str, nodes: list[Node], facts: dict[str, dict[str, Any]],
+                    limit: str | None = None) -> tuple[list[Node], dict[str, Any], str | None]:
+    """Name the nodes listed without a name after their hosts (own_names), in the inventory and
+    the record, before configure writes any name onto a host. Returns the nodes, the facts and
+    the --limit pattern under the new names; nothing changes where no node takes a new name."""
     new = own_names(nodes, facts)
     if not new:
-        return nodes, facts
+        return nodes, facts, limit
     rec = load_cluster(cluster)
     for node in rec["nodes"]:
         if node["name"] in new:
@@ -293,7 +306,9 @@ def adopt_hostnames(cluster: str, nodes: list[Node],
                      new[node["name"]])
             node["name"] = new[node["name"]]
     _save(cluster, rec)
-    return nodes_of(rec), {new.get(k, k): v for k, v in facts.items()}
+    if limit:
+        limit = re.sub(r"[^,:&!]+", lambda m: new.get(m.group(0), m.group(0)), limit)
+    return nodes_of(rec), {new.get(k, k): v for k, v in facts.items()}, limit
 
 
 def _save(cluster: str, rec: dict[str, Any]) -> None:
@@ -303,10 +318,11 @@ def _save(cluster: str, rec: dict[str, Any]) -> None:
 
     caps = base.capabilities(rec)
     rec["capabilities"] = caps.to_dict()
-    save_cluster(cluster, rec)
-    # the inventory's names, scalelab_iface / scalelab_cpus / scalelab_gpus follow the record
+    # the inventory's names, scalelab_iface / scalelab_cpus / scalelab_gpus follow the record;
+    # written first, as provision does: a record is never ahead of its inventory
     inventory.write(cluster, nodes_of(rec), known_hosts=rec.get("known_hosts"),
                     capabilities=caps.as_vars(), trust_key=rec.get("trust_key"))
+    save_cluster(cluster, rec)
 
 
 def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:

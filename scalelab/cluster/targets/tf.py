@@ -384,14 +384,17 @@ def status(cluster: str) -> TfStatus:
         return info
     tf = Terraform(workdir)
     info.resources = tf.state_list()
+    outputs = tf.output()
     try:
-        now = nodes_from_outputs(tf.output(), rec["target"], rec.get("ssh_key", ""))
+        now = nodes_from_outputs(outputs, rec["target"], rec.get("ssh_key", ""))
     except (InputError, KeyError):
         return info
     # the contract's fields, by the names Terraform knows (a static host listed without a name
     # may have taken its hostname since: its label is kept in extra)
     known = [dataclasses.replace(n, name=n.extra.get("label", n.name)) for n in nodes]
-    info.outputs_match = contract_outputs(now) == contract_outputs(known)
+    recorded = (rec.get("bastion") or "").rpartition("@")[2] or None  # user@address
+    info.outputs_match = (contract_outputs(now) == contract_outputs(known)
+                          and bastion_of(outputs) == recorded)
     return info
 
 
