@@ -190,7 +190,9 @@ def test_a_frozen_rank_times_out_and_leaves_no_container(dcluster, tmp_path):
     times out, its containers on both nodes are removed by its launch token, and the sweep
     exits 1 for it."""
     reports = tmp_path / "reports"
-    sweep = _sweep(tmp_path, "frozen", nodes=[2], steps=400, timeout_s=45)
+    # a run's ranks train within seconds of its start here (a 2-node Horovod run in containers
+    # takes 5 s in all): 20 s leave room to find the rank and freeze it
+    sweep = _sweep(tmp_path, "frozen", nodes=[2], steps=400, timeout_s=20)
     proc = fl.start_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime",
                           "container", "--no-report")
     try:
@@ -266,9 +268,9 @@ def _vendor_base(archive: Path, out: Path, with_torch: bool = True) -> Path:
 def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, tmp_path):
     """invoke image --base docker-archive:PATH: the base's layer unchanged and one of
     scalelab's on top; its torch is the base's own, Horovod went in from the wheelhouse, the
-    image loads on the nodes (configure verifies it in a container) and ranks train in it.
-    A base without torch is refused in one line."""
-    from scalelab.cluster import imagebase
+    image loads on the head node (configure verifies it in a container) and a rank trains in
+    it there. A base without torch is refused in one line."""
+    from scalelab.cluster import configure, imagebase
 
     env = {"SCALELAB_IMAGE_CACHE": str(tmp_path / "cache")}
     base = _vendor_base(built[0], tmp_path / "vendor.tar")
@@ -284,9 +286,13 @@ def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, 
     assert entry["Layers"][:-1] == base_entry["Layers"] and len(entry["Layers"]) == 2
     assert conf["rootfs"]["diff_ids"][:-1] == base_conf["rootfs"]["diff_ids"]
     assert meta["id"] != built[1]["id"]
-    _configure(dcluster, archive)  # loads it on both nodes and imports torch and Horovod there
+    # loaded on the head only (the runs below use no other node), where configure imports torch
+    # and Horovod from it in a container
+    head = dcluster.nodes()[0].name
+    configure.run(dcluster.name, tags="docker_nvidia", image=archive, limit=head)
+    assert dcluster.load()["image"]["id"] == meta["id"]
     reports = tmp_path / "reports"
-    sweep = _sweep(tmp_path, "onbase", engine="horovod", nodes=[2], steps=3,
+    sweep = _sweep(tmp_path, "onbase", engine="horovod", nodes=[1], steps=3,
                    allreduce_probe=False, netprobe=False, timeout_s=300)
     run = fl.run_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime", "container",
                        "--no-report", timeout=600)

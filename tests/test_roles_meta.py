@@ -215,3 +215,32 @@ def test_ansible_lint_production_profile_passes():
                           capture_output=True, text=True, timeout=600, env=_tool_env())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "production" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(("built", "gpus", "fails_with"), [
+    ("gloo", 0, None),
+    ("mpi nccl", 1, None),
+    ("", 0, "it needs Gloo or MPI"),
+    ("gloo", 1, "and NCCL on a GPU node"),
+])
+def test_horovod_verification_wants_a_controller_and_nccl_on_gpu_nodes(tmp_path, built, gpus,
+                                                                      fails_with):
+    """The horovod role's verify tasks, run on the controller itself against a probe's output:
+    a build without Gloo or MPI fails, and so does one without NCCL on a node with GPUs."""
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "vars": {"horovod_python": sys.executable, "horovod_version": "0.28.1",
+                 "ansible_python_interpreter": sys.executable,
+                 "scalelab_gpus": gpus,
+                 "horovod_probe": {"stdout_lines": ["0.28.1", built]}},
+        "tasks": [{"ansible.builtin.include_tasks":
+                   str(PLAYBOOKS / "roles/horovod/tasks/verify.yml")}]}]))
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           str(play)], capture_output=True, text=True, timeout=120,
+                          env={**_tool_env(), "ANSIBLE_NOCOLOR": "1"})
+    out = proc.stdout + proc.stderr
+    if fails_with is None:
+        assert proc.returncode == 0, out[-3000:]
+    else:
+        assert proc.returncode != 0 and fails_with in out, out[-3000:]
