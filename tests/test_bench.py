@@ -1,18 +1,14 @@
-"""invoke bench for real: a 2-node sweep on the local cluster, its CSV, kill and resume."""
+"""invoke bench for real: 2-node sweeps on the local cluster, their CSV and reports (a driver killed and resumed: tests/faults/test_driver_faults.py)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, bench_exit, invoke, needs_root, needs_sshd, unique_name
+from conftest import invoke, needs_root, needs_sshd, unique_name
 
 from scalelab.cluster import netshape
 from scalelab.results import store
@@ -115,45 +111,6 @@ def test_two_node_sweep_writes_the_csv_and_the_report(cluster, reports):
         assert r["ssh"]["shared"] >= 1, r["ssh"]
         if r["kind"] == "train" and r["params"]["nodes"] == 2:
             assert r["ssh"]["opened"] == 2, (r["run_id"], r["ssh"])
-
-
-def test_driver_killed_mid_sweep_then_resume_runs_only_the_missing(cluster, reports):
-    env = {**os.environ, "SCALELAB_REPORTS": str(reports)}
-    argv = [sys.executable, "-m", "invoke", "bench", "--cluster", cluster, "--sweep", "ci",
-            "--steps", "3", "--no-report"]
-    driver = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        sweep_dir = None
-        while time.monotonic() < deadline:
-            if (reports / "latest").is_symlink():
-                sweep_dir = reports / os.readlink(reports / "latest")
-                if len(runs_of(sweep_dir)) >= 2:
-                    break
-            assert driver.poll() is None, "the sweep ended before it could be killed"
-            time.sleep(0.2)
-        assert sweep_dir is not None and len(runs_of(sweep_dir)) >= 2
-        os.kill(driver.pid, signal.SIGKILL)
-    finally:
-        if driver.poll() is None:
-            os.kill(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=30)
-    done_before = {r["run_id"] for r in runs_of(sweep_dir)}
-    planned = json.loads((sweep_dir / "sweep.json").read_text())["planned_runs"]
-    assert len(done_before) < len(planned)
-
-    proc = bench(cluster, reports, "--resume", sweep_dir.name, "--no-report")
-    assert f"{len(planned) - len(done_before)} runs missing" in proc.stdout
-    records = runs_of(sweep_dir)
-    assert proc.returncode == bench_exit(r["status"] for r in records), proc.stderr[-2000:]
-    ids = [r["run_id"] for r in records]
-    assert len(ids) == len(set(ids)), "duplicate run records after resume"
-    assert sorted(ids) == sorted(planned)
-    # every planned run is a result: ok, or failed with its reason; none interrupted or lost
-    assert all(r["status"] == "ok" or (r["status"] == "failed" and r["error"])
-               for r in records), [(r["run_id"], r["status"], r["error"]) for r in records]
-    assert not (sweep_dir / ".inflight.json").exists()
 
 
 @pytest.mark.parametrize("args, message", [
