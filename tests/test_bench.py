@@ -1,4 +1,5 @@
-"""invoke bench for real: 2-node sweeps on the local cluster, their CSV and reports (a driver killed and resumed: tests/faults/test_driver_faults.py)."""
+"""invoke bench for real: 2-node sweeps on the local cluster, their CSV and reports (a driver
+killed and resumed is in tests/faults/test_driver_faults.py)."""
 
 from __future__ import annotations
 
