@@ -190,9 +190,9 @@ def test_a_frozen_rank_times_out_and_leaves_no_container(dcluster, tmp_path):
     times out, its containers on both nodes are removed by its launch token, and the sweep
     exits 1 for it."""
     reports = tmp_path / "reports"
-    # a run's ranks train within seconds of its start here (a 2-node Horovod run in containers
-    # takes 5 s in all): 20 s leave room to find the rank and freeze it
-    sweep = _sweep(tmp_path, "frozen", nodes=[2], steps=400, timeout_s=20)
+    # a run's ranks train within seconds of its start here (a 3-step Horovod run on the vendor
+    # image takes 5 s from start to record): 30 s leave room to find the rank and freeze it
+    sweep = _sweep(tmp_path, "frozen", nodes=[2], steps=400, timeout_s=30)
     proc = fl.start_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime",
                           "container", "--no-report")
     try:

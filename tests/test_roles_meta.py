@@ -217,23 +217,30 @@ def test_ansible_lint_production_profile_passes():
     assert "production" in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize(("built", "gpus", "fails_with"), [
-    ("gloo", 0, None),
-    ("mpi nccl", 1, None),
-    ("", 0, "it needs Gloo or MPI"),
-    ("gloo", 1, "and NCCL on a GPU node"),
+@pytest.mark.parametrize(("probe", "gpus", "runner", "fails_with"), [
+    (["0.28.1", "gloo"], 0, True, None),
+    (["0.28.1", "mpi nccl"], 1, True, None),
+    (["0.28.1"], 0, True, "it needs Gloo or MPI"),  # no controller: Ansible drops the line
+    (["0.28.1", "gloo"], 1, True, "and NCCL on a GPU node"),
+    (["0.27.0", "gloo"], 0, True, "not 0.28.1"),
+    (["0.28.1", "gloo"], 0, False, "horovodrun is missing"),
 ])
-def test_horovod_verification_wants_a_controller_and_nccl_on_gpu_nodes(tmp_path, built, gpus,
-                                                                      fails_with):
+def test_horovod_verification_wants_a_controller_and_nccl_on_gpu_nodes(tmp_path, probe, gpus,
+                                                                      runner, fails_with):
     """The horovod role's verify tasks, run on the controller itself against a probe's output:
-    a build without Gloo or MPI fails, and so does one without NCCL on a node with GPUs."""
+    a wrong release, a build without Gloo or MPI, one without NCCL on a node with GPUs, and a
+    missing horovodrun each fail."""
+    env_bin = tmp_path / "venv" / "bin"
+    env_bin.mkdir(parents=True)
+    if runner:
+        (env_bin / "horovodrun").write_text("#!/bin/sh\n")
+        (env_bin / "horovodrun").chmod(0o755)
     play = tmp_path / "play.yml"
     play.write_text(yaml.safe_dump([{
         "hosts": "localhost", "gather_facts": False,
-        "vars": {"horovod_python": sys.executable, "horovod_version": "0.28.1",
-                 "ansible_python_interpreter": sys.executable,
-                 "scalelab_gpus": gpus,
-                 "horovod_probe": {"stdout_lines": ["0.28.1", built]}},
+        "vars": {"horovod_python": str(env_bin / "python"), "horovod_version": "0.28.1",
+                 "ansible_python_interpreter": sys.executable, "scalelab_gpus": gpus,
+                 "horovod_probe": {"stdout_lines": probe}},
         "tasks": [{"ansible.builtin.include_tasks":
                    str(PLAYBOOKS / "roles/horovod/tasks/verify.yml")}]}]))
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
@@ -244,3 +251,20 @@ def test_horovod_verification_wants_a_controller_and_nccl_on_gpu_nodes(tmp_path,
         assert proc.returncode == 0, out[-3000:]
     else:
         assert proc.returncode != 0 and fails_with in out, out[-3000:]
+
+
+def test_the_horovod_probe_prints_the_release_then_the_controllers(tmp_path):
+    """The probe check.yml runs, against a stand-in horovod package: the release on the first
+    line, the controllers it was built with on the second, as verify.yml reads them."""
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text("__version__ = '0.28.1'\n")
+    (tmp_path / "horovod" / "torch.py").write_text(
+        "def gloo_built(): return True\ndef mpi_built(): return False\n"
+        "def nccl_built(): return 2708\n")  # an NCCL version code, as Horovod returns it
+    task = next(t for t in _yaml(PLAYBOOKS / "roles/horovod/tasks/check.yml")
+                if t.get("register") == "horovod_probe")
+    argv = task["ansible.builtin.command"]["argv"]
+    proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["0.28.1", "gloo nccl"]
