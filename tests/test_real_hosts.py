@@ -223,8 +223,10 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         proc = invoke("check", "--cluster", lab, "--links", timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
 
-        proc = invoke("bench", "--cluster", lab, "--sweep", "ci", "--bandwidth", "100mbit,1gbit",
-                      "--no-report", timeout=1200)
+        # the two hosts' link at two rates, set through sudo (the ci sweep's 1-node runs would
+        # add nothing a link or a second host shows)
+        proc = invoke("bench", "--cluster", lab, "--sweep", "ci", "--nodes", "2", "--bandwidth",
+                      "100mbit,1gbit", "--no-report", timeout=1200)
         sweep_dir = reports / os.readlink(reports / "latest")
         with open(sweep_dir / "results.csv") as fh:
             rows = list(csv.DictReader(fh))
@@ -232,9 +234,9 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         # Every run is a result. On 2 shared cores a 2-node gloo run can still abort on its own
         # (SIGABRT in gloo, seen about once in six runs here, see the README): such a run is
         # recorded as failed with its reason, and the sweep goes on.
-        assert len(rows) == 4, rows
+        assert len(rows) == 2, rows
         assert all(r["status"] == "ok" or (r["status"] == "failed" and r["error"]) for r in rows)
-        assert sum(r["status"] == "ok" for r in rows) >= 3, [(r["run_id"], r["error"])
+        assert sum(r["status"] == "ok" for r in rows) >= 1, [(r["run_id"], r["error"])
                                                               for r in rows]
         for r in rows:  # set through sudo on the hosts
             rate, measured = float(r["bandwidth_mbit"]), float(r["link_mbit_measured"])
