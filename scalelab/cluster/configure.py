@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from scalelab.cluster.nodes import nodes_of
+from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.cluster.targets import base as targets
 from scalelab.core.errors import InputError, ScalelabError
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, private_dir, save_cluster
@@ -333,6 +333,24 @@ def _stats(raw: Mapping[str, Any] | None) -> dict[str, dict[str, int]]:
 
 # ------------------------------------------------------------------ the wrapper
 
+def _before_site(cluster: str, rec: dict[str, Any], nodes: list[Node], check: bool,
+                 limit: str | None) -> tuple[list[Node], str | None]:
+    """Every node probed and checked before site.yml changes anything (facts); hosts listed
+    without a name take their own first (in check mode: said, not done). Returns the nodes and
+    the --limit pattern under their names."""
+    from scalelab.cluster import facts
+
+    found = facts.probe(nodes, rec["known_hosts"])
+    facts.check_interfaces(cluster, nodes, found)
+    if check:
+        for label, own in facts.own_names(nodes, found).items():
+            log.info("check: node %s would take its host's name %s", label, own)
+        return nodes, limit
+    facts.check_sudo(cluster, nodes, found)
+    nodes, _, limit = facts.adopt_hostnames(cluster, nodes, found, limit)
+    return nodes, limit
+
+
 def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = False,
         extravars: Mapping[str, Any] | None = None,
         progress: Callable[[Progress], None] | None = None, *,
@@ -377,15 +395,7 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
 
     nodes = nodes_of(rec)
     if playbook == SITE:
-        found = facts.probe(nodes, rec["known_hosts"])
-        facts.check_interfaces(cluster, nodes, found)
-        if not check:
-            facts.check_sudo(cluster, nodes, found)
-            # hosts listed without a name take their own before any name is written onto them
-            nodes, found, limit = facts.adopt_hostnames(cluster, nodes, found, limit)
-        else:
-            for label, own in facts.own_names(nodes, found).items():
-                log.info("check: node %s would take its host's name %s", label, own)
+        nodes, limit = _before_site(cluster, rec, nodes, check, limit)
 
     state = cluster_dir(cluster)
     private = private_dir(state / "ansible")
