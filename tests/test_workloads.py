@@ -607,3 +607,30 @@ def test_resnet_refuses_another_engines_comm_flags():
         resnet.parse_args(["--engine", "horovod", "--bucket-cap-mb", "50"])
     with pytest.raises(SystemExit):
         resnet.parse_args(["--bucket-cap-mb", "0"])
+
+
+def test_every_workload_leaves_its_process_group_behind_a_barrier():
+    """The exit path of every workload that tears a torch process group down: a barrier
+    first, so that no rank closes its sockets under a peer's collective still in flight (gloo
+    aborts on that), then destroy_process_group. A workload that forgets the barrier fails
+    here."""
+    import ast
+
+    seen = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "bench/workloads").glob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            calls = [(c.lineno, ast.unparse(c.func)) for c in ast.walk(fn)
+                     if isinstance(c, ast.Call)]
+            destroys = [line for line, name in calls if name == "dist.destroy_process_group"]
+            if not destroys:
+                continue
+            seen.append(path.name)
+            # the group's last operation before each teardown (in source order) is the barrier
+            for d in destroys:
+                last = max((c for c in calls if c[0] < d and c[1].startswith("dist.")),
+                           default=(0, "nothing"))
+                assert last[1] == "dist.barrier", \
+                    f"{path.name}:{fn.name} destroys its group after {last[1]}, not a barrier"
+    assert set(seen) >= {"resnet.py", "allreduce.py"}, seen

@@ -155,6 +155,9 @@ def run(a: argparse.Namespace) -> int:
                 "env": common.env_fingerprint([g["host"] for g in gathered]),
             }
         )
+    # as in resnet.py: every rank's last sends are done before any rank tears its group down
+    # and leaves (a peer's sockets closing under a collective still in flight aborts gloo)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
