@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -97,3 +100,42 @@ def test_a_gpu_profile_is_measured_with_cuda_events_and_emulates_that_gpu(tmp_pa
     r = run_resnet("--model", "resnet50", "--precision", "amp", "--batch-size", "64",
                    "--profile", str(out), "--warmup", "2", "--steps", "5")
     assert r["ranks"][0]["compute_time_mean_s"] == pytest.approx(step, rel=0.05)
+
+
+GPU_IMAGE = os.environ.get("SCALELAB_GPU_IMAGE", "")
+
+
+@pytest.mark.skipif(not (GPU_IMAGE and shutil.which("docker")),
+                    reason="opt-in: SCALELAB_GPU_IMAGE=<an archive invoke image --base wrote on a "
+                           "CUDA base, e.g. docker-archive:ngc-pytorch.tar> and a Docker engine "
+                           "with the NVIDIA container toolkit")
+def test_a_rank_in_the_training_image_trains_on_the_gpu():
+    """The GPU container path as bench starts it: the image loaded from its archive, nvidia-smi
+    inside a container lists this machine's GPUs, and one rank, started by the docker argv
+    bench builds (scalelab.run.containers, GPUs passed through), trains on CUDA; its container
+    is gone afterwards."""
+    from scalelab.cluster import image as images
+    from scalelab.run import containers
+
+    meta = images.read_meta(Path(GPU_IMAGE))
+    subprocess.run(["docker", "load", "-i", GPU_IMAGE], check=True, capture_output=True,
+                   timeout=1800)
+    smi = subprocess.run(["docker", "run", "--rm", "--gpus", "all", meta["tag"], "nvidia-smi",
+                          "-L"], capture_output=True, text=True, timeout=300)
+    assert smi.returncode == 0 and smi.stdout.count("GPU ") == torch.cuda.device_count(), \
+        smi.stdout + smi.stderr
+    mark = "0123abcd@gpu-test"
+    spec = containers.Spec(meta["tag"], meta["id"], gpus=True)
+    argv = containers.docker_argv(spec, [
+        f"{images.PREFIX}/venv/bin/python", "bench/workloads/resnet.py", "--model", "resnet20",
+        "--precision", "amp", "--batch-size", "32", "--warmup", "1", "--steps", "3",
+        "--device", "cuda"], [], mark, 0, spec.workdir)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "SCALELAB_LAUNCH": mark})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = parse_result(proc.stdout)
+    assert r["device"] == "cuda" and r["ranks"][0]["device"].startswith("cuda")
+    assert r["ranks"][0]["gpu_mem_peak_mb"] > 0
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={containers.LABEL}={mark}"],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert left.strip() == ""
