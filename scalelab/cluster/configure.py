@@ -347,8 +347,7 @@ def _before_site(cluster: str, rec: dict[str, Any], nodes: list[Node], check: bo
             log.info("check: node %s would take its host's name %s", label, own)
         return nodes, limit
     facts.check_sudo(cluster, nodes, found)
-    nodes, _, limit = facts.adopt_hostnames(cluster, nodes, found, limit)
-    return nodes, limit
+    return facts.adopt_hostnames(cluster, nodes, found, limit)
 
 
 def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = False,

@@ -292,13 +292,13 @@ def own_names(nodes: list[Node], facts: dict[str, dict[str, Any]]) -> dict[str, 
 
 
 def adopt_hostnames(cluster: str, nodes: list[Node], facts: dict[str, dict[str, Any]],
-                    limit: str | None = None) -> tuple[list[Node], dict[str, Any], str | None]:
+                    limit: str | None = None) -> tuple[list[Node], str | None]:
     """Name the nodes listed without a name after their hosts (own_names), in the inventory and
-    the record, before configure writes any name onto a host. Returns the nodes, the facts and
-    the --limit pattern under the new names; nothing changes where no node takes a new name."""
+    the record, before configure writes any name onto a host. Returns the nodes and the
+    --limit pattern under the new names; nothing changes where no node takes a new name."""
     new = own_names(nodes, facts)
     if not new:
-        return nodes, facts, limit
+        return nodes, limit
     rec = load_cluster(cluster)
     for node in rec["nodes"]:
         if node["name"] in new:
@@ -308,7 +308,7 @@ def adopt_hostnames(cluster: str, nodes: list[Node], facts: dict[str, dict[str, 
     _save(cluster, rec)
     if limit:
         limit = re.sub(r"[^,:&!]+", lambda m: new.get(m.group(0), m.group(0)), limit)
-    return nodes_of(rec), {new.get(k, k): v for k, v in facts.items()}, limit
+    return nodes_of(rec), limit
 
 
 def _save(cluster: str, rec: dict[str, Any]) -> None:

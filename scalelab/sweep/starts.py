@@ -37,9 +37,10 @@ def forks_warm(shared_host: bool, launcher: str = "ssh", runtime: str = "host",
     return shared_host and warm_start and runtime == "host" and launcher != "slurm"
 
 
-def warm_servers(spec, shared_host: bool = True) -> bool:
-    """Whether a sweep of this spec starts warm-start servers: forks_warm holds and some run
-    of it starts directly (one rank per node, DDP or an allreduce probe)."""
+def warm_servers(spec) -> bool:
+    """Whether a sweep of this spec starts warm-start servers where its nodes share a host:
+    forks_warm holds and some run of it starts directly (one rank per node, DDP or an
+    allreduce probe)."""
     engines = {spec.engine} | ({"ddp"} if spec.allreduce_probe else set())
-    return forks_warm(shared_host, spec.launcher, spec.runtime, spec.warm_start) and any(
-        starts_directly(e, ppn, shared_host) for e in engines for ppn in spec.procs_per_node)
+    return forks_warm(True, spec.launcher, spec.runtime, spec.warm_start) and any(
+        starts_directly(e, ppn, True) for e in engines for ppn in spec.procs_per_node)
