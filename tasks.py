@@ -439,10 +439,12 @@ def bundle(c, out="bundle", wheel_dir=""):
     "device": "cuda (a GPU: CUDA events per layer), cpu, or auto",
     "steps": "measured steps; each layer's time is their median",
     "output": "profile file to write (default bench/profiles/measured-MODEL-PRECISION-bBATCH.json)",
+    "channels_last": "NHWC memory format, as training with channels_last runs (the fast layout "
+                     "for amp on tensor cores; the profile records which it used)",
 })
 @friendly
 def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto", steps="10",
-            output=""):
+            output="", channels_last=False):
     """Measure a device profile on this machine (per-layer forward/backward times) for --accelerator."""
     import subprocess
     from pathlib import Path
@@ -478,7 +480,8 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
     tmp = out.with_name(f".{out.name}.tmp")
     cmd = [sys.executable, str(accel.ROOT / "bench" / "workloads" / "devprofile.py"), "--model", model,
            "--batch-size", str(batch_size), "--precision", precision, "--device", device,
-           "--steps", str(steps), "--output", str(tmp)]
+           "--steps", str(steps), "--output", str(tmp)] + (["--channels-last"] if channels_last
+                                                            else [])
     proc = subprocess.run(cmd)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)

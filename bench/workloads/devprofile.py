@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--precision", choices=["fp32", "amp"], default="fp32")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--channels-last", action="store_true",
+                   help="NHWC memory format, as training with --channels-last runs (on a GPU "
+                        "with tensor cores it is the fast layout for amp)")
     p.add_argument("--steps", type=int, default=10, help="measured steps (the median is kept)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (CPU; 0: torch's default)")
@@ -64,7 +67,8 @@ def measure(a: argparse.Namespace) -> dict:
     device = common.resolve_device(a.device, 0)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    model = models.build_model(a.model).to(device)
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    model = models.build_model(a.model).to(device, memory_format=fmt)
     layers = [(name, m) for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
     owner = {id(p): name for name, m in layers for p in m.parameters(recurse=False)}
     pnames = {id(p): n for n, p in model.named_parameters()}
@@ -86,7 +90,8 @@ def measure(a: argparse.Namespace) -> dict:
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda t: grad_at.__setitem__(owner[id(t)], clock.mark()))
 
-    x = torch.randn(a.batch_size, 3, a.image_size, a.image_size, device=device)
+    x = torch.randn(a.batch_size, 3, a.image_size, a.image_size, device=device).to(
+        memory_format=fmt)
     y = torch.randint(0, models.spec(a.model).default_num_classes, (a.batch_size,), device=device)
     criterion = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
@@ -137,9 +142,11 @@ def measure(a: argparse.Namespace) -> dict:
         "batch_size": a.batch_size,
         "image_size": a.image_size,
         "source": "measured",
+        "memory_format": "channels_last" if a.channels_last else "contiguous",
         "provenance": (
             f"measured by bench/workloads/devprofile.py on {platform.node()}, {device.type}, torch "
-            f"{torch.__version__}, threads {torch.get_num_threads()}, median of {a.steps} steps "
+            f"{torch.__version__}{_tf32_note(torch, device)}, {'channels_last' if a.channels_last else 'contiguous'}, threads {torch.get_num_threads()}, "
+            f"median of {a.steps} steps "
             f"after {a.warmup}, {datetime.now(UTC).strftime('%Y-%m-%d')}"
         ),
         "optimizer_s": med("optimizer_s"),
@@ -154,6 +161,14 @@ def measure(a: argparse.Namespace) -> dict:
             for name in order
         ],
     }
+
+
+def _tf32_note(torch, device) -> str:
+    """fp32 on a GPU since Ampere: cuDNN convolutions run in TF32 unless switched off (PyTorch's
+    default), which a profile named fp32 must say."""
+    if device.type != "cuda":
+        return ""
+    return f", cuDNN TF32 {'on' if torch.backends.cudnn.allow_tf32 else 'off'}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,6 +139,19 @@ def parse_rdma(lines: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def plain_topology(lines: list[str]) -> str:
+    r"""`nvidia-smi topo -m` as text: it underlines its header with terminal escapes even into
+    a pipe (seen on an H100 with driver 580), which a record and a report must not carry.
+
+    >>> plain_topology(["\x1b[4mGPU0\tCPU Affinity\x1b[0m", "GPU0\t X \t0-15"])
+    'GPU0\tCPU Affinity\nGPU0\t X \t0-15'
+    """
+    return "\n".join(_ESCAPE.sub("", line) for line in lines)
+
+
+_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
     """The facts from probe_script's output.
 
@@ -193,7 +206,7 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
         "user": first("user"),
         "gpu_list": gpu_list,
         "cuda_driver": first("cuda_driver"),
-        "gpu_topology": "\n".join(kv.get("topo", [])),
+        "gpu_topology": plain_topology(kv.get("topo", [])),
         "rdma": parse_rdma(kv.get("rdma", [])),
         # /sys/class/net/*/speed is -1 or absent for virtual links
         "nic_speed_mbit": int(speed) if speed.lstrip("-").isdigit() and int(speed) > 0 else None,
