@@ -205,6 +205,21 @@ def test_a_gpu_node_with_cpu_torch_is_probed_and_refused_before_any_run(local_cl
     assert not Path("/usr/local/bin/nvidia-smi").exists()
 
 
+def test_amp_on_gpus_in_nchw_is_told_of_channels_last():
+    """An H100 trained ResNet-50 amp at 2,587 img/s in NCHW, 4,507 in channels_last: a GPU
+    sweep that leaves the default layout is told, one that asks for NHWC is not."""
+    from scalelab.run.lifecycle import layout_hint
+    from scalelab.sweep.planner import plan
+
+    nodes = [gpu_node(0), gpu_node(1)]
+    nchw = plan(spec(nodes="1-2", precision="amp"), nodes, can_shape=True)
+    assert {r.params["device"] for r in nchw if r.kind == "train"} == {"cuda"}
+    assert "--memory-format channels_last" in layout_hint(nchw)
+    assert layout_hint(plan(spec(nodes="1-2", precision="amp", memory_format="channels_last"),
+                            nodes, can_shape=True)) is None
+    assert layout_hint(plan(spec(nodes="1-2", precision="fp32"), nodes, can_shape=True)) is None
+
+
 def test_a_run_whose_ranks_ran_elsewhere_than_planned_is_recorded_as_failed():
     from scalelab.run import driver
     from scalelab.sweep.planner import plan
