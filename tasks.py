@@ -206,8 +206,9 @@ def _print_nodes(result) -> None:
                        "NCCL reaches its bus bandwidth only near 256M)",
     "repeats": "repeats of every configuration (3 gives a 95% confidence interval)",
     "steps": "timed training steps per run (after warm-up)",
-    "accelerator": "emulate this GPU on every rank (v100, a100, or a profile .json from invoke "
-                   "profile): real gradients over the real links, compute from the profile",
+    "accelerator": "emulate this GPU on every rank (v100, a100, h100, or a profile .json from "
+                   "invoke profile): real gradients over the real links, compute from the "
+                   "profile",
     "dilation": "time dilation k with --accelerator (a number >= 1, or auto: the smallest k "
                 "the host keeps up with)",
     "sweep": "sweep file: a path or a name under bench/sweeps/ (demo, slices, ci); options override it",

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Write the device profiles scalelab ships (bench/profiles/<gpu>-<model>-<precision>.json).
+"""Write the derived device profiles scalelab ships (bench/profiles/<gpu>-<model>-<precision>.json
+for the V100 and the A100; the H100's are measured, by bench/perf/gpu_session.sh, and this
+script leaves them alone).
 
-Each is *derived*: the step time is a published single-GPU training throughput (the table
+Each of these is *derived*: the step time is a published single-GPU training throughput (the table
 below, with its source), split over layers, forward and backward in the proportions measured
 by bench/workloads/devprofile.py on this project's reference host (bench/profiles/splits/),
 and the optimizer step is SGD's memory traffic at the GPU's memory bandwidth. A profile
 measured on the device itself (`invoke profile` there) is better; these make the emulation
 runnable anywhere and say in their provenance how they were made.
 
-    python scripts/derive_profiles.py            # rewrite bench/profiles/*.json
+    python scripts/derive_profiles.py            # rewrite the derived ones
     python scripts/derive_profiles.py --check    # exit 1 when a shipped profile is stale
 """
 

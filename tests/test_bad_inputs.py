@@ -153,6 +153,11 @@ CASES = [
     ("bench-accel-nolayers", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
                                        "--accelerator", "{dir}/nolayers.json"],
      "layers must be a non-empty list"),
+    ("bench-accel-layout", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
+                                     "--model", "resnet50", "--precision", "amp",
+                                     "--accelerator", "h100"],
+     "was timed in channels_last, the sweep's layout is contiguous: add --memory-format "
+     "channels_last"),
     ("bench-accel-missing", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",
                                       "--accelerator", "{dir}/none.json"], "no such profile"),
     ("bench-dilation-low", "local", ["bench", "--nodes", "1-2", "--batch-size", "32",

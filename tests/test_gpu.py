@@ -98,9 +98,10 @@ def test_a_gpu_profile_is_measured_with_cuda_events_and_emulates_that_gpu(tmp_pa
     assert doc["memory_format"] == "channels_last" and "channels_last" in doc["provenance"]
     step = sum(x["fwd_s"] + x["bwd_s"] for x in doc["layers"]) + doc["optimizer_s"]
     assert 256 / step > 300  # any training GPU of the last years does ResNet-50 amp faster
-    # at batch 256, the batch the shipped profiles are for: at 64 an H100's layers take tens of
-    # microseconds, under what one emulated layer's autograd call costs the host, and the
-    # emulation ran 11 % over (the fidelity guard flags that; a sweep dilates it away)
+    # at batch 256 (about 11 GiB of GPU memory), the batch the shipped profiles are for: the
+    # first H100 run emulated an NCHW profile at batch 64 undilated and ran 11 % over it (a
+    # sweep's fidelity guard flags that and its auto dilation absorbs it; undilated, this
+    # direct run has neither)
     r = run_resnet("--model", "resnet50", "--precision", "amp", "--batch-size", "256",
                    "--profile", str(out), "--warmup", "2", "--steps", "5")
     assert r["ranks"][0]["compute_time_mean_s"] == pytest.approx(step, rel=0.05)

@@ -150,7 +150,8 @@ FAKE_NVIDIA_SMI = textwrap.dedent("""\
           echo "$i, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 9.0, Disabled"
         done ;;
       "topo -m")
-        printf '\\tGPU0\\tGPU1\\tNIC0\\tCPU Affinity\\nGPU0\\t X \\tNV18\\tPXB\\t0-55\\n' ;;
+        # the header underlined with terminal escapes, as a real nvidia-smi 580 prints it
+        printf '\\033[4m\\tGPU0\\tGPU1\\tNIC0\\tCPU Affinity\\033[0m\\nGPU0\\t X \\tNV18\\tPXB\\t0-55\\n' ;;
       *)
         echo "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4     |" ;;
     esac
@@ -181,6 +182,7 @@ def test_a_gpu_node_with_cpu_torch_is_probed_and_refused_before_any_run(local_cl
     assert f["gpu_list"][7] == {"index": 7, "name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559,
                                 "driver": "550.54.15", "compute_cap": "9.0", "mig": "Disabled"}
     assert f["cuda_driver"] == "12.4" and "NV18" in f["gpu_topology"]
+    assert f["gpu_topology"].startswith("GPU0\tGPU1") and "\x1b" not in f["gpu_topology"]
     assert f["rdma"] == [{"device": "mlx5_0", "port": 1, "rate_gbit": 400.0,
                           "link_layer": "InfiniBand", "active": True}]
     assert f["torch_can"]["cuda_available"] is False and f["torch_can"]["version"]

@@ -323,3 +323,15 @@ def exit_now(code: int) -> None:
     if exit_hook is not None:  # a rank forked by warm.py: its client hears how it ended
         exit_hook(code)
     os._exit(code)
+
+
+def memory_layout(model) -> str:
+    """The memory format the model's convolutions really hold: whether the first 4-D weight
+    with a kernel wider than 1 is strided NHWC (channels_last) or not."""
+    import torch
+
+    for p in model.parameters():
+        if p.dim() == 4 and p.shape[-1] > 1:
+            nhwc = p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+            return "channels_last" if nhwc else "contiguous"
+    return "contiguous"

@@ -142,10 +142,11 @@ def measure(a: argparse.Namespace) -> dict:
         "batch_size": a.batch_size,
         "image_size": a.image_size,
         "source": "measured",
-        "memory_format": "channels_last" if a.channels_last else "contiguous",
+        "memory_format": common.memory_layout(model),
         "provenance": (
             f"measured by bench/workloads/devprofile.py on {platform.node()}, {device.type}, torch "
-            f"{torch.__version__}{_tf32_note(torch, device)}, {'channels_last' if a.channels_last else 'contiguous'}, threads {torch.get_num_threads()}, "
+            f"{torch.__version__}{_tf32_note(torch, device)}, {common.memory_layout(model)}, "
+            f"threads {torch.get_num_threads()}, "
             f"median of {a.steps} steps "
             f"after {a.warmup}, {datetime.now(UTC).strftime('%Y-%m-%d')}"
         ),

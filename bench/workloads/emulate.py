@@ -9,6 +9,7 @@ with the parameters it owns and its forward and backward time on the device:
      "image_size": 224, "source": "measured|derived", "provenance": "...",
      "optimizer_s": 0.001,
      "gpu_side_stretch": 1.045, "gpu_side_source": "...",    (optional)
+     "memory_format": "channels_last",    (optional: the layout the device was timed in)
      "layers": [{"name": "conv1", "params": ["conv1.weight"], "numel": 9408,
                  "fwd_s": ..., "bwd_s": ...}, ...]}
 
@@ -39,6 +40,7 @@ from typing import Any
 
 SCHEMA = 1
 SOURCES = ("measured", "derived")
+LAYOUTS = ("contiguous", "channels_last")
 
 
 class ProfileError(ValueError):
@@ -70,6 +72,9 @@ def check(doc: Any, where: str = "profile") -> dict[str, Any]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ProfileError(f"{where}: {key} must be an integer >= 1, got {v!r}")
     _number(doc, "optimizer_s", where)
+    if doc.get("memory_format", "contiguous") not in LAYOUTS:
+        raise ProfileError(f"{where}: memory_format must be one of {', '.join(LAYOUTS)}, got "
+                           f"{doc['memory_format']!r}")
     stretch = doc.get("gpu_side_stretch")  # optional: the GPU-side cost of training with peers
     if stretch is not None:
         if isinstance(stretch, bool) or not isinstance(stretch, int | float) or not stretch >= 1:

@@ -289,18 +289,6 @@ def horovod_env(fusion_threshold_mb, cycle_time_ms, environ) -> dict:
             "cycle_time_ms": float(cycle) if cycle else HOROVOD_CYCLE_MS}
 
 
-def _layout(model) -> str:
-    """The memory format the model's convolutions really hold: whether the first 4-D weight
-    with a kernel wider than 1 is strided NHWC (channels_last) or not."""
-    import torch
-
-    for p in model.parameters():
-        if p.dim() == 4 and p.shape[-1] > 1:
-            nhwc = p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-            return "channels_last" if nhwc else "contiguous"
-    return "contiguous"
-
-
 def _half_dtype(device, precision: str):
     """The 16-bit type autocast computes in and gradients travel in; None for fp32 and tf32."""
     import torch
@@ -621,7 +609,7 @@ def run(a: argparse.Namespace) -> int:
         "device_name": device_name,
         # as the weights are laid out (an emulated rank has none: as asked)
         "memory_format": ("channels_last" if a.channels_last else "contiguous") if a.emulated
-        else _layout(model),
+        else common.memory_layout(model),
         "gpu_mem_peak_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
         if device.type == "cuda"
         else None,

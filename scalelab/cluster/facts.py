@@ -143,10 +143,10 @@ def plain_topology(lines: list[str]) -> str:
     r"""`nvidia-smi topo -m` as text: it underlines its header with terminal escapes even into
     a pipe (seen on an H100 with driver 580), which a record and a report must not carry.
 
-    >>> plain_topology(["\x1b[4mGPU0\tCPU Affinity\x1b[0m", "GPU0\t X \t0-15"])
+    >>> plain_topology(["\x1b[4m\tGPU0\tCPU Affinity\x1b[0m", "GPU0\t X \t0-15"])
     'GPU0\tCPU Affinity\nGPU0\t X \t0-15'
     """
-    return "\n".join(_ESCAPE.sub("", line) for line in lines)
+    return "\n".join(_ESCAPE.sub("", line).strip() for line in lines)
 
 
 _ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

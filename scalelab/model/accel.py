@@ -85,9 +85,18 @@ def scaled(doc: dict[str, Any], batch_size: int) -> dict[str, Any]:
 
 
 def resolve(accelerator: str, model: str, precision: str, batch_size: int,
-            image_size: int) -> dict[str, Any]:
-    """The profile a run uses: checked against its model, precision and input size, at its
-    batch size. InputError (one line) otherwise."""
+            image_size: int, channels_last: bool | None = None) -> dict[str, Any]:
+    """The profile a run uses: checked against its model, precision and input size, and
+    (channels_last given, the profile stating the layout it was timed in) its memory format,
+    at its batch size. InputError (one line) otherwise.
+
+    >>> resolve("h100", "resnet50", "amp", 64, 224, channels_last=True)["batch_size"]
+    64
+    >>> resolve("h100", "resnet50", "amp", 64, 224, channels_last=False)
+    Traceback (most recent call last):
+    ...
+    scalelab.core.errors.InputError: the profile h100-resnet50-amp.json was timed in channels_last, the sweep's layout is contiguous: add --memory-format channels_last, or measure one in contiguous (`invoke profile` without --channels-last)
+    """
     if is_path(accelerator):
         doc = load(accelerator)
         src = accelerator
@@ -105,6 +114,14 @@ def resolve(accelerator: str, model: str, precision: str, batch_size: int,
         if doc[key] != want:
             raise InputError(f"the profile {src} is for {key} {doc[key]}, the sweep's is {want}: "
                              f"use a profile made for {want} (`invoke profile --{key.replace('_', '-')} {want}`)")
+    timed = doc.get("memory_format")
+    want_fmt = None if channels_last is None else (
+        "channels_last" if channels_last else "contiguous")
+    if timed and want_fmt and timed != want_fmt:
+        how = "with --channels-last" if channels_last else "without --channels-last"
+        raise InputError(f"the profile {src} was timed in {timed}, the sweep's layout is "
+                         f"{want_fmt}: add --memory-format {timed}, or measure one in {want_fmt} "
+                         f"(`invoke profile` {how})")
     return scaled(doc, batch_size)
 
 

@@ -505,7 +505,9 @@ def check_emulation(spec: SweepSpec, image_size: int,
                          "leave data synthetic")
     for precision in spec.precisions:
         for batch in spec.batch_sizes if per_worker is None else per_worker:
-            accel.resolve(spec.accelerator, spec.model, precision, batch, image_size)
+            for fmt in spec.memory_formats:
+                accel.resolve(spec.accelerator, spec.model, precision, batch, image_size,
+                              channels_last=fmt == "channels_last")
 
 
 # ------------------------------------------------------------------------------ text
