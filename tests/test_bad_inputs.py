@@ -291,7 +291,7 @@ CASES = [
      "has no Docker engine that root can use"),
     ("bench-container-slurm", "local+image", ["bench", "--nodes", "1", "--batch-size", "16",
                                               "--runtime", "container", "--launcher", "slurm"],
-     "needs Slurm's container plugin"),
+     "Slurm has no container support (no oci.conf beside slurm.conf)"),
     ("bench-container-notorch", "local+notorch", ["bench", "--nodes", "1", "--batch-size", "16",
                                                   "--runtime", "container"],
      "lacks torch, which these runs need"),
@@ -470,3 +470,28 @@ def test_any_sweep_file_is_a_spec_or_one_input_error(tmp_path_factory, content):
     except InputError as exc:  # anything else (a traceback for the user) fails the test
         assert "\n" not in str(exc), str(exc)
         ledger("bad_input_generated", "sweep-file")
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"engine": "horovod"}, "runs DDP only"),
+    ({"procs_per_node": 2}, "starts one task a node in each step"),
+    ({"device": "cuda"}, "carries no NVIDIA hook yet"),
+    ({"data": "/data/imagenet"}, "reads synthetic data only"),
+    ({}, "has no OCI bundle of image"),
+])
+def test_what_slurms_containers_cannot_run_is_refused(change, says):
+    """--runtime container --launcher slurm: Slurm's OCI support (22.05) runs one task a node,
+    no horovodrun, no GPUs or data in scalelab's bundle; and each node needs the bundle."""
+    from types import SimpleNamespace as R
+
+    from scalelab.cluster.nodes import Node
+    from scalelab.core.errors import InputError
+    from scalelab.run.lifecycle import check_slurm_containers
+
+    img = {"id": "sha256:" + "ab" * 32, "tag": "scalelab/train:k", "archive": "/i.tar"}
+    node = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local",
+                facts={"slurm_oci": True, "oci_bundles": ["/opt/scalelab/oci/other"]})
+    params = {"engine": "ddp", "procs_per_node": 1, "data": "synthetic", **change}
+    with pytest.raises(InputError, match=says):
+        check_slurm_containers("c", img, [R(kind="train", params=params)], [node],
+                               cuda=change.get("device") == "cuda")

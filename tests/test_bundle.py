@@ -142,7 +142,8 @@ def test_default_contents_are_what_the_roles_install():
     assert set(apt) == (set(common["common_packages"]) | set(common["common_chrony_packages"])
                         | set(pytorch["pytorch_packages"])
                         | set(slurm["slurm_controller_packages"])
-                        | set(slurm["slurm_compute_packages"]))
+                        | set(slurm["slurm_compute_packages"])
+                        | set(slurm["slurm_oci_packages"]))
     assert len(apt) == len(set(apt))
     assert requirements == [f"torch=={pytorch['pytorch_torch_version']}",
                             *pytorch["pytorch_extra_packages"],

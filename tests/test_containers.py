@@ -1,7 +1,8 @@
 """Training in containers, for real: the training image built offline (invoke image), Docker
 started on two emulated nodes and the image loaded there (invoke configure --image), DDP and
 Horovod sweeps with --runtime container on a shaped link, a rank killed mid-run, a driver
-killed mid-sweep, and destroy leaving the host as it was."""
+killed mid-sweep, Slurm starting its tasks in containers, and destroy leaving the host as it
+was."""
 
 from __future__ import annotations
 
@@ -40,10 +41,14 @@ def built():
 
 @pytest.fixture(scope="module")
 def dcluster(built):
-    """Two emulated nodes with Docker and the training image; destroyed at the end."""
+    """Two emulated nodes with Slurm, Docker and the training image; destroyed at the end."""
     lc = LocalCluster(unique_name("d"))
     lc.provision(2)
     try:
+        # Slurm first, with its OCI support (oci.conf): loading the image then also unpacks
+        # it into the bundle srun --container runs
+        proc = invoke("configure", "--cluster", lc.name, "--tags", "slurm", timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         _configure(lc, built[0])
         yield lc
     finally:
@@ -263,6 +268,50 @@ def _vendor_base(archive: Path, out: Path, with_torch: bool = True) -> Path:
     images.write_archive(layer, out, "vendor/pytorch:stand-in", {}, "2026-01-01T00:00:00Z")
     layer.unlink()
     return out
+
+
+def test_slurm_starts_its_tasks_in_containers_of_the_image(dcluster, built, tmp_path):
+    """--launcher slurm --runtime container: the slurm role gives Slurm its OCI support (runc,
+    oci.conf), configure --image then unpacks the image into a bundle on every node, and a
+    2-node DDP sweep at a shaped rate runs as Slurm jobs whose tasks are containers of the
+    image: each rank is pid 1 of its own pid namespace, runs the image's Python, and used the
+    shaped link. What Slurm's containers cannot run is refused in one line."""
+    _archive, meta = built
+    rec, bundle = dcluster.load(), images.bundle_path(meta["id"])
+    for n in dcluster.nodes():
+        check = ssh.run(n, rec["known_hosts"], f"test -f {bundle}/config.json && test -x "
+                        f"{bundle}/rootfs{images.PYTHON} && echo yes", timeout=30).stdout
+        assert check.strip() == "yes", n.name
+    reports = tmp_path / "reports"
+    refused = fl.run_bench(dcluster.name, reports, "--nodes", "2", "--batch-size", "8",
+                           "--engine", "horovod", "--launcher", "slurm", "--runtime",
+                           "container", "--dry-run")
+    err = refused.stderr.strip().splitlines()
+    assert refused.returncode != 0 and len(err) == 1 and "runs DDP only" in err[0], err
+    sweep = _sweep(tmp_path, "slurm", engine="ddp", nodes=[2], bandwidth="1gbit", steps=5,
+                   allreduce_probe=True, netprobe=True, timeout_s=300)
+    proc = fl.run_bench(dcluster.name, reports, "--sweep", str(sweep), "--launcher", "slurm",
+                        "--runtime", "container", "--no-report", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep_dir = fl.latest(reports)
+    (row,) = _rows(sweep_dir)
+    assert row["status"] == "ok", row["error"]
+    assert row["runtime"] == "container" and row["image_id"] == meta["id"], row
+    assert row["launcher"] == "slurm" and row["slurm_job_id"], row
+    assert 800 <= float(row["link_mbit_measured"]) <= 1000, row["link_mbit_measured"]
+    # the collective in Slurm's containers (the allreduce probe, a job of its own) saw it too
+    assert 60 <= float(row["busbw_mb_s"]) <= 125, row["busbw_mb_s"]
+    recs = fl.records(sweep_dir)
+    assert sorted((r["kind"], r["status"]) for r in recs) == [("allreduce", "ok"), ("train", "ok")]
+    train = next(x for x in recs if x["kind"] == "train")
+    assert [rank["pid"] for rank in train["ranks"]] == [1, 1], train["ranks"]
+    assert train["env"]["python"] != ".".join(map(str, sys.version_info[:3])), train["env"]
+    assert train["env"]["image"]["id"] == meta["id"]
+    # Slurm took its containers down with its jobs: runc holds none on any node
+    for n in dcluster.nodes():
+        left = ssh.run(n, rec["known_hosts"], "runc --root /run/slurm/runc list -q 2>/dev/null",
+                       timeout=30).stdout
+        assert left.strip() == "", (n.name, left)
 
 
 def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, tmp_path):

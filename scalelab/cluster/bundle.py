@@ -97,7 +97,8 @@ def default_contents(roles_dir: Path = ROLES_DIR,
     """(apt package names, Python requirements) the roles install, from their defaults/main.yml.
 
     apt: common_packages, common_chrony_packages (real hosts run time sync), then
-    pytorch_packages, then (slurm=True) slurm_controller_packages and slurm_compute_packages
+    pytorch_packages, then (slurm=True) slurm_controller_packages, slurm_compute_packages and
+    slurm_oci_packages
     (for invoke configure --tags slurm on hosts without internet). Python: torch==pytorch_torch_version, pytorch_extra_packages,
     horovod==horovod_version. Not horovod_packages: that is the compile toolchain, and with a
     bundle the nodes install the prebuilt wheel (Gloo, no MPI).
@@ -112,7 +113,8 @@ def default_contents(roles_dir: Path = ROLES_DIR,
                             ("common", "common_chrony_packages", common),
                             ("pytorch", "pytorch_packages", pytorch),
                             ("slurm", "slurm_controller_packages", slurm_defaults),
-                            ("slurm", "slurm_compute_packages", slurm_defaults)):
+                            ("slurm", "slurm_compute_packages", slurm_defaults),
+                            ("slurm", "slurm_oci_packages", slurm_defaults)):
         for name in _literal(data.get(key) or [], f"{role} default {key}"):
             if str(name) not in apt:
                 apt.append(str(name))

@@ -81,6 +81,11 @@ def probe_script(address: str, python: str, workdir: str) -> str:
         "'{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null); "
         "docker image ls --no-trunc --format '{{.Repository}}:{{.Tag}} {{.ID}}' "
         f"{image.REPO} 2>/dev/null | sed 's/^/image=/'; fi",
+        # Slurm's OCI container support and the training-image bundles for it
+        "if [ -f \"$(dirname \"${SLURM_CONF:-/etc/slurm/slurm.conf}\")/oci.conf\" ]; then "
+        "echo slurm_oci=1; fi",
+        f"for b in {image.OCI_DIR}/*/config.json; do [ -f \"$b\" ] && "
+        "echo oci_bundle=${b%/config.json}; done",
         "echo kernel=$(uname -r)",
         "echo hostname=$(hostname)",
         "true",
@@ -219,6 +224,9 @@ def parse_probe(text: str, python: str, workdir: str) -> dict[str, Any]:
         "docker": first("docker"),
         "docker_runtimes": first("docker_runtimes").split(),
         "images": dict(i.split(" ", 1) for i in kv.get("image", []) if " " in i),
+        # Slurm's oci.conf is there (srun --container), and the OCI bundles of training images
+        "slurm_oci": first("slurm_oci") == "1",
+        "oci_bundles": kv.get("oci_bundle", []),
     }
 
 

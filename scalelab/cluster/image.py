@@ -51,6 +51,9 @@ APT_PACKAGES = ("python3", "python3-venv", "libgomp1", "libstdc++6", "procps", "
                 "ca-certificates")
 PREFIX = "/opt/scalelab"
 PYTHON = f"{PREFIX}/venv/bin/python"
+# where configure unpacks the image into an OCI bundle for Slurm's srun --container (the
+# docker_nvidia role's docker_nvidia_oci_dir)
+OCI_DIR = f"{PREFIX}/oci"
 WORKLOADS = PROJECT_ROOT / "bench" / "workloads"
 ARCHIVE = "image.tar"
 META = "image.json"
@@ -67,6 +70,15 @@ CHECKS = "; ".join(["import sys; print('SCALELAB_PY', *sys.version_info[:2])",
 
 class ImageError(ScalelabError):
     """The training image could not be built or read."""
+
+
+def bundle_path(image_id: str) -> str:
+    """The OCI bundle of an image on every node, named by its id as the role names it.
+
+    >>> bundle_path("sha256:0123456789abcdef" + "0" * 48)
+    '/opt/scalelab/oci/0123456789ab'
+    """
+    return f"{OCI_DIR}/{image_id[7:19]}"
 
 
 def cache_root() -> Path:

@@ -280,8 +280,15 @@ class Launcher:
 
         job = slurm.job_name(secrets.token_hex(8), run.run_id)
         gpus = ppn if all(n.gpus for n in nodes) else 0
-        cmds = slurm.rank_commands(engine, nodes, self.login, ppn, script, args, self.rt, port,
-                                   job, self.partition, timeout_s, gpus_per_node=gpus)
+        if self.container is not None:  # DDP, one rank a node (lifecycle refuses the rest)
+            from scalelab.cluster import image
+
+            cmds = [slurm.container_command(nodes, self.login, script, args,
+                                            image.bundle_path(self.container.image_id), port,
+                                            job, self.partition, timeout_s)]
+        else:
+            cmds = slurm.rank_commands(engine, nodes, self.login, ppn, script, args, self.rt,
+                                       port, job, self.partition, timeout_s, gpus_per_node=gpus)
         try:
             res = launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop, inflight=inflight)
         except KeyboardInterrupt:

@@ -162,10 +162,6 @@ def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
 
     fix = (f"build one with invoke image and load it with invoke configure --cluster {cluster} "
            "--image ARCHIVE")
-    if spec.launcher == "slurm":
-        raise InputError("--runtime container with --launcher slurm needs Slurm's container "
-                         "plugin (pyxis: srun --container-image), which scalelab does not drive; "
-                         "use --launcher ssh or --runtime host")
     img = rec.get("image")
     if not isinstance(img, dict) or not img.get("id"):
         raise InputError(f"--runtime container: cluster {cluster} has no training image; {fix}")
@@ -179,6 +175,9 @@ def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
                          f"this checkout's bench/workloads; {fix}")
     used = nodes[:max(r.params["nodes"] for r in runs)]
     cuda = any(r.params.get("device") == "cuda" for r in runs)
+    if spec.launcher == "slurm":
+        check_slurm_containers(cluster, img, runs, used, cuda)
+        return
     for n in used:
         f = n.facts or {}
         if not f.get("docker"):
@@ -193,6 +192,44 @@ def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
                              "so a container cannot see its GPUs; configure it again (the "
                              "docker_nvidia role installs the NVIDIA container toolkit on GPU "
                              "nodes), or run with --runtime host")
+
+
+def check_slurm_containers(cluster: str, img: dict[str, Any], runs: list, used: list[Node],
+                           cuda: bool) -> None:
+    """--runtime container --launcher slurm: what Slurm's OCI support (srun --container, with
+    runc) can run, and every node's Slurm set up for it with a bundle of the cluster's image;
+    InputError naming the first gap."""
+    from scalelab.cluster import image as images
+
+    train = [r for r in runs if r.kind == "train"]
+    if any(r.params["engine"] == "horovod" for r in train):
+        raise InputError("--runtime container --launcher slurm runs DDP only: horovodrun starts "
+                         "its ranks over SSH, which a container Slurm starts has no way to; use "
+                         "--engine ddp, or --launcher ssh for Horovod in containers")
+    if any(r.params["procs_per_node"] > 1 for r in runs):
+        raise InputError("--runtime container --launcher slurm: Slurm's OCI support starts one "
+                         "task a node in each step (22.05), so use --procs-per-node 1, or "
+                         "--launcher ssh for several ranks a node in containers")
+    if cuda:
+        raise InputError("--runtime container --launcher slurm on GPUs: scalelab's OCI bundle "
+                         "carries no NVIDIA hook yet, so its containers would not see the GPUs; "
+                         "use --launcher ssh (Docker with the NVIDIA runtime) or --runtime host")
+    if any(r.params.get("data", "synthetic") != "synthetic" for r in train):
+        raise InputError("--runtime container --launcher slurm reads synthetic data only (the "
+                         "bundle binds no data directory); use --launcher ssh for real data")
+    bundle = images.bundle_path(img["id"])
+    for n in used:
+        f = n.facts or {}
+        if not f.get("slurm_oci"):
+            raise InputError(f"--runtime container --launcher slurm: node {n.name}'s Slurm has "
+                             "no container support (no oci.conf beside slurm.conf); invoke "
+                             f"configure --cluster {cluster} --tags slurm sets it up (slurm_oci)"
+                             ", or ask the cluster's admins")
+        if bundle not in (f.get("oci_bundles") or []):
+            raise InputError(f"--runtime container --launcher slurm: node {n.name} has no OCI "
+                             f"bundle of image {img['tag']} ({bundle}); make it with invoke "
+                             f"configure --cluster {cluster} --image "
+                             f"{img.get('archive') or 'ARCHIVE'} (after --tags slurm)")
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:

@@ -119,6 +119,43 @@ _RANK_ENV = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK=
              'export MASTER_ADDR; exec "$@"')
 
 
+# a rank in a container Slurm starts (srun --container): Slurm 22.05 hands the container the
+# job's environment but not the task's (no SLURM_PROCID) and there is no scontrol inside, so
+# each node finds its rank by its own name in SCALELAB_RANKS (name:rank,...), one task a node
+_CONTAINER_RANK_ENV = (
+    'h=$(cat /proc/sys/kernel/hostname); h=${h%%.*}; '
+    'R=$(printf ",%s," "$SCALELAB_RANKS" | sed -n "s/.*,$h:\\([0-9]*\\),.*/\\1/p"); '
+    'if [ -z "$R" ]; then echo "scalelab: node $h has no rank in this run" >&2; exit 1; fi; '
+    'export RANK="$R" GROUP_RANK="$R" WORLD_SIZE="$SLURM_STEP_NUM_TASKS" LOCAL_RANK=0 '
+    'LOCAL_WORLD_SIZE=1; exec "$@"')
+
+
+def container_command(nodes: list[Node], login: Node, script: str, args: list[str],
+                      bundle: str, port: int, name: str, partition: str | None,
+                      timeout_s: float) -> commands.RankCommand:
+    """srun --container BUNDLE: one DDP rank a node, each in a container of the training
+    image that Slurm's OCI support starts with runc, on the node's network.
+
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
+    ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
+    >>> cmd = container_command(ns, ns[0], "resnet.py", ["--steps", "5"], "/opt/b", 29500, "j",
+    ...                         None, 180)
+    >>> "--container=/opt/b" in cmd.argv, cmd.argv[-4:]
+    (True, ['/opt/scalelab/venv/bin/python', '/opt/scalelab/bench/workloads/resnet.py', '--steps', '5'])
+    >>> cmd.env["SCALELAB_RANKS"], cmd.env["MASTER_ADDR"], cmd.env["MASTER_PORT"]
+    ('c-n0:0,c-n1:1', '10.0.0.10', '29500')
+    """
+    from scalelab.cluster import image
+
+    env = commands.rank_env(nodes[0], 1, ifaces=[n.iface for n in nodes])
+    env.update(MASTER_ADDR=nodes[0].address, MASTER_PORT=str(port),
+               SCALELAB_RANKS=",".join(f"{n.name}:{i}" for i, n in enumerate(nodes)))
+    argv = ["srun", *alloc_options(name, nodes, 1, partition, timeout_s), "--kill-on-bad-exit=1",
+            f"--container={bundle}", "sh", "-c", _CONTAINER_RANK_ENV, "sh", image.PYTHON,
+            f"{image.PREFIX}/{commands.WORKLOADS}/{script}", *args]
+    return commands.RankCommand(login, argv, env, cancel=cancel_line(name))
+
+
 def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: int,
                   script: str, args: list[str], rt: Runtime, port: int, name: str,
                   partition: str | None, timeout_s: float,
