@@ -477,11 +477,16 @@ def test_any_sweep_file_is_a_spec_or_one_input_error(tmp_path_factory, content):
     ({"procs_per_node": 2}, "starts one task a node in each step"),
     ({"device": "cuda"}, "carries no NVIDIA hook yet"),
     ({"data": "/data/imagenet"}, "reads synthetic data only"),
+    ({"user": "ubuntu"}, "Slurm starts runc as the job's user, ubuntu"),
+    ({"configurable": False}, "is not configured by scalelab"),
+    ({"twins": True}, "two nodes share the hostname gpu"),
+    ({"no_oci": True}, "Slurm has no container support"),
     ({}, "has no OCI bundle of image"),
 ])
 def test_what_slurms_containers_cannot_run_is_refused(change, says):
-    """--runtime container --launcher slurm: Slurm's OCI support (22.05) runs one task a node,
-    no horovodrun, no GPUs or data in scalelab's bundle; and each node needs the bundle."""
+    """--runtime container --launcher slurm: Slurm's OCI support (22.05) runs one task a node
+    as the job's user, no horovodrun, no GPUs or data in scalelab's bundle; each node needs
+    Slurm's oci.conf, the bundle, and a hostname of its own (a rank finds its place by it)."""
     from types import SimpleNamespace as R
 
     from scalelab.cluster.nodes import Node
@@ -489,9 +494,16 @@ def test_what_slurms_containers_cannot_run_is_refused(change, says):
     from scalelab.run.lifecycle import check_slurm_containers
 
     img = {"id": "sha256:" + "ab" * 32, "tag": "scalelab/train:k", "archive": "/i.tar"}
-    node = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local",
-                facts={"slurm_oci": True, "oci_bundles": ["/opt/scalelab/oci/other"]})
-    params = {"engine": "ddp", "procs_per_node": 1, "data": "synthetic", **change}
+    def node(i: int) -> Node:
+        return Node(f"c-n{i}", f"10.0.0.1{i}", f"10.0.0.1{i}", "head", "static",
+                    facts={"slurm_oci": not change.get("no_oci"),
+                           "oci_bundles": ["/opt/scalelab/oci/other"],
+                           "user": change.get("user", "root"),
+                           "hostname": "gpu.lab" if change.get("twins") else f"gpu{i}.lab"})
+
+    params = {"engine": "ddp", "procs_per_node": 1, "data": "synthetic",
+              **{k: v for k, v in change.items() if k in ("engine", "procs_per_node", "data")}}
     with pytest.raises(InputError, match=says):
-        check_slurm_containers("c", img, [R(kind="train", params=params)], [node],
-                               cuda=change.get("device") == "cuda")
+        check_slurm_containers("c", img, [R(kind="train", params=params)], [node(0), node(1)],
+                               cuda=change.get("device") == "cuda",
+                               configurable=change.get("configurable", True))

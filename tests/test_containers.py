@@ -7,6 +7,7 @@ was."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import signal
@@ -237,37 +238,44 @@ def test_containers_a_killed_driver_left_are_ended_by_the_next_bench(dcluster, t
     assert not any(_docker_ps(dcluster).values()), _docker_ps(dcluster)
 
 
-def _vendor_base(archive: Path, out: Path, with_torch: bool = True) -> Path:
-    """A stand-in for a vendor's image (no registry here): the training image's Debian with its
-    venv's packages moved into the system Python's dist-packages, where vendor images keep
-    torch, and neither Horovod nor anything of scalelab's; with_torch=False keeps Debian only."""
+def _vendor_bases(archive: Path, vendor: Path, bare: Path) -> tuple[Path, Path]:
+    """Stand-ins for a vendor's image (no registry here), written in one pass over the
+    training image: vendor, its Debian with its venv's packages moved into the system Python's
+    dist-packages, where vendor images keep torch, and neither Horovod nor anything of
+    scalelab's; bare, Debian only."""
     import tarfile
 
     site = "opt/scalelab/venv/lib/python3.11/site-packages/"
-    layer = out.with_suffix(".layer.tar")
+    dist = "usr/local/lib/python3.11/dist-packages/"
+    layers = {out: out.with_suffix(".layer.tar") for out in (vendor, bare)}
     with tarfile.open(archive) as outer:
         name = next(m.name for m in outer if m.name.endswith("/layer.tar"))
         with tarfile.open(fileobj=outer.extractfile(name), mode="r|") as src, \
-                tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as dst:
+                tarfile.open(layers[vendor], "w", format=tarfile.PAX_FORMAT) as dv, \
+                tarfile.open(layers[bare], "w", format=tarfile.PAX_FORMAT) as db:
             for m in src:
                 path = m.name.removeprefix("./")
-                if path.startswith(site):
-                    rest = path[len(site):]
-                    if not with_torch or rest.startswith(("horovod", "Horovod")):
-                        continue
-                    m.name = "usr/local/lib/python3.11/dist-packages/" + rest
-                    if m.islnk():
-                        m.linkname = ("usr/local/lib/python3.11/dist-packages/"
-                                      + m.linkname.removeprefix("./")[len(site):])
-                elif path.startswith(("opt/scalelab", ".scalelab")):
+                if path.startswith(("opt/scalelab", ".scalelab")) and not path.startswith(site):
                     continue
                 # a long name lives in the member's pax header, which would win over .name
                 m.pax_headers = {k: v for k, v in m.pax_headers.items()
                                  if k not in ("path", "linkpath")}
-                dst.addfile(m, src.extractfile(m) if m.isreg() else None)
-    images.write_archive(layer, out, "vendor/pytorch:stand-in", {}, "2026-01-01T00:00:00Z")
-    layer.unlink()
-    return out
+                data = src.extractfile(m).read() if m.isreg() else None
+                if not path.startswith(site):
+                    for dst in (dv, db):
+                        dst.addfile(m, io.BytesIO(data) if data is not None else None)
+                    continue
+                rest = path[len(site):]
+                if rest.startswith(("horovod", "Horovod")):
+                    continue
+                m.name = dist + rest
+                if m.islnk():
+                    m.linkname = dist + m.linkname.removeprefix("./")[len(site):]
+                dv.addfile(m, io.BytesIO(data) if data is not None else None)
+    for out, layer in layers.items():
+        images.write_archive(layer, out, "vendor/pytorch:stand-in", {}, "2026-01-01T00:00:00Z")
+        layer.unlink()
+    return vendor, bare
 
 
 def test_slurm_starts_its_tasks_in_containers_of_the_image(dcluster, built, tmp_path):
@@ -279,9 +287,17 @@ def test_slurm_starts_its_tasks_in_containers_of_the_image(dcluster, built, tmp_
     _archive, meta = built
     rec, bundle = dcluster.load(), images.bundle_path(meta["id"])
     for n in dcluster.nodes():
-        check = ssh.run(n, rec["known_hosts"], f"test -f {bundle}/config.json && test -x "
-                        f"{bundle}/rootfs{images.PYTHON} && echo yes", timeout=30).stdout
-        assert check.strip() == "yes", n.name
+        check = ssh.run(n, rec["known_hosts"], f"test -x {bundle}/rootfs{images.PYTHON} && "
+                        f"cat {bundle}/config.json", timeout=30).stdout
+        cfg = json.loads(check)
+        # the host's network (shaped), the image's root read-only and its own environment, a
+        # cgroup below the node's own (its CPU share), and the staged profiles bound in
+        assert {x["type"] for x in cfg["linux"]["namespaces"]} == {"pid", "mount"}, cfg["linux"]
+        assert cfg["root"] == {"path": "rootfs", "readonly": True}
+        assert f"PATH={images.PREFIX}/venv/bin" in " ".join(cfg["process"]["env"])
+        node_cg = n.extra["cgroup"].split("/sys/fs/cgroup/cpu", 1)[1]
+        assert cfg["linux"]["cgroupsPath"] == f"{node_cg}/scalelab-oci", cfg["linux"]
+        assert any(m["destination"].endswith("/bench/workloads/profiles") for m in cfg["mounts"])
     reports = tmp_path / "reports"
     refused = fl.run_bench(dcluster.name, reports, "--nodes", "2", "--batch-size", "8",
                            "--engine", "horovod", "--launcher", "slurm", "--runtime",
@@ -322,7 +338,7 @@ def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, 
     from scalelab.cluster import configure, imagebase
 
     env = {"SCALELAB_IMAGE_CACHE": str(tmp_path / "cache")}
-    base = _vendor_base(built[0], tmp_path / "vendor.tar")
+    base, bare = _vendor_bases(built[0], tmp_path / "vendor.tar", tmp_path / "bare.tar")
     proc = invoke("image", "--base", f"docker-archive:{base}", env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     archive = Path(proc.stdout.strip().splitlines()[-1].split()[1])
@@ -350,7 +366,6 @@ def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, 
     assert [r["status"] for r in recs] == ["ok"], [r["error"] for r in recs]
     assert recs[0]["env"]["image"]["id"] == meta["id"]
 
-    bare = _vendor_base(built[0], tmp_path / "bare.tar", with_torch=False)
     refused = invoke("image", "--base", f"docker-archive:{bare}", env=env, timeout=600)
     assert refused.returncode != 0
     err = refused.stderr.strip()

@@ -176,7 +176,8 @@ def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
     used = nodes[:max(r.params["nodes"] for r in runs)]
     cuda = any(r.params.get("device") == "cuda" for r in runs)
     if spec.launcher == "slurm":
-        check_slurm_containers(cluster, img, runs, used, cuda)
+        check_slurm_containers(cluster, img, runs, used, cuda,
+                               targets.capabilities(rec).configurable)
         return
     for n in used:
         f = n.facts or {}
@@ -195,17 +196,23 @@ def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
 
 
 def check_slurm_containers(cluster: str, img: dict[str, Any], runs: list, used: list[Node],
-                           cuda: bool) -> None:
+                           cuda: bool, configurable: bool = True) -> None:
     """--runtime container --launcher slurm: what Slurm's OCI support (srun --container, with
     runc) can run, and every node's Slurm set up for it with a bundle of the cluster's image;
     InputError naming the first gap."""
     from scalelab.cluster import image as images
+    from scalelab.run.slurm import short_hostname
 
     train = [r for r in runs if r.kind == "train"]
+    if not configurable:
+        raise InputError(f"--runtime container --launcher slurm needs the image unpacked into "
+                         f"an OCI bundle on every node, which invoke configure --image makes, "
+                         f"and cluster {cluster} is not configured by scalelab; use --runtime "
+                         "host")
     if any(r.params["engine"] == "horovod" for r in train):
-        raise InputError("--runtime container --launcher slurm runs DDP only: horovodrun starts "
-                         "its ranks over SSH, which a container Slurm starts has no way to; use "
-                         "--engine ddp, or --launcher ssh for Horovod in containers")
+        raise InputError("--runtime container --launcher slurm runs DDP only: Horovod's ranks "
+                         "in containers are started per node by scalelab over SSH, not by srun; "
+                         "use --engine ddp, or --launcher ssh for Horovod in containers")
     if any(r.params["procs_per_node"] > 1 for r in runs):
         raise InputError("--runtime container --launcher slurm: Slurm's OCI support starts one "
                          "task a node in each step (22.05), so use --procs-per-node 1, or "
@@ -218,8 +225,18 @@ def check_slurm_containers(cluster: str, img: dict[str, Any], runs: list, used: 
         raise InputError("--runtime container --launcher slurm reads synthetic data only (the "
                          "bundle binds no data directory); use --launcher ssh for real data")
     bundle = images.bundle_path(img["id"])
+    names = [short_hostname(n) for n in used]
+    if len(set(names)) < len(names):
+        raise InputError("--runtime container --launcher slurm: two nodes share the hostname "
+                         f"{next(x for x in names if names.count(x) > 1)} (up to its first dot), "
+                         "by which a rank in a container finds its place; use --launcher ssh")
     for n in used:
         f = n.facts or {}
+        if (f.get("user") or n.ssh_user) != "root":
+            raise InputError(f"--runtime container --launcher slurm: Slurm starts runc as the "
+                             f"job's user, {f.get('user') or n.ssh_user} on node {n.name}, and "
+                             "scalelab's bundle and oci.conf are for root (rootless runc is not "
+                             "set up); use --launcher ssh (Docker) or --runtime host")
         if not f.get("slurm_oci"):
             raise InputError(f"--runtime container --launcher slurm: node {n.name}'s Slurm has "
                              "no container support (no oci.conf beside slurm.conf); invoke "

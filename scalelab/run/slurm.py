@@ -121,13 +121,24 @@ _RANK_ENV = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK=
 
 # a rank in a container Slurm starts (srun --container): Slurm 22.05 hands the container the
 # job's environment but not the task's (no SLURM_PROCID) and there is no scontrol inside, so
-# each node finds its rank by its own name in SCALELAB_RANKS (name:rank,...), one task a node
+# each node finds its rank by its own short hostname in SCALELAB_RANKS (name:rank,...), one
+# task a node
 _CONTAINER_RANK_ENV = (
     'h=$(cat /proc/sys/kernel/hostname); h=${h%%.*}; '
     'R=$(printf ",%s," "$SCALELAB_RANKS" | sed -n "s/.*,$h:\\([0-9]*\\),.*/\\1/p"); '
     'if [ -z "$R" ]; then echo "scalelab: node $h has no rank in this run" >&2; exit 1; fi; '
     'export RANK="$R" GROUP_RANK="$R" WORLD_SIZE="$SLURM_STEP_NUM_TASKS" LOCAL_RANK=0 '
     'LOCAL_WORLD_SIZE=1; exec "$@"')
+
+
+def short_hostname(node: Node) -> str:
+    """The node's own hostname up to its first dot, as configure read it (its name where the
+    facts have none): what a rank in a container of that node reads from the kernel.
+
+    >>> short_hostname(Node("c-n0", "a", "a", "head", "static", facts={"hostname": "gpu7.lab"}))
+    'gpu7'
+    """
+    return ((node.facts or {}).get("hostname") or node.name).split(".", 1)[0]
 
 
 def container_command(nodes: list[Node], login: Node, script: str, args: list[str],
@@ -144,14 +155,20 @@ def container_command(nodes: list[Node], login: Node, script: str, args: list[st
     (True, ['/opt/scalelab/venv/bin/python', '/opt/scalelab/bench/workloads/resnet.py', '--steps', '5'])
     >>> cmd.env["SCALELAB_RANKS"], cmd.env["MASTER_ADDR"], cmd.env["MASTER_PORT"]
     ('c-n0:0,c-n1:1', '10.0.0.10', '29500')
+    >>> export = next(a for a in cmd.argv if a.startswith("--export="))[9:].split(",")
+    >>> "SCALELAB_RANKS" in export, "SCALELAB_LAUNCH" in export, "PATH" in export
+    (True, True, False)
     """
     from scalelab.cluster import image
 
     env = commands.rank_env(nodes[0], 1, ifaces=[n.iface for n in nodes])
-    env.update(MASTER_ADDR=nodes[0].address, MASTER_PORT=str(port),
-               SCALELAB_RANKS=",".join(f"{n.name}:{i}" for i, n in enumerate(nodes)))
+    env.update(MASTER_ADDR=nodes[0].private_address, MASTER_PORT=str(port),
+               SCALELAB_RANKS=",".join(f"{short_hostname(n)}:{i}" for i, n in enumerate(nodes)))
+    # Slurm appends the job's environment to the bundle's: only scalelab's variables (and
+    # Slurm's own) go in, so the login host's PATH or PYTHONPATH never shadows the image's
+    export = "--export=" + ",".join(sorted({*env, "SCALELAB_LAUNCH"}))
     argv = ["srun", *alloc_options(name, nodes, 1, partition, timeout_s), "--kill-on-bad-exit=1",
-            f"--container={bundle}", "sh", "-c", _CONTAINER_RANK_ENV, "sh", image.PYTHON,
+            export, f"--container={bundle}", "sh", "-c", _CONTAINER_RANK_ENV, "sh", image.PYTHON,
             f"{image.PREFIX}/{commands.WORKLOADS}/{script}", *args]
     return commands.RankCommand(login, argv, env, cancel=cancel_line(name))
 
