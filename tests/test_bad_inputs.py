@@ -478,7 +478,6 @@ def test_any_sweep_file_is_a_spec_or_one_input_error(tmp_path_factory, content):
     ({"device": "cuda"}, "carries no NVIDIA hook yet"),
     ({"data": "/data/imagenet"}, "reads synthetic data only"),
     ({"user": "ubuntu"}, "Slurm starts runc as the job's user, ubuntu"),
-    ({"configurable": False}, "is not configured by scalelab"),
     ({"twins": True}, "two nodes share the hostname gpu"),
     ({"no_oci": True}, "Slurm has no container support"),
     ({}, "has no OCI bundle of image"),
@@ -505,5 +504,17 @@ def test_what_slurms_containers_cannot_run_is_refused(change, says):
               **{k: v for k, v in change.items() if k in ("engine", "procs_per_node", "data")}}
     with pytest.raises(InputError, match=says):
         check_slurm_containers("c", img, [R(kind="train", params=params)], [node(0), node(1)],
-                               cuda=change.get("device") == "cuda",
-                               configurable=change.get("configurable", True))
+                               cuda=change.get("device") == "cuda")
+
+
+def test_containers_under_slurm_on_a_cluster_scalelab_does_not_configure_name_the_real_gap():
+    """Before the image check, whose fix (invoke configure --image) such a cluster refuses."""
+    from types import SimpleNamespace as R
+
+    from scalelab.core.errors import InputError
+    from scalelab.run.lifecycle import check_container_runtime
+
+    runs = [R(kind="train", params={"engine": "ddp", "procs_per_node": 1, "nodes": 1})]
+    with pytest.raises(InputError, match="is not configured by scalelab; use --runtime host"):
+        check_container_runtime("hpc", {"target": "slurm", "nodes": []},
+                                R(launcher="slurm"), runs, [])

@@ -82,8 +82,7 @@ def probe_script(address: str, python: str, workdir: str) -> str:
         "docker image ls --no-trunc --format '{{.Repository}}:{{.Tag}} {{.ID}}' "
         f"{image.REPO} 2>/dev/null | sed 's/^/image=/'; fi",
         # Slurm's OCI container support and the training-image bundles for it
-        "if [ -f \"$(dirname \"${SLURM_CONF:-/etc/slurm/slurm.conf}\")/oci.conf\" ]; then "
-        "echo slurm_oci=1; fi",
+        "if [ -f /etc/slurm/oci.conf ]; then echo slurm_oci=1; fi",
         f"for b in {image.OCI_DIR}/*/config.json; do [ -f \"$b\" ] && "
         "echo oci_bundle=${b%/config.json}; done",
         "echo kernel=$(uname -r)",

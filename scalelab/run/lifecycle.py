@@ -162,6 +162,12 @@ def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
 
     fix = (f"build one with invoke image and load it with invoke configure --cluster {cluster} "
            "--image ARCHIVE")
+    if spec.launcher == "slurm" and not targets.capabilities(rec).configurable:
+        # before the image: its fix, invoke configure, is what such a cluster refuses
+        raise InputError(f"--runtime container --launcher slurm needs the image unpacked into "
+                         f"an OCI bundle on every node, which invoke configure --image makes, "
+                         f"and cluster {cluster} is not configured by scalelab; use --runtime "
+                         "host")
     img = rec.get("image")
     if not isinstance(img, dict) or not img.get("id"):
         raise InputError(f"--runtime container: cluster {cluster} has no training image; {fix}")
@@ -176,8 +182,7 @@ def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
     used = nodes[:max(r.params["nodes"] for r in runs)]
     cuda = any(r.params.get("device") == "cuda" for r in runs)
     if spec.launcher == "slurm":
-        check_slurm_containers(cluster, img, runs, used, cuda,
-                               targets.capabilities(rec).configurable)
+        check_slurm_containers(cluster, img, runs, used, cuda)
         return
     for n in used:
         f = n.facts or {}
@@ -196,7 +201,7 @@ def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
 
 
 def check_slurm_containers(cluster: str, img: dict[str, Any], runs: list, used: list[Node],
-                           cuda: bool, configurable: bool = True) -> None:
+                           cuda: bool) -> None:
     """--runtime container --launcher slurm: what Slurm's OCI support (srun --container, with
     runc) can run, and every node's Slurm set up for it with a bundle of the cluster's image;
     InputError naming the first gap."""
@@ -204,11 +209,6 @@ def check_slurm_containers(cluster: str, img: dict[str, Any], runs: list, used: 
     from scalelab.run.slurm import short_hostname
 
     train = [r for r in runs if r.kind == "train"]
-    if not configurable:
-        raise InputError(f"--runtime container --launcher slurm needs the image unpacked into "
-                         f"an OCI bundle on every node, which invoke configure --image makes, "
-                         f"and cluster {cluster} is not configured by scalelab; use --runtime "
-                         "host")
     if any(r.params["engine"] == "horovod" for r in train):
         raise InputError("--runtime container --launcher slurm runs DDP only: Horovod's ranks "
                          "in containers are started per node by scalelab over SSH, not by srun; "
