@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shlex
 import subprocess
 import threading
@@ -280,6 +281,32 @@ def first_error(nodes: list[Node], errors: dict[str, str]) -> tuple[str, str] | 
         if n.name in errors:
             return n.name, errors[n.name]
     return None
+
+
+# what OpenSSH's client prints when it gets no TCP connection to the host at all: nothing of
+# the command can have run (a jump host's own failures look different and are not counted)
+_NO_CONNECTION = re.compile(r"^ssh: (connect to host \S+ port \d+|Could not resolve hostname "
+                            r"\S+): .+$")
+
+
+def never_reached(returncode: int | None, stdout: str, stderr: str) -> bool:
+    r"""Whether an ssh client exited without ever reaching its host, so that nothing of its
+    command ran there: exit 255, nothing printed, and only connection failures on stderr.
+
+    >>> never_reached(255, "", "ssh: connect to host 10.0.0.2 port 22: Connection refused\n")
+    True
+    >>> never_reached(255, "", "ssh: Could not resolve hostname n9: Name or service not known")
+    True
+    >>> never_reached(255, "", "Connection to 10.0.0.2 closed by remote host.")  # it ran
+    False
+    >>> never_reached(1, "", "ssh: connect to host a port 22: Connection refused")  # the command's
+    False
+    >>> never_reached(255, "SCALELAB_PGID 7\n", "ssh: connect to host a port 22: Connection refused")
+    False
+    """
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    return (returncode == 255 and not stdout.strip() and bool(lines)
+            and all(_NO_CONNECTION.match(ln.strip()) for ln in lines))
 
 
 def run(node: Node, known_hosts: str, command: str, timeout: float = 30.0,

@@ -210,8 +210,10 @@ class Launch:
         # (exit 255) the group may well still run on the node
         # with a token, also the nodes whose group id was never read (the launch is found by
         # the token in its environment)
-        groups = [(c.node, self.pgids.get(c.node.name)) for c in self.commands
-                  if c.node.name in self.pgids or self.token]
+        # but not the nodes whose ssh never got a connection: nothing was started there
+        groups = [(c.node, self.pgids.get(c.node.name))
+                  for i, c in enumerate(self.commands)
+                  if c.node.name in self.pgids or (self.token and not self._never_reached(i))]
         failed = end_groups(groups, self.rt.known_hosts, self.token, grace_s, retry_s)
         cancel_of = {c.node.name: c.cancel for c in self.commands if c.cancel}
         # a node not reached keeps its cancel line too: the next run or --resume runs it
@@ -231,6 +233,15 @@ class Launch:
         for t in self._threads:
             t.join(timeout=2)
         return [n.name for n, _ in failed]
+
+    def _never_reached(self, index: int) -> bool:
+        proc = self.procs[index] if index < len(self.procs) else None
+        if proc is None or proc.poll() is None:
+            return False
+        for t in self._threads[2 * index:2 * index + 2]:  # its output read to the end
+            t.join(timeout=2)
+        out, err = self._buffers[index]
+        return ssh.never_reached(proc.returncode, "".join(out), "".join(err))
 
     def printed(self, index: int) -> str:
         """What command index has printed on stdout so far."""
