@@ -314,6 +314,8 @@ def test_measure_says_why_on_real_failures(local_cluster, monkeypatch):
     lc = local_cluster(2)
     a, b = lc.nodes()
     kh = str(lc.known_hosts)
+    # the client's readiness wait, shorter: in 1 and 2 it is what the failure waits out
+    monkeypatch.setattr(linkprobe, "READY_TIMEOUT_S", 3.0)
     # 1. the port is taken on the server: another program listens there (for at most 60 s)
     holder = ssh.run(a, kh, "nohup timeout 60 python3 -c \"import socket, time; "
                             "s = socket.socket(); s.bind(('" + a.private_address + "', 5321)); "

@@ -429,8 +429,11 @@ def explain_failure(outcomes: list[RankOutcome], status: str, timeout_s: float) 
 
 
 def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
-        stop: threading.Event | None = None, inflight: Path | None = None) -> LaunchResult:
+        stop: threading.Event | None = None, inflight: Path | None = None,
+        fail_grace_s: float = 5.0) -> LaunchResult:
     """Start, wait, reap; the result is read from the head node's stdout.
+
+    fail_grace_s: once one command has failed, how long the others get to fail by themselves.
 
     Groups that an earlier launch could not end (listed in the inflight file) are ended
     first; those still unreachable stay listed.
@@ -444,7 +447,7 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
     unreaped: list[str] = []
     try:
         launch.start(inflight)
-        status = launch.wait(timeout_s, stop=stop, inflight=inflight)
+        status = launch.wait(timeout_s, fail_grace_s, stop=stop, inflight=inflight)
         waited_s = time.monotonic() - t0
         if status == "failed":
             launch.read_errors()

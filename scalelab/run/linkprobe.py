@@ -39,6 +39,9 @@ CONNECT_TIMEOUT_MS = 1000  # one attempt; a refused connection fails at once any
 READY_TIMEOUT_S = 10.0  # how long the client waits for the server (ssh setup included)
 SERVER_SLACK_S = 5.0  # the server waits this much longer for its client than the client tries
 LAUNCH_SLACK_S = 20.0  # ssh setup and reaping, on top of the waits and the test itself
+# once one end has failed, the other's own failure adds nothing (the server's error is said
+# first; a client that could not connect leaves the server waiting for nobody)
+FAIL_GRACE_S = 1.0
 _TRAILING_ERROR = re.compile(r"^iperf3: error - (?P<msg>.+?)\s*$", re.MULTILINE)
 
 
@@ -249,14 +252,14 @@ def measure(server: Node, client: Node, known_hosts: str, port: int, seconds: fl
         return Measurement(server.name, client.name, None,
                            f"{server.name}: a node cannot measure a link to itself")
     try:
-        cmds = probe_commands(server, client, port, seconds, streams=streams)
+        cmds = probe_commands(server, client, port, seconds, READY_TIMEOUT_S, streams=streams)
     except LinkProbeError as exc:
         return _failed(server, client, str(exc))
     # python and workdir only matter for workloads; iperf3 is on the PATH of every node
     rt = launch.Runtime("python3", "/", known_hosts)
     timeout_s = READY_TIMEOUT_S + iperf_seconds(seconds) + LAUNCH_SLACK_S
     try:
-        res = launch.run(cmds, rt, timeout_s=timeout_s, stop=stop)
+        res = launch.run(cmds, rt, timeout_s=timeout_s, stop=stop, fail_grace_s=FAIL_GRACE_S)
     except (ScalelabError, OSError) as exc:
         return _failed(server, client, _one_line(f"could not start iperf3: {exc}"))
     if res.status in ("timeout", "interrupted"):
