@@ -196,6 +196,10 @@ def _print_nodes(result) -> None:
     "fabric_profile": "what an allreduce achieves on the fabric: ethernet-tcp or rdma (shaped "
                       "links carry its share of the line rate, sourced in bench/fabrics/, and "
                       "the model uses it) or ideal (the default: the line rate as tc gives it)",
+    "intra_link": "with --accelerator and --procs-per-node 2 or more on a local cluster: the "
+                  "path between the GPUs of one node, pcie3, pcie4, nvlink-v100 or a rate "
+                  "such as 64gbit (each node's loopback is shaped to it and the model takes "
+                  "it; default: unshaped, taken as free)",
     "channels_last": "NHWC memory format (faster convolutions on tensor cores); the same as "
                      "--memory-format channels_last",
     "memory_format": "memory formats to sweep: contiguous (NCHW, the default), channels_last "
@@ -243,7 +247,7 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
           model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
           resume="", retry_failed=False, report=True, accelerator="", dilation="",
           launcher="", partition="", timeout="", device="", fabric="", fabric_profile="",
-          channels_last=False,
+          intra_link="", channels_last=False,
           memory_format="", loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True,
           price_per_node_hour="", bucket_cap_mb="", fusion_threshold_mb="", cycle_time_ms="",
           compression=""):

@@ -115,4 +115,4 @@ def test_the_local_target_and_real_hosts_differ_only_in_declared_flags():
     # on a data root of the host's own file system: containers is no longer among them)
     assert differ == {"stack_from_host", "packages_from_host", "package_index", "systemd",
                       "own_clock", "kernel_nfs", "exportable_root", "ephemeral",
-                      "shares_host_cpus"}
+                      "shares_host_cpus", "own_loopback"}

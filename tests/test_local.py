@@ -95,6 +95,14 @@ def test_link_rate_is_enforced_and_changes_without_reprovisioning(local_cluster)
     assert 270 <= mbit <= 330, f"300mbit link measured {mbit:.1f} Mbit/s"
     rates = lc.link_rates()
     assert set(rates.values()) == {(300.0, 300.0)}
+    # the path between the ranks of one node is its own loopback, shaped apart from the link
+    lc.set_intra(150.0)
+    assert set(lc.link_rates("lo").values()) == {(None, 150.0)}
+    mbit = iperf_mbit(lc, 1, 1)
+    assert 135 <= mbit <= 165, f"150mbit loopback measured {mbit:.1f} Mbit/s"
+    assert 270 <= iperf_mbit(lc, 1, 2) <= 330  # the link kept its own rate
+    lc.set_intra(None)
+    assert set(lc.link_rates("lo").values()) == {(None, None)}
     lc.set_bandwidth("native")
     assert set(lc.link_rates().values()) == {(None, None)}
 

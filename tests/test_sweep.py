@@ -19,6 +19,7 @@ from scalelab.sweep.estimate import estimate_duration_s
 from scalelab.sweep.planner import (
     EMULATION_KEYS,
     FABRIC_KEYS,
+    INTRA_KEYS,
     PARAM_KEYS,
     PLACEMENT_KEYS,
     SCALING_KEYS,
@@ -126,7 +127,7 @@ def test_params_hold_exactly_the_contract_keys():
     runs = plan(spec(bandwidth="1gbit"), make_cluster(3), can_shape=True)
     for r in runs:
         assert tuple(r.params) == (PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS
-                                   + SCALING_KEYS + FABRIC_KEYS)
+                                   + SCALING_KEYS + FABRIC_KEYS + INTRA_KEYS)
     train = next(r for r in runs if r.run_id == "train-n03-p1-b064-bw1000-r0")
     assert train.params == {
         "nodes": 3, "procs_per_node": 1, "world_size": 3, "model": "resnet20", "engine": "ddp",
@@ -136,7 +137,8 @@ def test_params_hold_exactly_the_contract_keys():
         "loader_workers": 2, "pin_memory": "auto", "runtime": "host",
         # DDP's own default bucket size; a DDP run has no Horovod settings
         "bucket_cap_mb": 25.0, "fusion_threshold_mb": None, "cycle_time_ms": None,
-        "compression": "none", "global_batch_size": None, "fabric_profile": "ideal"}
+        "compression": "none", "global_batch_size": None, "fabric_profile": "ideal",
+        "intra_link": None, "intra_mbit": None}
     assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
     probe = next(r for r in runs if r.kind == "allreduce")
     assert probe.params["batch_size"] is None and probe.params["image_size"] is None

@@ -201,6 +201,11 @@ class SshLinks:
                                    f"{describe(mbit)}")
         self._each(one)
 
+    def apply_intra(self, mbit: float | None) -> None:
+        if mbit is not None:
+            raise ClusterError("the path between the ranks of one node is shaped only on nodes "
+                               "with a loopback of their own (a local cluster)")
+
     def restore(self, snapshot: dict[str, Any]) -> None:
         def one(n: Node) -> None:
             saved = snapshot.get(n.name)

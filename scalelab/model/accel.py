@@ -183,19 +183,46 @@ def cpu_dilation(ranks: int, nodes: int, grad: int, bwd_s: float, precision: str
     return max(1, math.ceil(max(ranks * work / host_cpus, ppn * work / node_cpus)))
 
 
+def intra_dilation(nodes: int, ppn: int, intra_mbit: float | None, host_mbit: float | None,
+                   share: float = 0.5) -> float:
+    """The smallest whole k at which the host carries a node's shaped loopback (a stated
+    intra-node path, --intra-link) when the ring runs on that path alone: one node. Over
+    several nodes the ring moves at its slowest edge, the link, which the loopback then only
+    keeps pace with, as it does unshaped (auto_dilation and cpu_dilation count that). 1 where
+    no path is stated or without a calibration.
+
+    >>> intra_dilation(1, 4, 80000.0, 20000.0)     # one node of 4 GPUs on PCIe gen3
+    32.0
+    >>> intra_dilation(2, 4, 80000.0, 20000.0), intra_dilation(1, 4, None, 20000.0)
+    (1.0, 1.0)
+    """
+    from scalelab.model.fabric import loopback_mbit
+
+    lo = loopback_mbit(intra_mbit, nodes, ppn)
+    if nodes > 1 or not lo or not host_mbit:
+        return 1.0
+    return float(max(1, math.ceil(lo / (share * host_mbit))))
+
+
 def emulation_dilation(ranks: int, nodes: int, rate_mbit: float | None,
                        host_mbit: float | None, grad: int, bwd_s: float, precision: str,
-                       pass_s_per_byte: float, host_cpus: float, node_cpus: float) -> float:
+                       pass_s_per_byte: float, host_cpus: float, node_cpus: float,
+                       intra_mbit: float | None = None) -> float:
     """The k dilation auto gives a (rate, node count): the larger of what the links need
-    (auto_dilation) and what the ranks' own work needs (cpu_dilation); with several ranks per
-    node their sum, since the links' copies and the ranks' loopback copies take the same cores.
+    (auto_dilation; with a stated intra-node path, the links and the nodes' shaped loopbacks
+    together, intra_dilation) and what the ranks' own work needs (cpu_dilation); with several
+    ranks per node their sum, since the links' copies and the ranks' loopback copies take the
+    same cores.
 
     >>> emulation_dilation(8, 8, 1000.0, 20000.0, 100_000_000, 0.1, "fp32", 1e-10, 2, 1)
     2.0
     >>> emulation_dilation(32, 8, 10000.0, 20000.0, 100_000_000, 0.1, "fp32", 1e-10, 2, 1)
     24.0
+    >>> emulation_dilation(4, 1, None, 20000.0, 100_000_000, 0.1, "fp32", 1e-10, 2, 1, 80000.0)
+    36.0
     """
-    k_link = auto_dilation(nodes, rate_mbit, host_mbit)
+    k_link = max(auto_dilation(nodes, rate_mbit, host_mbit),
+                 intra_dilation(nodes, max(1, ranks // max(1, nodes)), intra_mbit, host_mbit))
     k_cpu = cpu_dilation(ranks, nodes, grad, bwd_s, precision, pass_s_per_byte, host_cpus,
                          node_cpus)
     if ranks > nodes and k_link > 1:

@@ -255,7 +255,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     for col, empty in (("accelerator", ""), ("fidelity", ""), ("dilation", 1.0),
                        ("host_cpu_idle", np.nan), ("link_utilisation", np.nan),
                        ("profile_step_s", np.nan), ("accelerator_source", ""),
-                       ("fabric_profile", "ideal")):
+                       ("fabric_profile", "ideal"), ("intra_mbit", np.nan)):
         if col not in work:
             work[col] = empty
     g = work.groupby(keys, dropna=False, sort=True)
@@ -283,6 +283,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         baseline_world_size=("baseline_world_size", "first"),
         accelerator=("accelerator", "first"),
         fabric_profile=("fabric_profile", "first"),
+        intra_mbit=("intra_mbit", "first"),
         accelerator_source=("accelerator_source", "first"),
         dilation=("dilation", "mean"),
         profile_step_s=("profile_step_s", "mean"),

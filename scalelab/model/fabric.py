@@ -102,6 +102,84 @@ class Fabric:
                 f"{self.per_hop_latency_s * 1e6:g} us")
 
 
+# The path between the GPUs of one node, as what an allreduce among them achieves (Gbit/s of
+# bus bandwidth). `--intra-link NAME` (or a rate) shapes each emulated node's loopback, which
+# its ranks reach each other over, at this rate per ring edge, and the model takes the same.
+# Unset, the loopback runs as fast as the host copies it and the model takes the path as free.
+@dataclass(frozen=True)
+class IntraLink:
+    name: str
+    mbit: float
+    source: str
+
+
+INTRA_LINKS = {link.name: link for link in (
+    IntraLink("pcie3", 10 * 8000.0,
+              "PCIe gen3 x16 moves 15.75 GB/s a direction; an allreduce ring among GPUs on it "
+              "reaches about 10 GB/s of bus bandwidth (Pascal nodes of Horovod's own tables)"),
+    IntraLink("pcie4", 20 * 8000.0,
+              "PCIe gen4 x16 doubles gen3's lane rate (31.5 GB/s a direction); 20 GB/s is "
+              "gen3's 10 GB/s doubled, an estimate, not a measurement"),
+    IntraLink("nvlink-v100", 100 * 8000.0,
+              "V100 SXM2 with NVLink (p3.16xlarge, DGX-1): NCCL's allreduce bus bandwidth in "
+              "one node is above 100 GB/s; 100 GB/s is taken as its floor"),
+)}
+
+
+def intra_link(value: Any) -> tuple[str, float] | None:
+    """A stated intra-node path: (its name as written back, its Mbit/s), from a name of
+    INTRA_LINKS or a rate; None for unset (or "host": the loopback as fast as the host goes).
+
+    >>> intra_link("pcie3"), intra_link("40gbit"), intra_link(None), intra_link("host")
+    (('pcie3', 80000.0), ('40gbit', 40000.0), None, None)
+    >>> intra_link("pcie5")
+    Traceback (most recent call last):
+    ...
+    scalelab.core.errors.InputError: intra_link: 'pcie5' is neither a path scalelab knows (pcie3, pcie4, nvlink-v100) nor a rate such as 64gbit
+    """
+    if value is None or str(value).strip().lower() in ("", "host"):
+        return None
+    text = str(value).strip().lower()
+    if text in INTRA_LINKS:
+        return text, INTRA_LINKS[text].mbit
+    from scalelab.core.units import format_rate, parse_rate_mbit
+
+    try:
+        mbit = parse_rate_mbit(text)
+    except InputError:
+        mbit = None
+    if mbit is None:
+        raise InputError(f"intra_link: {value!r} is neither a path scalelab knows "
+                         f"({', '.join(INTRA_LINKS)}) nor a rate such as 64gbit")
+    return format_rate(mbit), mbit
+
+
+def loopback_mbit(intra_mbit: float | None, nodes: int, ppn: int) -> float | None:
+    """The rate a node's loopback is shaped to (before dilation) so that each edge of the
+    allreduce ring among its ranks moves intra_mbit at once: the ring's edges inside a node
+    share its loopback, ppn of them on one node (the ring closes there), ppn - 1 where the
+    ring goes on to the next node. None where nothing is stated or no two ranks share a node.
+
+    >>> loopback_mbit(80000.0, 1, 4), loopback_mbit(80000.0, 2, 4), loopback_mbit(None, 1, 4)
+    (320000.0, 240000.0, None)
+    >>> loopback_mbit(80000.0, 4, 1) is None
+    True
+    """
+    if not intra_mbit or ppn < 2:
+        return None
+    return intra_mbit * (ppn if nodes <= 1 else ppn - 1)
+
+
+def intra_source(name: str) -> str:
+    """Where a stated intra-node path's rate comes from, one line.
+
+    >>> intra_source("64gbit")
+    'stated by the user'
+    """
+    link = INTRA_LINKS.get(name)
+    return link.source if link else "stated by the user"
+
+
 def names() -> list[str]:
     return list(_names())
 

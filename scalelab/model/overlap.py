@@ -179,6 +179,24 @@ def _run_setting(row: Any) -> tuple[float | None, str]:
     return mb, comp if comp in ("none", "fp16") else "none"
 
 
+def intra_paced(row: Any, link_mbit: float) -> float:
+    """The rate a row's ring moves at: its slowest edge, the link between nodes or a stated
+    path between the ranks of a node (intra_mbit; unstated: free).
+
+    >>> intra_paced({"procs_per_node": 4, "intra_mbit": 80000.0}, math.inf)
+    80000.0
+    >>> intra_paced({"procs_per_node": 4, "intra_mbit": float("nan")}, 9000.0)
+    9000.0
+    >>> intra_paced({"procs_per_node": 1, "intra_mbit": 800.0}, 9000.0)   # no two share a node
+    9000.0
+    """
+    intra = row.get("intra_mbit")
+    if int(row.get("procs_per_node") or 1) < 2 or not isinstance(intra, int | float) \
+            or not intra == intra or intra <= 0:
+        return link_mbit
+    return min(link_mbit, float(intra))
+
+
 def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
     """Adds overlap_step_s, overlap_compute_s (the profile's step alone: forward, backward,
     optimizer), overlap_eff (step(N0) / step(N)) and overlap_note (why a row has no overlap
@@ -197,7 +215,8 @@ def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) 
     emulated = out["accelerator"].astype(bool) if "accelerator" in out else out["nodes"] < 0
     for i, row in out[emulated].iterrows():  # only rows with a profile: a big sweep stays fast
         doc, why = _profile_or_reason(row)
-        rate = float(row["link_mbit_model"]) if int(row["nodes"]) > 1 else math.inf
+        rate = intra_paced(row, float(row["link_mbit_model"]) if int(row["nodes"]) > 1
+                           else math.inf)
         if doc is not None and not rate > 0:  # NaN: no link rate known, so nothing to predict
             doc, why = None, "no link rate known"
         out.at[i, "overlap_note"] = why
@@ -278,7 +297,8 @@ def what_if(row: Any, world_sizes: Sequence[int], link_factors: Sequence[float],
             at = _profile_or_reason(row, g // n)[0] if strong else doc
             if at is None:
                 continue
-            step = predict_step_s(at, engine, n, rate * f, precision, alpha_s)
+            step = predict_step_s(at, engine, n, intra_paced(row, rate * f), precision,
+                                  alpha_s)
             ips = (g if strong else n * _per_worker(row)) / step
             out.append({"world_size": n, "link_mbit": rate * f, "step_s": step,
                         "eff": ips / (n * one_ips), "images_per_sec": ips})
@@ -454,7 +474,7 @@ def _setting_prediction(row: Any, alpha_s: float) -> float:
         return float("nan")
     alpha_s = analysis.row_alpha_s(row, alpha_s)
     one = predict_step_s(one_doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
-    step = predict_step_s(doc, str(row["engine"]), ws, float(rate),
+    step = predict_step_s(doc, str(row["engine"]), ws, intra_paced(row, float(rate)),
                           str(row["precision"]), alpha_s, float(row["group_mb"]),
                           str(row["compression"]))
     return one / (ws * step) if strong else one / step

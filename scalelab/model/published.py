@@ -23,16 +23,8 @@ from scalelab.model import accel, fabric, overlap
 from scalelab.model.models import MODELS
 
 AIM_POINTS = 10.0
-# inside a node: what an allreduce among its GPUs achieves (Gbit/s of bus bandwidth)
-INTRA = {
-    # V100 SXM2 with NVLink (p3.16xlarge, DGX-1): NCCL's allreduce bus bandwidth in one node
-    # is above 100 GB/s; any rate that high leaves ResNet's allreduce under 2 ms, so the
-    # exact figure does not move these points
-    "nvlink-v100": 100 * 8000.0,
-    # Pascal GPUs on PCIe gen3 x16 (12 GB/s per direction; a ring's bus bandwidth there is
-    # about 10 GB/s)
-    "pcie3": 10 * 8000.0,
-}
+# inside a node: what an allreduce among its GPUs achieves (Mbit/s of bus bandwidth)
+INTRA = {name: link.mbit for name, link in fabric.INTRA_LINKS.items()}
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ CSV_COLUMNS = [
     # the fabric profile (bench/fabrics/) the shaped links carried and the model used; ideal:
     # the line rate as tc gives it
     "fabric_profile",
+    # the path between the ranks of one node as stated (--intra-link) and its Mbit/s per ring
+    # edge; empty: the node's loopback unshaped, which the model takes as free
+    "intra_link", "intra_mbit",
 ]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -206,7 +209,8 @@ RUN_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world
                *TIMELINE_KEYS, "device", "backend", "transport", "gpus_per_node", "gpu_model",
                "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime", "image_id",
                "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
-               "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile"]
+               "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile",
+               "intra_link", "intra_mbit"]
 # each rank's figures as to_frame reads them: short name -> the record's key
 RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step_time_p95_s",
                "compute": "compute_time_mean_s", "comm": "comm_time_mean_s",
@@ -301,6 +305,8 @@ def _run_row(rec: dict[str, Any]) -> dict[str, Any]:
         "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
         **_scaling(p),
         "fabric_profile": str(p.get("fabric_profile") or "ideal"),
+        "intra_link": str(p.get("intra_link") or ""),
+        "intra_mbit": _num(p.get("intra_mbit")),
     }
 
 

@@ -47,6 +47,7 @@ from scalelab.model.comm import COMM_DEFAULTS, COMM_ENGINE, COMM_KEYS
 from scalelab.sweep.planner import (
     EMULATION_KEYS,
     FABRIC_KEYS,
+    INTRA_KEYS,
     KINDS,
     PARAM_KEYS,
     PLACEMENT_KEYS,
@@ -525,6 +526,8 @@ def same_params(stored: Any, planned: dict[str, Any]) -> bool:
     stored = {**{k: None for k in SCALING_KEYS if k in planned}, **stored}
     # a run recorded before fabric profiles ran on the ideal fabric
     stored = {**{k: "ideal" for k in FABRIC_KEYS if k in planned}, **stored}
+    # and before intra-node paths with the node's loopback unshaped
+    stored = {**{k: None for k in INTRA_KEYS if k in planned}, **stored}
     return stored == planned
 
 

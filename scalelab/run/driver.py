@@ -168,16 +168,20 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                job: dict[str, Any] | None = None,
                single_mbit: float | None = None,
                image: dict[str, Any] | None = None,
-               connections: dict[str, int] | None = None) -> dict[str, Any]:
+               connections: dict[str, int] | None = None,
+               intra: float | None = None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
     requested rate / k and link_mbit (measured on the dilated link) is given here times k, the
-    rate the emulated network delivered in the emulated device's time."""
+    rate the emulated network delivered in the emulated device's time. intra: what each
+    node's loopback was set to (the path between its ranks), None where it was not shaped."""
     result = res.result or {}
     env = dict(result.get("env") or {})
     env.update({"scalelab": scalelab_commit(), "controller_python": platform.python_version(),
                 "target": target, "nodes": list(run.node_names), "tc": netshape.describe(rate)})
+    if intra is not None:
+        env["tc_loopback"] = netshape.describe(intra)
     if launcher:
         env["launcher"] = launcher
     if image:  # the ranks ran in containers of this image
@@ -393,6 +397,11 @@ class _Execution:
                                    p["procs_per_node"])
         rate = line / dilation if line else line
         self.shaper.set(rate)
+        # the path between each node's ranks, also in the emulated device's time
+        lo = fabric.loopback_mbit(p.get("intra_mbit"), p["nodes"], p["procs_per_node"])
+        lo = lo / dilation if lo else None
+        if self.caps.own_loopback:
+            self.shaper.set_intra(lo)
         if rate not in self.links:
             self.links[rate] = (self.starter.probe_link(self.all_nodes, k, self.stop)
                                 if netprobe else (None, "", None))
@@ -422,6 +431,7 @@ class _Execution:
         c = self.container
         record = run_record(self.sweep_dir.name, run, self.rec["target"], res, started,
                             measured_mbit, rate, why, launcher_name, job, single_mbit=single,
+                            intra=lo,
                             image={"id": c.image_id, "tag": c.image} if c is not None else None,
                             connections={key: v - before[key]
                                          for key, v in ssh.connections().items()})

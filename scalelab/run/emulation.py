@@ -67,6 +67,9 @@ class Emulation:
         self.pass_s_per_byte: float | None = None
         # per (rate, nodes): the tightest train run's (ranks, gradient bytes, backward seconds)
         self._load: dict[Any, tuple[int, int, float]] = {}
+        # the stated path between a node's ranks (one per sweep; None: unshaped)
+        self.intra_mbit: float | None = next(
+            (r.params.get("intra_mbit") for r in runs if r.params.get("intra_mbit")), None)
         for r in runs:
             p = r.params
             if r.kind != "train" or not p.get("accelerator"):
@@ -103,7 +106,8 @@ class Emulation:
                 self._k[key] = 1.0
                 return 1.0
             if not self._calibrated:
-                self.host_mbit = self._calibrate() if any(r for r, _ in self._load) else None
+                self.host_mbit = (self._calibrate() if self.intra_mbit
+                                  or any(r for r, _ in self._load) else None)
                 self.pass_s_per_byte = memory_pass_s_per_byte()
                 self._calibrated = True
                 log.info("host calibration: one stream moves %s Mbit/s; a memory pass %.2f ms/MB",
@@ -113,7 +117,7 @@ class Emulation:
             self._k[key] = accel.emulation_dilation(
                 ranks, p["nodes"], key[0], self.host_mbit, grad, bwd,
                 p.get("precision", "fp32"), self.pass_s_per_byte or 0.0, self.host_cpus,
-                self.node_cpus(p["nodes"]))
+                self.node_cpus(p["nodes"]), self.intra_mbit)
         return self._k[key]
 
     def node_cpus(self, nodes: int) -> float:

@@ -128,6 +128,7 @@ def prepare(cluster: str, spec) -> Prepared:
         raise InputError(f"--fabric-profile {profile}: a fabric profile stands for a network "
                          f"on emulated links; cluster {cluster}'s nodes are real hosts whose "
                          "NICs already are the fabric, so use --fabric-profile ideal")
+    check_intra_link(cluster, spec, caps, runs)
     no_sudo = [n for n in nodes[:max((r.params["nodes"] for r in runs), default=0)]
                if (n.facts or {}).get("sudo") == "no"]
     if shaped and no_sudo:
@@ -152,6 +153,25 @@ def prepare(cluster: str, spec) -> Prepared:
                        [n.name for n in nodes[:most]], fix=fix)
     return Prepared(cluster, spec, runs, estimate.estimate_duration_s(
         runs, device=_device(runs), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
+
+
+def check_intra_link(cluster: str, spec, caps, runs: list) -> None:
+    """--intra-link shapes the path between emulated GPUs of one node, on nodes whose loopback
+    is their own: one line otherwise."""
+    link = getattr(spec, "intra_link", None)
+    if not link:
+        return
+    if not spec.accelerator:
+        raise InputError(f"--intra-link {link}: the path between the GPUs of a node is "
+                         "emulated for emulated GPUs only; add --accelerator (a real node's "
+                         "GPUs already are the path), or leave --intra-link out")
+    if max((r.params["procs_per_node"] for r in runs), default=1) < 2:
+        raise InputError(f"--intra-link {link}: with one rank per node no two ranks share a "
+                         "node; add --procs-per-node 2 or more, or leave --intra-link out")
+    if not caps.own_loopback:
+        raise InputError(f"--intra-link {link}: cluster {cluster}'s nodes share a loopback "
+                         "with their host, which scalelab does not shape; run on a local "
+                         "cluster (invoke provision --target local), or leave --intra-link out")
 
 
 def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,

@@ -21,7 +21,7 @@ from scalelab.core.state import write_atomic
 
 log = logging.getLogger(__name__)
 
-_UNSET = object()
+UNSET = object()
 class Shaper:
     """Sets one rate on every link of a cluster; restores what was there before the first change.
 
@@ -34,8 +34,9 @@ class Shaper:
     def __init__(self, links: Any, marker: Path | None = None) -> None:
         self.links = links
         self.marker = marker
-        self.original: Any = _UNSET
-        self.current: Any = _UNSET
+        self.original: Any = UNSET
+        self.current: Any = UNSET
+        self.intra: Any = UNSET  # the rate on the path between a node's ranks
         note = self._read_marker()
         if note is not None and links.still_as_left(note["to"]):
             self.original, self.current = note["original"], note["to"]
@@ -55,9 +56,9 @@ class Shaper:
         return note if isinstance(note, dict) and "original" in note and "to" in note else None
 
     def set(self, mbit: float | None) -> None:
-        if self.current is not _UNSET and mbit == self.current:
+        if self.current is not UNSET and mbit == self.current:
             return
-        if self.original is _UNSET:
+        if self.original is UNSET:
             self.original = self.links.snapshot()
         if self.marker is not None:
             try:
@@ -69,9 +70,19 @@ class Shaper:
         self.current = mbit
         self.links.apply(mbit)
 
+    def set_intra(self, mbit: float | None) -> None:
+        """The rate between the ranks of each node (None: unshaped); the first call of a
+        sweep always applies, so a rate a killed driver left is not measured again."""
+        if self.intra is not UNSET and mbit == self.intra:
+            return
+        if self.original is UNSET:
+            self.original = self.links.snapshot()  # restore() then unshapes this path too
+        self.links.apply_intra(mbit)
+        self.intra = mbit
+
     def restore(self) -> None:
         """Put the links back as they were; a failure is logged, never raised (cleanup path)."""
-        if self.original is _UNSET:
+        if self.original is UNSET:
             return
         try:
             self.links.restore(self.original)
@@ -79,7 +90,7 @@ class Shaper:
             log.warning("could not restore the links: %s (the marker %s keeps what to restore;"
                         " the next sweep on this cluster tries again)", exc, self.marker)
             return
-        self.original = self.current = _UNSET
+        self.original = self.current = self.intra = UNSET
         if self.marker is not None:
             with suppress(OSError):
                 self.marker.unlink()

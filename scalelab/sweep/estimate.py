@@ -77,8 +77,8 @@ def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
         bwd = max(sum(layer["bwd_s"] for layer in doc["layers"]), 1e-6)
         k = float(p.get("dilation") or (accel.emulation_dilation(
             world, p["nodes"], mbit, HOST_MBIT_GUESS, gradient_bytes(model), bwd,
-            p["precision"], PASS_S_PER_BYTE_GUESS, HOST_CPUS_GUESS, NODE_CPUS_GUESS)
-            if shared_host else 1))
+            p["precision"], PASS_S_PER_BYTE_GUESS, HOST_CPUS_GUESS, NODE_CPUS_GUESS,
+            p.get("intra_mbit")) if shared_host else 1))
         return startup_s + iters * k * (accel.step_s(doc) + _ring_s(gradient_bytes(model), world, mbit))
     base = (per_step_s or {}).get(model) or default_step_s(model, device)
     scale = (p["image_size"] / MODELS[model].image_size) ** 2

@@ -48,6 +48,7 @@ from typing import Any
 from scalelab.cluster.nodes import Node, sort_nodes
 from scalelab.core.errors import InputError
 from scalelab.core.units import format_rate
+from scalelab.model import fabric
 from scalelab.model.comm import (
     COMM_DEFAULTS,
     COMM_ENGINE,
@@ -94,6 +95,10 @@ SCALING_KEYS = ("global_batch_size",)
 # emulated links carried and its model uses; "ideal" is the line rate as tc gives it. A store
 # without the key ran on the ideal fabric
 FABRIC_KEYS = ("fabric_profile",)
+# appended since intra-node paths: the path between the ranks of one node as stated (a name of
+# fabric.INTRA_LINKS or a rate) and its Mbit/s; None: the node's loopback, unshaped, which the
+# model takes as free. A store without the keys left it unshaped
+INTRA_KEYS = ("intra_link", "intra_mbit")
 
 
 @dataclass
@@ -140,6 +145,9 @@ class SweepSpec:
     # what an allreduce achieves on the fabric (bench/fabrics/): shaped links carry its share
     # of the line rate and the model uses it; ideal: the line rate as tc gives it
     fabric_profile: str = "ideal"
+    # the path between the ranks of one node: a name of fabric.INTRA_LINKS or a rate (emulated
+    # GPUs, nodes whose loopback is their own); None: unshaped, taken as free by the model
+    intra_link: str | None = None
     # what a node-hour costs (any currency): the report then tables the cost per million
     # images across node count x link rate
     price_per_node_hour: float | None = None
@@ -446,6 +454,7 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                                          f"ranks {g // (n * ppn)} ({n} nodes x {ppn}); "
                                          f"{exc}") from None
     combos = variants(spec)  # refuses another engine's settings
+    intra = fabric.intra_link(spec.intra_link)
     runs: list[RunPlan] = []
     for mbit in spec.bandwidths:
         for repeat in range(spec.repeats):
@@ -459,7 +468,9 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                               "fabric": placed.fabric,
                               "loader_workers": spec.loader_workers,
                               "pin_memory": spec.pin_memory, "runtime": spec.runtime,
-                              "fabric_profile": spec.fabric_profile}
+                              "fabric_profile": spec.fabric_profile,
+                              "intra_link": spec.intra_link,
+                              "intra_mbit": intra[1] if intra else None}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
                         # a probe reduces fp32 tensors; it carries the sweep's first
                         # precision because the emulation picks a rate's dilation from the
@@ -490,7 +501,7 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
 def _ordered(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params[k]
             for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS + SCALING_KEYS
-            + FABRIC_KEYS}
+            + FABRIC_KEYS + INTRA_KEYS}
 
 
 def check_emulation(spec: SweepSpec, image_size: int,

@@ -151,6 +151,16 @@ def _fabric_profile(value: Any, what: str) -> str:
     return _choice(value, what, fabric.names())
 
 
+def _intra_link(value: Any, what: str) -> str | None:
+    from scalelab.model import fabric
+
+    try:
+        got = fabric.intra_link(value)
+    except InputError as exc:
+        raise InputError(f"{what}: {str(exc).split(': ', 1)[1]}") from None
+    return None if got is None else got[0]
+
+
 def _data(value: Any, what: str) -> str:
     text = str(value).strip()
     if text == SYNTHETIC:
@@ -266,6 +276,8 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "fabric": ("fabric", lambda v, w: _choice(v, w, FABRICS)),
     # what an allreduce achieves on the fabric: the share of the line rate shaped links carry
     "fabric_profile": ("fabric_profile", lambda v, w: _fabric_profile(v, w)),
+    # the path between the ranks of one node (emulated GPUs): a name or a rate, shaped there
+    "intra_link": ("intra_link", lambda v, w: _intra_link(v, w)),
     "memory_format": ("memory_formats", lambda v, w: _choice_list(v, w, MEMORY_FORMATS)),
     # the flag of before memory_format became an axis: true is memory_format channels_last
     "channels_last": ("memory_formats",
@@ -447,6 +459,7 @@ def spec_from_options(
     device: str | None = None,
     fabric: str | None = None,
     fabric_profile: str | None = None,
+    intra_link: str | None = None,
     channels_last: bool | str | None = None,
     memory_format: str | None = None,
     loader_workers: str | int | None = None,

@@ -55,6 +55,9 @@ class Capabilities:
     containers: bool = True  # a Docker engine can run on the nodes
     shares_host_cpus: bool = False  # nodes share this machine's cores (emulated nodes)
     shape_links: bool = False  # link rates can be set on the nodes' cluster interface
+    # each node's loopback is its own (a network namespace), so the path between the ranks
+    # of one node can be shaped there (--intra-link) without touching a real host's
+    own_loopback: bool = False
     ssh_nodes: bool = True  # the controller reaches every node over SSH (else only a login host)
     # scalelab made the hosts and destroy removes them whole; otherwise destroy takes back
     # what configure added to the hosts' shared files (keys, ssh config, /etc/hosts)
@@ -82,8 +85,12 @@ class Links(Protocol):
     def apply(self, mbit: float | None) -> None:
         """Put one rate (Mbit/s; None: unshaped) on every node's cluster link."""
 
+    def apply_intra(self, mbit: float | None) -> None:
+        """Put one rate (Mbit/s; None: unshaped) on the path between the ranks of each node,
+        on clusters whose nodes have a loopback of their own (Capabilities.own_loopback)."""
+
     def restore(self, snapshot: Any) -> None:
-        """Put the links back as snapshot() found them."""
+        """Put the links back as snapshot() found them (the intra-node path unshaped)."""
 
     def still_as_left(self, mbit: float | None) -> bool:
         """Whether the links may still be at the rate a killed driver left (not reset by hand)."""

@@ -26,11 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import inventory, netshape, ssh
+from scalelab.cluster import inventory, ssh
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.cluster.targets.interface import SshReachable
 from scalelab.cluster.targets.localhost import (
     GUARD_METRIC,
+    NODE_IFACE,
     TARGET,
     CpuCgroup,
     _alive,
@@ -44,8 +45,11 @@ from scalelab.cluster.targets.localhost import (
     netns_name,
     node_address,
     node_name,
+    node_rates,
     pick_subnet,
     require_root,
+    shape_loopback,
+    shape_node,
 )
 from scalelab.core import sh
 from scalelab.core.errors import ClusterError, InputError, ProvisionError
@@ -63,7 +67,6 @@ from scalelab.core.units import format_rate, parse_cpus, parse_rate_mbit
 log = logging.getLogger(__name__)
 
 MAX_NODES = 64
-NODE_IFACE = "eth0"
 SSHD = "/usr/sbin/sshd"
 
 
@@ -388,41 +391,37 @@ class LocalCluster:
     # -- shaping
 
     def _shape_node(self, i: int, rate: float | None) -> None:
-        ns, veth = netns_name(self.name, i), host_veth(self.name, i)
-        for args in netshape.tc_set_args(veth, rate):
-            sh.run(["tc", *args], check=rate is not None)
-        for args in netshape.tc_set_args(NODE_IFACE, rate):
-            sh.run(["ip", "netns", "exec", ns, "tc", *args], check=rate is not None)
+        shape_node(self.name, i, rate)
 
     def _shape_all(self, rec: dict[str, Any], rate: float | None) -> None:
         for n in rec["nodes"]:
             self._shape_node(self._index(n["name"]), rate)
         rec["bandwidth_mbit"] = rate
 
-    def set_bandwidth(self, bandwidth: str | float | None) -> float | None:
-        rate = bandwidth if bandwidth is None or isinstance(bandwidth, float) else \
-            parse_rate_mbit(str(bandwidth))
+    def _loaded(self) -> dict[str, Any]:
         require_root()
         rec = self.load()
         if rec is None:
             raise ClusterError(f"cluster {self.name} not found")
+        return rec
+
+    def set_intra(self, mbit: float | None) -> None:
+        """One rate (None: unshaped) on every node's loopback, the path between its ranks."""
+        for n in self._loaded()["nodes"]:
+            shape_loopback(self.name, self._index(n["name"]), mbit)
+
+    def set_bandwidth(self, bandwidth: str | float | None) -> float | None:
+        rate = bandwidth if bandwidth is None or isinstance(bandwidth, float) else \
+            parse_rate_mbit(str(bandwidth))
+        rec = self._loaded()
         self._shape_all(rec, rate)
         self.save(rec)
         return rate
 
-    def link_rates(self) -> dict[str, tuple[float | None, float | None]]:
-        """Read back the rate on both ends of every node's link: name -> (to node, from node)."""
-        rec = self.load() or {"nodes": []}
-        out = {}
-        for n in rec["nodes"]:
-            i = self._index(n["name"])
-            down = netshape.parse_qdisc_rate(
-                sh.run(["tc", "-j", "qdisc", "show", "dev", host_veth(self.name, i)]).stdout)
-            up = netshape.parse_qdisc_rate(sh.run(
-                ["ip", "netns", "exec", netns_name(self.name, i), "tc", "-j", "qdisc", "show",
-                 "dev", NODE_IFACE]).stdout)
-            out[n["name"]] = (down, up)
-        return out
+    def link_rates(self, dev: str = NODE_IFACE) -> dict[str, tuple[float | None, float | None]]:
+        """Rates read back per node: (to it, from it); dev="lo": (None, between its ranks)."""
+        return {n["name"]: node_rates(self.name, self._index(n["name"]), dev)
+                for n in (self.load() or {"nodes": []})["nodes"]}
 
     # -- teardown
 
@@ -488,8 +487,6 @@ class LocalCluster:
             # last: until now the guard kept the subnet off the default route
             self._del_guard(ipaddress.ip_network(rec["subnet"]))
 
-    # -- status
-
     def alive(self) -> list[bool]:
         rec = self.load() or {"nodes": [], "pids": {}}
         return [bool(rec["pids"].get(n["name"])) and _alive(rec["pids"][n["name"]])
@@ -532,8 +529,12 @@ class LocalLinks:
     def apply(self, mbit: float | None) -> None:
         self.cluster.set_bandwidth(mbit)
 
+    def apply_intra(self, mbit: float | None) -> None:
+        self.cluster.set_intra(mbit)
+
     def restore(self, snapshot: float | None) -> None:
         self.cluster.set_bandwidth(snapshot)
+        self.cluster.set_intra(None)
 
     def still_as_left(self, mbit: float | None) -> bool:
         # a rate set by hand since (invoke shape) is the one to keep
@@ -554,7 +555,7 @@ class LocalTarget(SshReachable):
         return Capabilities(stack_from_host=True, packages_from_host=True, package_index=False,
                             systemd=False, own_clock=False, kernel_nfs=False,
                             exportable_root=False, ephemeral=True, containers=True,
-                            shares_host_cpus=True, shape_links=True)
+                            shares_host_cpus=True, shape_links=True, own_loopback=True)
 
     def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
         raise InputError("--dry-run is for the terraform targets; the local target is quick "

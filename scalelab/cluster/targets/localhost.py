@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalelab.cluster import netshape
 from scalelab.core import sh
 from scalelab.core.errors import ClusterError, InputError, NotRootError
 from scalelab.core.state import (
@@ -412,3 +413,35 @@ def _sshd_config(addr: str) -> str:
         "Subsystem sftp internal-sftp",
         "",
     ])
+
+
+# ------------------------------------------------------------------ shaping a node's paths
+
+NODE_IFACE = "eth0"  # a node's end of its veth
+
+
+def _tc(ns: str | None, args: list[str], check: bool) -> str:
+    return sh.run([*(["ip", "netns", "exec", ns] if ns else []), "tc", *args],
+                  check=check).stdout
+
+
+def shape_node(cluster: str, i: int, rate: float | None) -> None:
+    """One rate on both ends of node i's veth (None: unshaped)."""
+    for ns, dev in ((None, host_veth(cluster, i)), (netns_name(cluster, i), NODE_IFACE)):
+        for args in netshape.tc_set_args(dev, rate):
+            _tc(ns, args, rate is not None)
+
+
+def shape_loopback(cluster: str, i: int, rate: float | None) -> None:
+    """One rate on node i's loopback, the path between its ranks (None: unshaped)."""
+    for args in netshape.tc_set_args("lo", rate):
+        _tc(netns_name(cluster, i), args, rate is not None)
+
+
+def node_rates(cluster: str, i: int, dev: str = NODE_IFACE) -> tuple[float | None, float | None]:
+    """The rates read back on node i: (into the node, out of it on dev)."""
+    down = None if dev == "lo" else netshape.parse_qdisc_rate(
+        _tc(None, ["-j", "qdisc", "show", "dev", host_veth(cluster, i)], True))
+    up = netshape.parse_qdisc_rate(_tc(netns_name(cluster, i),
+                                       ["-j", "qdisc", "show", "dev", dev], True))
+    return down, up

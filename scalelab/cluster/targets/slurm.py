@@ -233,6 +233,11 @@ class NoLinks:
         if mbit is not None:
             raise ClusterError("this cluster's links cannot be shaped by scalelab")
 
+    def apply_intra(self, mbit: float | None) -> None:
+        if mbit is not None:
+            raise ClusterError("the path between the ranks of one node is shaped only on nodes "
+                               "with a loopback of their own (a local cluster)")
+
     def restore(self, snapshot: Any) -> None:
         return None
 
