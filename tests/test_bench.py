@@ -265,8 +265,10 @@ def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(clu
 
 def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports, tmp_path):
     """2 nodes x 2 emulated V100s (the reduced form of 8 x 4) on the ethernet-tcp profile,
-    with a GPU-side cost in the profile: every rank trains, its compute grows by that cost,
-    tc holds the profile's share of the line, the report names the profile and its sources."""
+    with a GPU-side cost in the profile and a slow path between a node's GPUs: every rank
+    trains, its compute grows by that cost, tc holds the profile's share of the line and the
+    stated path on each node's loopback, one node's step carries that path's allreduce as the
+    model says, the report names the profile, the path and their sources."""
     from scalelab.model import accel, fabric
 
     doc = accel.resolve("v100", "resnet50", "fp32", 32, 224)
@@ -275,8 +277,8 @@ def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports, tm
                                    "gpu_side_source": "a test's figure"}))
     proc = bench(cluster, reports, "--nodes", "1,2", "--procs-per-node", "2", "--batch-size",
                  "32", "--model", "resnet50", "--accelerator", str(profile), "--bandwidth", "10gbit",
-                 "--fabric-profile", "ethernet-tcp", "--steps", "3", "--repeats", "1",
-                 "--allreduce-sizes", "4K,64K")
+                 "--fabric-profile", "ethernet-tcp", "--intra-link", "2gbit", "--steps", "3",
+                 "--repeats", "1", "--allreduce-sizes", "4K,64K")
     assert proc.returncode == 0, proc.stderr[-2000:]
     sweep_dir = reports / os.readlink(reports / "latest")
     with open(sweep_dir / "results.csv") as fh:
@@ -299,5 +301,21 @@ def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports, tm
     assert four["env"]["tc"] == netshape.describe(want)
     # what the link carried, in the emulated device's time: near the share, not the line
     assert 0.8 * fab.collective_mbit(10000.0, 2) < four["link_mbit_measured"] < 0.9 * 10000.0
+    # each node's loopback held the stated path per ring edge: 2 edges on one node (the ring
+    # closes there), 1 where it goes on to the next node; in the device's time
+    for rec in records.values():
+        p = rec["params"]
+        assert (p["intra_link"], p["intra_mbit"]) == ("2gbit", 2000.0)
+        edges = 2 if p["nodes"] == 1 else 1
+        assert rec["env"]["tc_loopback"] == netshape.describe(edges * 2000.0 / p["dilation"])
+    # one node: its ring runs on that path alone, 100 MB of gradient each way a step at
+    # 2 Gbit/s, far slower than its compute; the measured step is the overlap model's
+    from scalelab.report.data import analyse, load_sweep_data
+
+    modelled = analyse([load_sweep_data(sweep_dir)], None, True).modelled
+    one = modelled[modelled["world_size"] == 2].iloc[0]
+    assert one["step_time_mean_s"] > 2 * 1.25 * step, one["step_time_mean_s"]
+    assert one["step_time_mean_s"] == pytest.approx(one["overlap_step_s"], rel=0.15)
     page = (sweep_dir / "index.html").read_text()
     assert "Fabric profile: ethernet-tcp" in page and "an estimate, not a measurement" in page
+    assert "Path between the GPUs of a node: 2gbit" in page

@@ -225,6 +225,20 @@ def _fabric_note(a: Analysis, ideal_too: bool = True) -> str:
     return "\n".join(out)
 
 
+def _intra_note(a: Analysis) -> str:
+    """The path between the emulated GPUs of a node, where a sweep stated one."""
+    from scalelab.model import fabric
+
+    runs = a.runs
+    stated = sorted(set(runs["intra_link"]) - {""}) if "intra_link" in runs else []
+    return "\n".join(
+        f'<p class="note fabric">Path between the GPUs of a node: {esc(name)}, '
+        f"{esc(rate_label(fabric.intra_link(name)[1]))} per edge of the allreduce ring (source: "
+        f"{esc(fabric.intra_source(name).rstrip('.'))}). Each node&#39;s loopback, which its "
+        "ranks reach each other over, was shaped to that rate times the ring&#39;s edges on "
+        "it, and the model paced the ring by its slowest edge.</p>" for name in stated)
+
+
 def _emulation_section(a: Analysis) -> str:
     """Emulated accelerators: fidelity per point, the model against the measurement, and
     predictions beyond the measured points."""
@@ -245,6 +259,7 @@ def _emulation_section(a: Analysis) -> str:
              f"transfer starts when its last gradient is ready and the previous bucket&#39;s "
              f"transfer is done); its error is stated once, under Bottleneck per series.</p>"]
     parts.append(_fabric_note(a))
+    parts.append(_intra_note(a))
     cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "batch"),
             ("world_size", "world size", "int"), ("dilation", "k", "num"),
             ("eff_mean", "measured efficiency", "pct"), ("model_eff", "model efficiency", "pct"),

@@ -121,6 +121,7 @@ def prepare(cluster: str, spec) -> Prepared:
     if spec.partition and spec.launcher != "slurm":
         raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
                          "launcher: slurm in the sweep file)")
+    check_intra_link(cluster, spec, caps)
     runs = planner.plan(spec, nodes, caps.shape_links, cluster=cluster)
     shaped = sorted({r.params["bandwidth_mbit"] for r in runs} - {None})
     profile = getattr(spec, "fabric_profile", "ideal")
@@ -155,9 +156,9 @@ def prepare(cluster: str, spec) -> Prepared:
         runs, device=_device(runs), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
 
 
-def check_intra_link(cluster: str, spec, caps, runs: list) -> None:
+def check_intra_link(cluster: str, spec, caps, runs: list | None = None) -> None:
     """--intra-link shapes the path between emulated GPUs of one node, on nodes whose loopback
-    is their own: one line otherwise."""
+    is their own: one line otherwise (the ranks per node once runs are planned)."""
     link = getattr(spec, "intra_link", None)
     if not link:
         return
@@ -165,13 +166,13 @@ def check_intra_link(cluster: str, spec, caps, runs: list) -> None:
         raise InputError(f"--intra-link {link}: the path between the GPUs of a node is "
                          "emulated for emulated GPUs only; add --accelerator (a real node's "
                          "GPUs already are the path), or leave --intra-link out")
-    if max((r.params["procs_per_node"] for r in runs), default=1) < 2:
-        raise InputError(f"--intra-link {link}: with one rank per node no two ranks share a "
-                         "node; add --procs-per-node 2 or more, or leave --intra-link out")
     if not caps.own_loopback:
         raise InputError(f"--intra-link {link}: cluster {cluster}'s nodes share a loopback "
                          "with their host, which scalelab does not shape; run on a local "
                          "cluster (invoke provision --target local), or leave --intra-link out")
+    if runs is not None and max((r.params["procs_per_node"] for r in runs), default=1) < 2:
+        raise InputError(f"--intra-link {link}: with one rank per node no two ranks share a "
+                         "node; add --procs-per-node 2 or more, or leave --intra-link out")
 
 
 def check_container_runtime(cluster: str, rec: dict[str, Any], spec, runs: list,
