@@ -259,7 +259,7 @@ def _emulation_section(a: Analysis) -> str:
              f"transfer starts when its last gradient is ready and the previous bucket&#39;s "
              f"transfer is done); its error is stated once, under Bottleneck per series.</p>"]
     parts.append(_fabric_note(a))
-    parts.append(_intra_note(a))
+    parts += [note for note in (_intra_note(a),) if note]
     cols = [("bandwidth", "link", "str"), ("batch_size", "batch", "batch"),
             ("world_size", "world size", "int"), ("dilation", "k", "num"),
             ("eff_mean", "measured efficiency", "pct"), ("model_eff", "model efficiency", "pct"),
