@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,10 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert all(r["status"] == "ok" or (r["status"] == "failed" and r["error"]) for r in rows)
         assert sum(r["status"] == "ok" for r in rows) >= 1, [(r["run_id"], r["error"])
                                                               for r in rows]
+        for r in rows:  # said in the suite's warnings summary: the evidence to find the cause
+            if r["status"] != "ok":
+                warnings.warn(f"real hosts: run {r['run_id']} failed by itself: "
+                              f"{r['error'][:3000]}", stacklevel=1)
         for r in rows:  # set through sudo on the hosts
             rate, measured = float(r["bandwidth_mbit"]), float(r["link_mbit_measured"])
             assert 0.85 * rate < measured <= 1.02 * rate, r
