@@ -402,6 +402,19 @@ def rank_reason(stderr: str, returncode: int | None, error: str = "") -> str:
     return f"{who}exit {code}: {why}"
 
 
+def whole(result: dict[str, Any] | None) -> bool:
+    """Whether a result holds every rank's figures (the head gathers them before printing).
+
+    >>> whole({"world_size": 2, "ranks": [{"rank": 0}, {"rank": 1}]})
+    True
+    >>> whole({"world_size": 2, "ranks": [{"rank": 0}]}), whole(None), whole({"ranks": []})
+    (False, False, False)
+    """
+    if not isinstance(result, dict) or not isinstance(result.get("ranks"), list):
+        return False
+    return bool(result["ranks"]) and len(result["ranks"]) == result.get("world_size")
+
+
 def explain_failure(outcomes: list[RankOutcome], status: str, timeout_s: float) -> str:
     """One line saying what went wrong: the ranks that failed by themselves, first first.
 
@@ -465,6 +478,14 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
     result = parse_result(outcomes[0].stdout) if outcomes else None
     if status == "ok" and result is None:
         status = "failed"
+    if status == "failed" and whole(result):
+        # every rank's figures were gathered and printed before a rank failed: it failed
+        # leaving (gloo can abort while the group is torn down), which loses nothing measured;
+        # the record keeps what happened (env.teardown_failure)
+        why = explain_failure(outcomes, status, timeout_s)
+        log.warning("a rank failed after the run's result was in, while leaving: %s", why)
+        result = {**result, "env": {**(result.get("env") or {}), "teardown_failure": why}}
+        status = "ok"
     error = "" if status == "ok" else explain_failure(outcomes, status, timeout_s)
     if unreaped:
         note = (f"could not end the ranks on {', '.join(unreaped)} (unreachable); they are "

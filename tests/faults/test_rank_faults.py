@@ -116,3 +116,33 @@ def test_link_cut_mid_run_fails_that_run_only(fcluster, reports, tmp_path, fault
     assert not fl.all_workload_pids(lc.name, 2)
     fault(lost=fl.lost_runs(sweep_dir))
     fl.destroy_and_check(lc)
+
+
+def test_a_rank_that_fails_leaving_after_the_result_keeps_the_run(fcluster):
+    """Real ranks on two nodes over SSH: the head prints every rank's figures, then the other
+    rank aborts (SIGABRT, as gloo can while its group is torn down). The run is ok, with the
+    abort in its env; had the result lacked a rank, the same abort fails the run."""
+    import json
+
+    from scalelab.cluster.targets import base as targets
+    from scalelab.core.state import load_cluster
+    from scalelab.run import commands, launch
+
+    lc = fcluster(2)
+    a, b = lc.nodes()
+    rt = targets.of(load_cluster(lc.name)).runtime(load_cluster(lc.name))
+
+    def ranks(result: dict) -> list:
+        line = "SCALELAB_RESULT " + json.dumps(result)
+        head = ["sh", "-c", f"echo '{line}'; sleep 3"]
+        # the abort comes after the head has printed (a bounded wait for it)
+        leaver = ["sh", "-c", "sleep 1; kill -ABRT $$; sleep 30"]
+        return [commands.RankCommand(a, head), commands.RankCommand(b, leaver)]
+
+    res = launch.run(ranks({"world_size": 2, "ranks": [{"rank": 0}, {"rank": 1}]}), rt,
+                     timeout_s=60)
+    assert (res.status, res.error) == ("ok", "")
+    assert b.name in res.result["env"]["teardown_failure"], res.result["env"]
+    assert "SIGABRT" in res.result["env"]["teardown_failure"]
+    res = launch.run(ranks({"world_size": 2, "ranks": [{"rank": 0}]}), rt, timeout_s=60)
+    assert res.status == "failed" and b.name in res.error and "SIGABRT" in res.error
