@@ -319,3 +319,13 @@ def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports, tm
     page = (sweep_dir / "index.html").read_text()
     assert "Fabric profile: ethernet-tcp" in page and "an estimate, not a measurement" in page
     assert "Path between the GPUs of a node: 2gbit" in page
+    # the profile's per-hop latency (40 us) on the links in the device's time where the
+    # kernel has tc netem; in the model only where it has not, and the report says which
+    from scalelab.cluster.targets import localhost
+
+    if localhost.netem_available():
+        assert four["env"]["hop_delay_us"] == pytest.approx(40.0 * four["params"]["dilation"])
+        assert "in the model and on the links (tc netem" in page
+    else:
+        assert "hop_delay_us" not in four["env"]
+        assert "in the model and not on the links (the kernel of the host" in page

@@ -18,7 +18,7 @@ from conftest import ROOT
 
 from scalelab.cluster import inventory
 from scalelab.cluster.nodes import Node
-from scalelab.cluster.targets import base
+from scalelab.cluster.targets import base, localhost
 
 # "slurm" is also the name of a launcher, of a role and of the scheduler itself, so it is not
 # searched for as a string; a comparison with a record's target is caught below whatever the name.
@@ -113,6 +113,8 @@ def test_the_local_target_and_real_hosts_differ_only_in_declared_flags():
     differ = {k for k, v in local.to_dict().items() if real.to_dict()[k] != v}
     # what a namespace node over the host's root cannot do or need (it runs a Docker engine,
     # on a data root of the host's own file system: containers is no longer among them)
+    # (and a per-hop delay where this machine's kernel has tc's netem)
     assert differ == {"stack_from_host", "packages_from_host", "package_index", "systemd",
                       "own_clock", "kernel_nfs", "exportable_root", "ephemeral",
-                      "shares_host_cpus", "own_loopback"}
+                      "shares_host_cpus", "own_loopback"} | (
+        {"hop_delay"} if localhost.netem_available() else set())

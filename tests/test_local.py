@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -105,6 +106,36 @@ def test_link_rate_is_enforced_and_changes_without_reprovisioning(local_cluster)
     assert set(lc.link_rates("lo").values()) == {(None, None)}
     lc.set_bandwidth("native")
     assert set(lc.link_rates().values()) == {(None, None)}
+
+
+def rtt_ms(lc: LocalCluster, src: int, dst: int) -> float:
+    """The round trip from node src to node dst: the shortest of 5 TCP connects to its sshd
+    (a connect returns on the SYN-ACK)."""
+    addr = lc.nodes()[dst].private_address
+    script = ("import socket, time\n"
+              "def once():\n"
+              "    s = socket.create_connection(('" + addr + "', 22), timeout=5)\n"
+              "    s.close()\n"
+              "best = 1e9\n"
+              "for _ in range(5):\n"
+              "    t = time.perf_counter(); once(); best = min(best, time.perf_counter() - t)\n"
+              "print(best * 1e3)\n")
+    return float(on(lc, src, f"python3 -c {shlex.quote(script)}").strip())
+
+
+@pytest.mark.skipif(not localhost.netem_available(),
+                    reason="this kernel has no tc netem (CONFIG_NET_SCH_NETEM): a fabric "
+                           "profile's per-hop latency is then in the model only")
+def test_a_hop_delay_sits_under_the_rate_and_goes_with_it(local_cluster):
+    lc = local_cluster(2, bandwidth="100mbit")
+    quick = rtt_ms(lc, 0, 1)
+    lc.set_bandwidth(100.0, delay_us=5000.0)
+    # each node delays what it sends: 5 ms there and 5 ms back
+    assert 10.0 <= rtt_ms(lc, 0, 1) <= 10.0 + quick + 5.0
+    assert set(lc.link_rates().values()) == {(100.0, 100.0)}  # the rate is still the root's
+    assert 85 <= iperf_mbit(lc, 1, 0) <= 110
+    lc.set_bandwidth(100.0)  # the same rate without the delay: none of it stays
+    assert rtt_ms(lc, 0, 1) < 5.0
 
 
 def test_cpu_quota_caps_a_busy_node(local_cluster):

@@ -39,19 +39,31 @@ def tbf_params(mbit: float, burst_s: float = 0.004, min_burst_bytes: int = MIN_B
     return {"rate_bit": rate_bit, "burst_bytes": burst, "limit_bytes": limit}
 
 
-def tc_set_args(dev: str, mbit: float | None) -> list[list[str]]:
-    """tc argument lists that put the rate on dev ("native" removes shaping).
+def tc_set_args(dev: str, mbit: float | None, delay_us: float = 0.0) -> list[list[str]]:
+    """tc argument lists that put the rate on dev ("native" removes shaping); delay_us: a
+    netem delay under the tbf, so every packet dev sends waits that long (a hop's latency;
+    the first list, which removes what is there, may fail harmlessly).
 
     >>> tc_set_args("eth0", 100.0)
     [['qdisc', 'replace', 'dev', 'eth0', 'root', 'tbf', 'rate', '100000000bit', 'burst', '131072', 'limit', '262144']]
     >>> tc_set_args("eth0", None)
     [['qdisc', 'del', 'dev', 'eth0', 'root']]
+    >>> [" ".join(a) for a in tc_set_args("eth0", 100.0, 40.0)]  # doctest: +NORMALIZE_WHITESPACE
+    ['qdisc del dev eth0 root',
+     'qdisc add dev eth0 root handle 1: tbf rate 100000000bit burst 131072 limit 262144',
+     'qdisc add dev eth0 parent 1:1 handle 10: netem delay 40us limit 100000']
     """
     if mbit is None:
         return [["qdisc", "del", "dev", dev, "root"]]
     p = tbf_params(mbit)
-    return [["qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{p['rate_bit']}bit",
-             "burst", str(p["burst_bytes"]), "limit", str(p["limit_bytes"])]]
+    tbf = ["tbf", "rate", f"{p['rate_bit']}bit", "burst", str(p["burst_bytes"]), "limit",
+           str(p["limit_bytes"])]
+    if delay_us <= 0:
+        return [["qdisc", "replace", "dev", dev, "root", *tbf]]
+    return [["qdisc", "del", "dev", dev, "root"],
+            ["qdisc", "add", "dev", dev, "root", "handle", "1:", *tbf],
+            ["qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
+             f"{max(1, round(delay_us))}us", "limit", "100000"]]
 
 
 def shell_command(dev: str, mbit: float | None) -> str:
@@ -187,7 +199,10 @@ class SshLinks:
             check_restorable(n.name, n.iface, qdiscs[n.name])
         return {n.name: {"iface": n.iface, "qdisc": qdiscs[n.name]} for n in self.nodes}
 
-    def apply(self, mbit: float | None) -> None:
+    def apply(self, mbit: float | None, delay_us: float = 0.0) -> None:
+        if delay_us:
+            raise ClusterError("a per-hop delay is emulated only on links scalelab made")
+
         def one(n: Node) -> None:
             if mbit is None:
                 line = (f"if tc qdisc show dev {n.iface} root | grep -q '^qdisc tbf '; then "

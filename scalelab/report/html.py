@@ -218,10 +218,13 @@ def _fabric_note(a: Analysis, ideal_too: bool = True) -> str:
             f"{fab.share(b, p) * 100:.1f} % of it ({esc(rate_label(fab.collective_mbit(b, p)))}, "
             f"tc at {esc(rate_label(fab.tc_mbit(b, p)))} for the framing tc does not count); "
             f"source: {esc(fab.source_for(b).rstrip('.'))}" for b, p in pairs)
+        delayed = "hop_delay_us" in sel and bool((sel["hop_delay_us"] > 0).any())
         out.append(f'<p class="note fabric">Fabric profile: {esc(fab.name)} '
-                   f"({esc(fab.description)}). {lines}. Per-hop latency in the model "
-                   f"{fab.per_hop_latency_s * 1e6:g} us; source: "
-                   f"{esc(' '.join(fab.latency_source.split()).rstrip('.'))}.</p>")
+                   f"({esc(fab.description)}). {lines}. Per-hop latency "
+                   f"{fab.per_hop_latency_s * 1e6:g} us, in the model and "
+                   + ("on the links (tc netem, k times as long)" if delayed else
+                      "not on the links (the kernel of the host the sweep ran on had no tc netem)")
+                   + f"; source: {esc(' '.join(fab.latency_source.split()).rstrip('.'))}.</p>")
     return "\n".join(out)
 
 

@@ -61,7 +61,9 @@ EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "data_time_mean_s", "n_ranks",
                  "profile_step_s", "accelerator_source", *TIMELINE_KEYS,  # where a run's wall time went (NaN when not recorded)
                  # the settings that differ from the engine's defaults, as one series key
-                 "comm_setting"]
+                 "comm_setting",
+                 # the per-hop delay the links added (real time; NaN: none)
+                 "hop_delay_us"]
 
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
                      "bandwidth_mbit", "bandwidth", "repeat", "size_bytes", "time_s",
@@ -210,7 +212,7 @@ RUN_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world
                "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime", "image_id",
                "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
                "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile",
-               "intra_link", "intra_mbit"]
+               "intra_link", "intra_mbit", "hop_delay_us"]
 # each rank's figures as to_frame reads them: short name -> the record's key
 RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step_time_p95_s",
                "compute": "compute_time_mean_s", "comm": "comm_time_mean_s",
@@ -307,6 +309,8 @@ def _run_row(rec: dict[str, Any]) -> dict[str, Any]:
         "fabric_profile": str(p.get("fabric_profile") or "ideal"),
         "intra_link": str(p.get("intra_link") or ""),
         "intra_mbit": _num(p.get("intra_mbit")),
+        # the per-hop delay the links added (real time; a fabric profile's latency times k)
+        "hop_delay_us": _num(env.get("hop_delay_us")),
     }
 
 

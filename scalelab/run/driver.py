@@ -169,19 +169,22 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                single_mbit: float | None = None,
                image: dict[str, Any] | None = None,
                connections: dict[str, int] | None = None,
-               intra: float | None = None) -> dict[str, Any]:
+               intra: float | None = None, delay_us: float = 0.0) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
     requested rate / k and link_mbit (measured on the dilated link) is given here times k, the
     rate the emulated network delivered in the emulated device's time. intra: what each
-    node's loopback was set to (the path between its ranks), None where it was not shaped."""
+    node's loopback was set to (the path between its ranks), None where it was not shaped;
+    delay_us: the per-hop delay its links added (a fabric profile's latency times k)."""
     result = res.result or {}
     env = dict(result.get("env") or {})
     env.update({"scalelab": scalelab_commit(), "controller_python": platform.python_version(),
                 "target": target, "nodes": list(run.node_names), "tc": netshape.describe(rate)})
     if intra is not None:
         env["tc_loopback"] = netshape.describe(intra)
+    if delay_us:
+        env["hop_delay_us"] = round(delay_us, 3)
     if launcher:
         env["launcher"] = launcher
     if image:  # the ranks ran in containers of this image
@@ -396,7 +399,11 @@ class _Execution:
         line = fabric.tc_line_mbit(p.get("bandwidth_mbit"), p.get("fabric_profile"),
                                    p["procs_per_node"])
         rate = line / dilation if line else line
-        self.shaper.set(rate)
+        # and on links that can, the profile's per-hop latency, also in the device's time
+        fab = fabric.maybe(p.get("fabric_profile"))
+        delay_us = (fab.per_hop_latency_s * 1e6 * dilation
+                    if fab and rate and self.caps.hop_delay else 0.0)
+        self.shaper.set(rate, delay_us)
         # the path between each node's ranks, also in the emulated device's time
         lo = fabric.loopback_mbit(p.get("intra_mbit"), p["nodes"], p["procs_per_node"])
         lo = lo / dilation if lo else None
@@ -431,7 +438,7 @@ class _Execution:
         c = self.container
         record = run_record(self.sweep_dir.name, run, self.rec["target"], res, started,
                             measured_mbit, rate, why, launcher_name, job, single_mbit=single,
-                            intra=lo,
+                            intra=lo, delay_us=delay_us,
                             image={"id": c.image_id, "tag": c.image} if c is not None else None,
                             connections={key: v - before[key]
                                          for key, v in ssh.connections().items()})

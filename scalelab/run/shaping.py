@@ -37,6 +37,7 @@ class Shaper:
         self.original: Any = UNSET
         self.current: Any = UNSET
         self.intra: Any = UNSET  # the rate on the path between a node's ranks
+        self.delay_us = 0.0  # the per-hop delay under the current rate
         note = self._read_marker()
         if note is not None and links.still_as_left(note["to"]):
             self.original, self.current = note["original"], note["to"]
@@ -55,8 +56,9 @@ class Shaper:
             return None
         return note if isinstance(note, dict) and "original" in note and "to" in note else None
 
-    def set(self, mbit: float | None) -> None:
-        if self.current is not UNSET and mbit == self.current:
+    def set(self, mbit: float | None, delay_us: float = 0.0) -> None:
+        """One rate on every link; delay_us: a per-hop delay under it (links that can)."""
+        if self.current is not UNSET and (mbit, delay_us) == (self.current, self.delay_us):
             return
         if self.original is UNSET:
             self.original = self.links.snapshot()
@@ -67,8 +69,8 @@ class Shaper:
             except OSError as exc:
                 raise ClusterError(f"cannot write {self.marker} ({exc.strerror}); links not "
                                    "changed") from None
-        self.current = mbit
-        self.links.apply(mbit)
+        self.current, self.delay_us = mbit, delay_us
+        self.links.apply(mbit, delay_us)
 
     def set_intra(self, mbit: float | None) -> None:
         """The rate between the ranks of each node (None: unshaped); the first call of a

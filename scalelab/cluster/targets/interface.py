@@ -58,6 +58,9 @@ class Capabilities:
     # each node's loopback is its own (a network namespace), so the path between the ranks
     # of one node can be shaped there (--intra-link) without touching a real host's
     own_loopback: bool = False
+    # links can carry an added per-hop delay (tc netem, where the host's kernel has it), so an
+    # emulated fabric's latency is emulated as well as modelled
+    hop_delay: bool = False
     ssh_nodes: bool = True  # the controller reaches every node over SSH (else only a login host)
     # scalelab made the hosts and destroy removes them whole; otherwise destroy takes back
     # what configure added to the hosts' shared files (keys, ssh config, /etc/hosts)
@@ -82,8 +85,9 @@ class Links(Protocol):
     def snapshot(self) -> Any:
         """What the links are now, enough to put them back exactly."""
 
-    def apply(self, mbit: float | None) -> None:
-        """Put one rate (Mbit/s; None: unshaped) on every node's cluster link."""
+    def apply(self, mbit: float | None, delay_us: float = 0.0) -> None:
+        """Put one rate (Mbit/s; None: unshaped) on every node's cluster link; delay_us: a
+        per-hop delay under it (Capabilities.hop_delay)."""
 
     def apply_intra(self, mbit: float | None) -> None:
         """Put one rate (Mbit/s; None: unshaped) on the path between the ranks of each node,

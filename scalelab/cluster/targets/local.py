@@ -42,6 +42,7 @@ from scalelab.cluster.targets.localhost import (
     cgroup_mounts,
     end_pids,
     host_veth,
+    netem_available,
     netns_name,
     node_address,
     node_name,
@@ -390,12 +391,12 @@ class LocalCluster:
 
     # -- shaping
 
-    def _shape_node(self, i: int, rate: float | None) -> None:
-        shape_node(self.name, i, rate)
+    def _shape_node(self, i: int, rate: float | None, delay_us: float = 0.0) -> None:
+        shape_node(self.name, i, rate, delay_us)
 
-    def _shape_all(self, rec: dict[str, Any], rate: float | None) -> None:
+    def _shape_all(self, rec: dict[str, Any], rate: float | None, delay_us: float = 0.0) -> None:
         for n in rec["nodes"]:
-            self._shape_node(self._index(n["name"]), rate)
+            self._shape_node(self._index(n["name"]), rate, delay_us)
         rec["bandwidth_mbit"] = rate
 
     def _loaded(self) -> dict[str, Any]:
@@ -410,11 +411,11 @@ class LocalCluster:
         for n in self._loaded()["nodes"]:
             shape_loopback(self.name, self._index(n["name"]), mbit)
 
-    def set_bandwidth(self, bandwidth: str | float | None) -> float | None:
+    def set_bandwidth(self, bandwidth: str | float | None, delay_us: float = 0.0) -> float | None:
         rate = bandwidth if bandwidth is None or isinstance(bandwidth, float) else \
             parse_rate_mbit(str(bandwidth))
         rec = self._loaded()
-        self._shape_all(rec, rate)
+        self._shape_all(rec, rate, delay_us)
         self.save(rec)
         return rate
 
@@ -526,8 +527,8 @@ class LocalLinks:
     def snapshot(self) -> float | None:
         return self._rate()
 
-    def apply(self, mbit: float | None) -> None:
-        self.cluster.set_bandwidth(mbit)
+    def apply(self, mbit: float | None, delay_us: float = 0.0) -> None:
+        self.cluster.set_bandwidth(mbit, delay_us)
 
     def apply_intra(self, mbit: float | None) -> None:
         self.cluster.set_intra(mbit)
@@ -553,9 +554,9 @@ class LocalTarget(SshReachable):
         # packages and venv, no systemd, no kernel NFS, the host's clock, no route off the
         # cluster, and no Docker engine of its own
         return Capabilities(stack_from_host=True, packages_from_host=True, package_index=False,
-                            systemd=False, own_clock=False, kernel_nfs=False,
-                            exportable_root=False, ephemeral=True, containers=True,
-                            shares_host_cpus=True, shape_links=True, own_loopback=True)
+                            systemd=False, own_clock=False, kernel_nfs=False, exportable_root=False,
+                            ephemeral=True, containers=True, shares_host_cpus=True,
+                            shape_links=True, own_loopback=True, hop_delay=netem_available())
 
     def dry_run(self, cluster: str, nodes: int | str, **options: Any) -> list[str]:
         raise InputError("--dry-run is for the terraform targets; the local target is quick "

@@ -4,6 +4,7 @@ left on the host."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -18,7 +19,7 @@ from typing import Any
 
 from scalelab.cluster import netshape
 from scalelab.core import sh
-from scalelab.core.errors import ClusterError, InputError, NotRootError
+from scalelab.core.errors import ClusterError, InputError, NotRootError, ScalelabError
 from scalelab.core.state import (
     cluster_dir,
     load_cluster,
@@ -425,11 +426,28 @@ def _tc(ns: str | None, args: list[str], check: bool) -> str:
                   check=check).stdout
 
 
-def shape_node(cluster: str, i: int, rate: float | None) -> None:
-    """One rate on both ends of node i's veth (None: unshaped)."""
-    for ns, dev in ((None, host_veth(cluster, i)), (netns_name(cluster, i), NODE_IFACE)):
-        for args in netshape.tc_set_args(dev, rate):
-            _tc(ns, args, rate is not None)
+def shape_node(cluster: str, i: int, rate: float | None, delay_us: float = 0.0) -> None:
+    """One rate on both ends of node i's veth (None: unshaped); delay_us: what the node's
+    packets wait on their way out, one hop's latency each way (tc netem, under the rate)."""
+    for ns, dev, delay in ((None, host_veth(cluster, i), 0.0),
+                           (netns_name(cluster, i), NODE_IFACE, delay_us)):
+        steps = netshape.tc_set_args(dev, rate, delay)
+        if rate is not None and steps[0][1] != "del":  # nothing of an earlier delay stays
+            steps = [["qdisc", "del", "dev", dev, "root"], *steps]
+        for k, args in enumerate(steps):
+            _tc(ns, args, rate is not None and k > 0)
+
+
+@functools.lru_cache(maxsize=1)
+def netem_available() -> bool:
+    """Whether this kernel has tc's netem (CONFIG_NET_SCH_NETEM), which a hop's latency is
+    emulated with; tried in a network namespace of its own, so no device of the host's and
+    none of a cluster's is touched."""
+    try:
+        return sh.run(["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+                       "delay", "1us"], check=False, timeout=10).returncode == 0
+    except (OSError, ScalelabError):
+        return False
 
 
 def shape_loopback(cluster: str, i: int, rate: float | None) -> None:

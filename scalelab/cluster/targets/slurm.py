@@ -229,7 +229,9 @@ class NoLinks:
     def snapshot(self) -> Any:
         return None
 
-    def apply(self, mbit: float | None) -> None:
+    def apply(self, mbit: float | None, delay_us: float = 0.0) -> None:
+        if delay_us:
+            raise ClusterError("a per-hop delay is emulated only on links scalelab made")
         if mbit is not None:
             raise ClusterError("this cluster's links cannot be shaped by scalelab")
 
