@@ -227,6 +227,10 @@ CASES = [
     ("bench-intra-ppn1", "local", ["bench", "--nodes", "1", "--batch-size", "32", "--accelerator",
                                    "v100", "--intra-link", "pcie3"],
      "with one rank per node no two ranks share a node; add --procs-per-node 2"),
+    ("bench-intra-one-node", "local+one",
+     ["bench", "--nodes", "1", "--batch-size", "32", "--accelerator", "v100",
+      "--procs-per-node", "2", "--intra-link", "pcie3"],
+     "is measured between two nodes and cluster "),
     ("bench-intra-real-hosts", "static+facts",
      ["bench", "--nodes", "1", "--batch-size", "32", "--accelerator", "v100",
       "--procs-per-node", "2", "--intra-link", "pcie3"],
@@ -327,14 +331,16 @@ def _fake_cluster(state: Path, target: str) -> None:
     """A cluster record of the given target (local+image: a local one whose record names a
     training image without Horovod, on nodes without a Docker engine; local+notorch: an image
     without torch; local+gpu: GPU nodes whose Docker holds a complete image but has only runc
-    as its runtime; static+facts: a configured static one)."""
+    as its runtime; local+one: a local one of one node; static+facts: a configured static
+    one)."""
     target, _, extra = target.partition("+")
     cdir = state / "clusters" / FAKE
     cdir.mkdir(parents=True, mode=0o700)
     nodes = [{"name": f"{FAKE}-n{i}", "address": "127.0.0.1", "private_address": "127.0.0.1",
               "role": "head" if i == 0 else "worker", "target": target, "ssh_user": "root",
               "ssh_port": 9, "ssh_key": str(cdir / "id_ed25519"), "cpus": 1.0, "gpus": 0,
-              "iface": "eth0" if target == "local" else None, "extra": {}} for i in range(2)]
+              "iface": "eth0" if target == "local" else None, "extra": {}}
+             for i in range(1 if extra == "one" else 2)]
     rec = {"name": FAKE, "target": target, "nodes": nodes, "pids": {},
            "known_hosts": str(cdir / "known_hosts"), "ssh_key": str(cdir / "id_ed25519"),
            "subnet": "10.213.250.0/24", "bandwidth_mbit": None, "cpus_per_node": 1.0}
@@ -343,7 +349,7 @@ def _fake_cluster(state: Path, target: str) -> None:
 
         for n in nodes:
             n["facts"] = local_facts(n)
-    if extra and extra != "facts":
+    if extra and extra not in ("facts", "one"):
         contents = {"image": {"torch": "2.13.0+cpu", "horovod": None},
                     "notorch": {"torch": None, "horovod": "0.28.1"},
                     "gpu": {"torch": "2.13.0+cu128", "horovod": "0.28.1"}}[extra]

@@ -308,6 +308,10 @@ def test_nodes_of_several_emulated_gpus_on_a_fabric_profile(cluster, reports, tm
         assert (p["intra_link"], p["intra_mbit"]) == ("2gbit", 2000.0)
         edges = 2 if p["nodes"] == 1 else 1
         assert rec["env"]["tc_loopback"] == netshape.describe(edges * 2000.0 / p["dilation"])
+    # and after the sweep no node's loopback is shaped any more
+    from scalelab.cluster.targets.local import LocalCluster
+
+    assert set(LocalCluster(cluster).link_rates("lo").values()) == {(None, None)}
     # one node: its ring runs on that path alone, 100 MB of gradient each way a step at
     # 2 Gbit/s, far slower than its compute; the measured step is the overlap model's
     from scalelab.report.data import analyse, load_sweep_data

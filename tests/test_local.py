@@ -102,8 +102,10 @@ def test_link_rate_is_enforced_and_changes_without_reprovisioning(local_cluster)
     mbit = iperf_mbit(lc, 1, 1)
     assert 135 <= mbit <= 165, f"150mbit loopback measured {mbit:.1f} Mbit/s"
     assert 270 <= iperf_mbit(lc, 1, 2) <= 330  # the link kept its own rate
-    lc.set_intra(None)
+    # invoke shape sets the link and leaves no path between ranks shaped (a sweep's setting)
+    local.LocalTarget().set_rate(lc.name, 300.0)
     assert set(lc.link_rates("lo").values()) == {(None, None)}
+    assert set(lc.link_rates().values()) == {(300.0, 300.0)}
     lc.set_bandwidth("native")
     assert set(lc.link_rates().values()) == {(None, None)}
 

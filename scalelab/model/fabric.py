@@ -102,7 +102,7 @@ class Fabric:
                 f"{self.per_hop_latency_s * 1e6:g} us")
 
 
-# The path between the GPUs of one node, as what an allreduce among them achieves (Gbit/s of
+# The path between the GPUs of one node, as what an allreduce among them achieves (Mbit/s of
 # bus bandwidth). `--intra-link NAME` (or a rate) shapes each emulated node's loopback, which
 # its ranks reach each other over, at this rate per ring edge, and the model takes the same.
 # Unset, the loopback runs as fast as the host copies it and the model takes the path as free.
@@ -128,7 +128,8 @@ INTRA_LINKS = {link.name: link for link in (
 
 def intra_link(value: Any) -> tuple[str, float] | None:
     """A stated intra-node path: (its name as written back, its Mbit/s), from a name of
-    INTRA_LINKS or a rate; None for unset (or "host": the loopback as fast as the host goes).
+    INTRA_LINKS or a rate; None for unset ("host" or "native": the loopback as fast as the
+    host copies).
 
     >>> intra_link("pcie3"), intra_link("40gbit"), intra_link(None), intra_link("host")
     (('pcie3', 80000.0), ('40gbit', 40000.0), None, None)
@@ -137,7 +138,7 @@ def intra_link(value: Any) -> tuple[str, float] | None:
     ...
     scalelab.core.errors.InputError: intra_link: 'pcie5' is neither a path scalelab knows (pcie3, pcie4, nvlink-v100) nor a rate such as 64gbit
     """
-    if value is None or str(value).strip().lower() in ("", "host"):
+    if value is None or str(value).strip().lower() in ("", "host", "native"):
         return None
     text = str(value).strip().lower()
     if text in INTRA_LINKS:

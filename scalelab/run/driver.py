@@ -304,7 +304,8 @@ class Launcher:
         state = slurm.job_state(self.login, self.rt.known_hosts, job)
         record = {**state.to_record(), "sacct_wait_s": round(time.monotonic() - t0, 3)}
         # an interrupted run comes back as such: execute records it, then stops the sweep
-        res.status, res.error = slurm.outcome(state, res.status, res.error, timeout_s)
+        teardown = bool(((res.result or {}).get("env") or {}).get("teardown_failure"))
+        res.status, res.error = slurm.outcome(state, res.status, res.error, timeout_s, teardown)
         return "slurm", res, record
 
 

@@ -121,7 +121,7 @@ def prepare(cluster: str, spec) -> Prepared:
     if spec.partition and spec.launcher != "slurm":
         raise InputError("partition: only Slurm has partitions; add --launcher slurm (or "
                          "launcher: slurm in the sweep file)")
-    check_intra_link(cluster, spec, caps)
+    check_intra_link(cluster, spec, caps, len(nodes))
     runs = planner.plan(spec, nodes, caps.shape_links, cluster=cluster)
     shaped = sorted({r.params["bandwidth_mbit"] for r in runs} - {None})
     profile = getattr(spec, "fabric_profile", "ideal")
@@ -129,7 +129,7 @@ def prepare(cluster: str, spec) -> Prepared:
         raise InputError(f"--fabric-profile {profile}: a fabric profile stands for a network "
                          f"on emulated links; cluster {cluster}'s nodes are real hosts whose "
                          "NICs already are the fabric, so use --fabric-profile ideal")
-    check_intra_link(cluster, spec, caps, runs)
+    check_intra_link(cluster, spec, caps, len(nodes), runs)
     no_sudo = [n for n in nodes[:max((r.params["nodes"] for r in runs), default=0)]
                if (n.facts or {}).get("sudo") == "no"]
     if shaped and no_sudo:
@@ -156,7 +156,7 @@ def prepare(cluster: str, spec) -> Prepared:
         runs, device=_device(runs), shared_host=caps.shares_host_cpus, warm=_warm(caps, spec)))
 
 
-def check_intra_link(cluster: str, spec, caps, runs: list | None = None) -> None:
+def check_intra_link(cluster: str, spec, caps, size: int, runs: list | None = None) -> None:
     """--intra-link shapes the path between emulated GPUs of one node, on nodes whose loopback
     is their own: one line otherwise (the ranks per node once runs are planned)."""
     link = getattr(spec, "intra_link", None)
@@ -170,6 +170,11 @@ def check_intra_link(cluster: str, spec, caps, runs: list | None = None) -> None
         raise InputError(f"--intra-link {link}: cluster {cluster}'s nodes share a loopback "
                          "with their host, which scalelab does not shape; run on a local "
                          "cluster (invoke provision --target local), or leave --intra-link out")
+    if size < 2:  # the dilation that carries it needs the host's rate, measured over a link
+        raise InputError(f"--intra-link {link}: the host's copy rate, which sets the dilation "
+                         f"that carries the path, is measured between two nodes and cluster "
+                         f"{cluster} has one; provision two or more (invoke provision --cluster "
+                         f"{cluster} --nodes 2)")
     if runs is not None and max((r.params["procs_per_node"] for r in runs), default=1) < 2:
         raise InputError(f"--intra-link {link}: with one rank per node no two ranks share a "
                          "node; add --procs-per-node 2 or more, or leave --intra-link out")

@@ -328,12 +328,15 @@ def job_state(login: Node, known_hosts: str, name: str, wait_s: float = SACCT_WA
     return parse_sacct(proc.stdout, name) or Job(name)
 
 
-def outcome(job: Job, status: str, error: str, timeout_s: float) -> tuple[str, str]:
+def outcome(job: Job, status: str, error: str, timeout_s: float,
+            teardown: bool = False) -> tuple[str, str]:
     """A run's status and error from its job's sacct state and what the launch saw.
 
     sacct decides: a job COMPLETED is ok only with the workload's result; TIMEOUT is Slurm's
     time limit; CANCELLED by someone else is a failed run that says so. The driver's own
     timeout and a Ctrl-C cancel the job too: those keep their status and name the job.
+    teardown: the launch kept the run although a rank failed leaving, after every rank's
+    figures were in (launch.whole); the job is FAILED for that rank's exit, and the run ok.
 
     >>> outcome(Job("j", "5", "COMPLETED", "0:0"), "ok", "", 60)
     ('ok', '')
@@ -349,6 +352,8 @@ def outcome(job: Job, status: str, error: str, timeout_s: float) -> tuple[str, s
     ('failed', 'ssh: connect refused; sacct has no record of job j')
     >>> outcome(Job("j", "5", "RUNNING", "0:0"), "ok", "", 60)  # slurmdbd behind: launch stands
     ('ok', '')
+    >>> outcome(Job("j", "5", "FAILED", "0:6"), "ok", "", 60, teardown=True)
+    ('ok', '')
     """
     ident = f"Slurm job {job.job_id}" if job.job_id else f"Slurm job {job.name}"
     if status in ("timeout", "interrupted"):
@@ -358,7 +363,7 @@ def outcome(job: Job, status: str, error: str, timeout_s: float) -> tuple[str, s
                 f"sacct still listed {ident} as {job.state} after {SACCT_WAIT_S:g} s")
         return ("failed", f"{error}; {note}" if error else note) if status != "ok" else \
             ("ok", "")
-    if job.state == "COMPLETED":
+    if job.state == "COMPLETED" or (job.state == "FAILED" and status == "ok" and teardown):
         return status, error
     if job.state == "TIMEOUT":
         why = f"{ident} passed its time limit ({time_limit_min(timeout_s)} min)"

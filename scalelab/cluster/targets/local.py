@@ -593,7 +593,7 @@ class LocalTarget(SshReachable):
         return LocalLinks(cluster)
 
     def set_rate(self, cluster: str, mbit: float | None) -> None:
-        LocalCluster(cluster).set_bandwidth(mbit)
+        LocalLinks(cluster).restore(mbit)  # at this rate, and unshaped between a node's ranks
 
 
 def target(name: str = TARGET) -> LocalTarget:
