@@ -386,9 +386,12 @@ def _judge_model(row: pd.Series, n: int, eff: float, sure: bool) -> tuple[str, s
     if share >= NETWORK_SHARE:
         measured = float(row.get("comm_time_mean_s", math.nan))
         seen = f"; measured {ms(measured)}" if measured == measured else ""
+        link, intra = float(row["link_mbit_model"]), float(row.get("intra_mbit") or math.nan)
+        path = (f"a {link:,.0f} Mbit/s link" if not intra < link else
+                f"a {intra:,.0f} Mbit/s path between the GPUs of a node (slower than the link)")
         return "network-bound", (
             f"At {n} ranks each step moves {float(row['gradient_bytes']) / 1e6:.3g} MB of "
-            f"gradients over a {float(row['link_mbit_model']):,.0f} Mbit/s link and {ms(exposed)} "
+            f"gradients over {path} and {ms(exposed)} "
             f"of that communication is exposed, not hidden behind compute ({_pct(share)} of "
             f"the step{seen}): {said}, so the link {likely}sets the pace."), ""
     linear = (", and more nodes add throughput almost linearly"
