@@ -154,8 +154,8 @@ def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkey
     real = LocalCluster._shape_node
     sent = {"n": 0}
 
-    def shape_then_interrupt(self, i, rate):
-        real(self, i, rate)
+    def shape_then_interrupt(self, i, rate, delay_us=0.0):
+        real(self, i, rate, delay_us)
         if i == 0 and sent["n"] == 0:
             sent["n"] += 1
             os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the next node is not shaped yet

@@ -201,22 +201,48 @@ def test_a_rank_whose_stderr_is_lost_still_says_why_it_failed(fcluster):
 class _FakeLinks:
     """Links whose standing rate lives in a dict, as the local target's record does."""
 
-    def __init__(self, rate):
+    def __init__(self, rate, intra=None):
         self.rate = rate
+        self.intra = intra  # the rate between a node's ranks
         self.applied: list = []
 
     def snapshot(self):
         return self.rate
 
-    def apply(self, mbit):
+    def apply(self, mbit, delay_us=0.0):
         self.applied.append(mbit)
         self.rate = mbit
 
-    def restore(self, snapshot):
+    def apply_intra(self, mbit):
+        self.intra = mbit
+
+    def restore(self, snapshot):  # as the local target's: the path between ranks unshaped
         self.apply(snapshot)
+        self.intra = None
 
     def still_as_left(self, mbit):
         return self.rate == mbit
+
+
+def test_the_path_between_ranks_is_set_once_per_value_and_unshaped_at_the_end(tmp_path):
+    """A sweep's first call sets the path between a node's ranks whatever a killed driver left
+    there, a repeat of the same value changes nothing, and the end of the sweep (also after
+    Ctrl-C, which ends in restore) leaves it unshaped with the links as they were."""
+    from scalelab.run.shaping import Shaper
+
+    links = _FakeLinks(1000.0, intra=500.0)  # left by a driver killed mid-sweep
+    shaper = Shaper(links, marker=tmp_path / "shaped.json")
+    shaper.set(100.0)
+    shaper.set_intra(None)  # the first sweep's runs state no path: what was left goes
+    assert links.intra is None
+    links.intra = "changed by hand"
+    shaper.set_intra(None)  # the same value again: not applied again
+    assert links.intra == "changed by hand"
+    shaper.set_intra(2000.0)
+    assert links.intra == 2000.0
+    shaper.restore()
+    assert (links.rate, links.intra) == (1000.0, None)
+    assert not (tmp_path / "shaped.json").exists()
 
 
 def test_shaper_notes_the_rate_to_restore_and_a_later_one_restores_it(tmp_path):
