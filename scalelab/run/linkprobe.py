@@ -241,8 +241,11 @@ def probe_commands(server: Node, client: Node, port: int, seconds: float,
 
 
 def measure(server: Node, client: Node, known_hosts: str, port: int, seconds: float = 1.0,
-            stop: threading.Event | None = None, streams: int = 1) -> Measurement:
+            stop: threading.Event | None = None, streams: int = 1,
+            timeout_s: float | None = None) -> Measurement:
     """TCP rate client -> server over the cluster network, in Mbit/s; never raises for a failure.
+    timeout_s: the whole probe's time, launch to exit (default: the readiness wait, the test
+    and LAUNCH_SLACK_S for SSH and reaping).
 
     Both ends start at once over SSH; the client's retry loop is the readiness wait. A failed
     measurement comes back as mbit=None with one line saying why (the server's own error
@@ -257,7 +260,8 @@ def measure(server: Node, client: Node, known_hosts: str, port: int, seconds: fl
         return _failed(server, client, str(exc))
     # python and workdir only matter for workloads; iperf3 is on the PATH of every node
     rt = launch.Runtime("python3", "/", known_hosts)
-    timeout_s = READY_TIMEOUT_S + iperf_seconds(seconds) + LAUNCH_SLACK_S
+    if timeout_s is None:
+        timeout_s = READY_TIMEOUT_S + iperf_seconds(seconds) + LAUNCH_SLACK_S
     try:
         res = launch.run(cmds, rt, timeout_s=timeout_s, stop=stop, fail_grace_s=FAIL_GRACE_S)
     except (ScalelabError, OSError) as exc:
