@@ -548,6 +548,9 @@ def describe(run: RunPlan) -> str:
     'train      4 nodes x 1  batch 64   1gbit    repeat 0  bf16 channels_last'
     >>> describe(RunPlan("train", "x", {**r.params, "global_batch_size": 256}, (), 1.0))
     'train      4 nodes x 1  global batch 256 (64/worker)  1gbit    repeat 0'
+    >>> describe(RunPlan("train", "x", {**r.params, "procs_per_node": 4, "intra_link": "pcie3"},
+    ...                  (), 1.0))
+    'train      4 nodes x 4  batch 64   1gbit    repeat 0  pcie3 inside a node'
     """
     p = run.params
     plural = "s" if p["nodes"] != 1 else " "
@@ -563,6 +566,7 @@ def describe(run: RunPlan) -> str:
         ([comm_label(p, " ")] if comm_label(p) else [])
     where += f"  {' '.join(comm)}" if comm else ""
     where += "  in a container" if p.get("runtime") == "container" else ""
+    where += f"  {p['intra_link']} inside a node" if p.get("intra_link") else ""
     if run.kind == "allreduce":
         sizes = run.allreduce_sizes
         span = f"{_size_text(sizes[0])}..{_size_text(sizes[-1])}" if sizes else "-"
