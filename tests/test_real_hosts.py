@@ -232,21 +232,20 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         with open(sweep_dir / "results.csv") as fh:
             rows = list(csv.DictReader(fh))
         assert proc.returncode == bench_exit(r["status"] for r in rows), proc.stderr[-3000:]
-        # Every run is a result. On 2 shared cores a 2-node gloo run can still abort on its own
-        # (SIGABRT in gloo, seen about once in six runs here, see the README): such a run is
-        # recorded as failed with its reason, and the sweep goes on.
+        # Both runs ok. A rank that gloo aborts while its group is torn down, after every
+        # rank's figures were in, no longer fails its run (launch.whole; the record keeps it);
+        # a failure now is one to look at, and its reason is the assert's message
         assert len(rows) == 2, rows
-        assert all(r["status"] == "ok" or (r["status"] == "failed" and r["error"]) for r in rows)
-        assert sum(r["status"] == "ok" for r in rows) >= 1, [(r["run_id"], r["error"])
+        assert [r["status"] for r in rows] == ["ok", "ok"], [(r["run_id"], r["error"])
                                                               for r in rows]
-        for r in rows:  # said in the suite's warnings summary: the evidence to find the cause
-            if r["status"] != "ok":
-                warnings.warn(f"real hosts: run {r['run_id']} failed by itself: "
-                              f"{r['error'][:3000]}", stacklevel=1)
         for r in rows:  # set through sudo on the hosts
             rate, measured = float(r["bandwidth_mbit"]), float(r["link_mbit_measured"])
             assert 0.85 * rate < measured <= 1.02 * rate, r
         runs = [json.loads(x) for x in (sweep_dir / "runs.jsonl").read_text().splitlines()]
+        for r in runs:  # kept runs whose rank failed leaving: said in the warnings summary
+            if r["env"].get("teardown_failure"):
+                warnings.warn(f"real hosts: {r['run_id']}: a rank failed leaving: "
+                              f"{r['env']['teardown_failure'][:2000]}", stacklevel=1)
         assert {r["env"]["target"] for r in runs} == {"static"}
         assert {r["env"]["launcher"] for r in runs} == {"torchrun"}  # real hosts: the agent
         # scalelab's own commands rode one connection per node: each run opened only its
