@@ -126,7 +126,7 @@ INTRA_LINKS = {link.name: link for link in (
 )}
 
 
-def intra_link(value: Any) -> tuple[str, float] | None:
+def intra_link(value: Any, what: str = "intra_link") -> tuple[str, float] | None:
     """A stated intra-node path: (its name as written back, its Mbit/s), from a name of
     INTRA_LINKS or a rate; None for unset ("host" or "native": the loopback as fast as the
     host copies).
@@ -150,7 +150,7 @@ def intra_link(value: Any) -> tuple[str, float] | None:
     except InputError:
         mbit = None
     if mbit is None:
-        raise InputError(f"intra_link: {value!r} is neither a path scalelab knows "
+        raise InputError(f"{what}: {value!r} is neither a path scalelab knows "
                          f"({', '.join(INTRA_LINKS)}) nor a rate such as 64gbit")
     return format_rate(mbit), mbit
 

@@ -405,9 +405,10 @@ class _Execution:
         delay_us = (fab.per_hop_latency_s * 1e6 * dilation
                     if fab and rate and self.caps.hop_delay else 0.0)
         self.shaper.set(rate, delay_us)
-        # the path between each node's ranks, also in the emulated device's time
+        # the path between each node's ranks, also in the emulated device's time, on nodes
+        # whose loopback is their own (the record says what it was set to only there)
         lo = fabric.loopback_mbit(p.get("intra_mbit"), p["nodes"], p["procs_per_node"])
-        lo = lo / dilation if lo else None
+        lo = lo / dilation if lo and self.caps.own_loopback else None
         if self.caps.own_loopback:
             self.shaper.set_intra(lo)
         if rate not in self.links:

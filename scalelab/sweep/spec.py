@@ -154,10 +154,7 @@ def _fabric_profile(value: Any, what: str) -> str:
 def _intra_link(value: Any, what: str) -> str | None:
     from scalelab.model import fabric
 
-    try:
-        got = fabric.intra_link(value)
-    except InputError as exc:
-        raise InputError(f"{what}: {str(exc).split(': ', 1)[1]}") from None
+    got = fabric.intra_link(value, what)
     return None if got is None else got[0]
 
 
