@@ -43,10 +43,22 @@ fi
 [ "${HOROVOD_GPU_OPERATIONS:-}" = none ] && unset HOROVOD_GPU_OPERATIONS
 WANT_NCCL=0
 [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && WANT_NCCL=1
+# The GPU kernels are compiled for the compute capabilities of the GPUs torch sees here (the
+# head node builds for a cluster of its own kind; PTX of the highest rides along), not for every
+# architecture nvcc knows; HOROVOD_BUILD_CUDA_CC_LIST=80,90 names them instead.
+CC_TAG=
+if [ "$WANT_NCCL" = 1 ] && [ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ]; then
+  CC_LIST=$("$PY" -c 'import torch
+print(",".join(sorted({"%d%d" % torch.cuda.get_device_capability(i)
+                       for i in range(torch.cuda.device_count())})))' 2>/dev/null || true)
+  [ -n "$CC_LIST" ] && export HOROVOD_BUILD_CUDA_CC_LIST=$CC_LIST
+fi
+[ "$WANT_NCCL" = 1 ] && [ -n "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ] \
+  && CC_TAG=_cc${HOROVOD_BUILD_CUDA_CC_LIST//,/-}
 # '+' (torch local version, e.g. 2.13.0+cpu) is legal in a directory name; keep it in the key,
 # and the GPU operations with it (a wheel without NCCL never stands in for one with it).
 KEY="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_${PY_TAG}"
-[ "$WANT_NCCL" = 1 ] && KEY="${KEY}_nccl"
+[ "$WANT_NCCL" = 1 ] && KEY="${KEY}_nccl${CC_TAG}"
 KEY_DIR=$CACHE/$KEY
 
 installed_ok() {
@@ -86,11 +98,23 @@ fi
 
 command -v g++ >/dev/null || die "g++ not found (apt-get install g++ make)"
 command -v make >/dev/null || die "make not found (apt-get install make)"
+if [ "$WANT_NCCL" = 1 ] && ! command -v nvcc >/dev/null; then
+  HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-/usr/local/cuda}
+  [ -x "$HOROVOD_CUDA_HOME/bin/nvcc" ] || die "Horovod's NCCL operations need the CUDA \
+toolkit's nvcc, found neither on PATH nor in $HOROVOD_CUDA_HOME/bin: install the toolkit of \
+torch's CUDA ($TORCH_CUDA), set HOROVOD_CUDA_HOME, or build without: HOROVOD_GPU_OPERATIONS=none"
+  export HOROVOD_CUDA_HOME PATH="$HOROVOD_CUDA_HOME/bin:$PATH"
+fi
 
-log "installing build tools (cmake<4, wheel, setuptools) into $VENV"
-# cmake>=4 drops compatibility with cmake_minimum_required < 3.5 used by Horovod's third_party.
-"$PY" -m pip install -q 'cmake<4' wheel setuptools packaging
-"$VENV/bin/cmake" --version | head -n1 >&2
+# Build tools only where missing: a cmake on PATH (the venv's first) and wheel/setuptools for
+# the build without isolation. A cmake of 4 or later builds Horovod's third_party, whose
+# cmake_minimum_required is below 3.5, only with this policy floor.
+if ! command -v cmake >/dev/null || ! "$PY" -c 'import setuptools, wheel' 2>/dev/null; then
+  log "installing build tools (cmake<4, wheel, setuptools) into $VENV"
+  "$PY" -m pip install -q 'cmake<4' wheel setuptools packaging
+fi
+export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
+cmake --version | head -n1 >&2
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/build_horovod.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -122,15 +146,55 @@ else
 fi
 # NCCL ops only when torch has CUDA and NCCL is wanted explicitly (needs the NCCL headers).
 if [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
-  log "HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS"
+  log "HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS (CUDA archs ${HOROVOD_BUILD_CUDA_CC_LIST:-all nvcc knows})"
+fi
+# Horovod links the NCCL torch loads: a torch from PyPI carries it in an nvidia package with
+# only the versioned library (libnccl.so.2), which CMake's find_library does not take, so a
+# directory of links stands in for it. The extension then names libnccl.so.2 and binds to the
+# copy torch already loaded: one NCCL per process. HOROVOD_NCCL_HOME (or _INCLUDE and _LIB)
+# names another; without either, CMake looks beside the CUDA toolkit.
+if [ "$WANT_NCCL" = 1 ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}${HOROVOD_NCCL_LIB:-}" ]; then
+  if NCCL_DIRS=$("$PY" - <<'EOF'
+import glob, os, sys, sysconfig
+import torch
+roots = [os.path.dirname(os.path.dirname(torch.__file__)), sysconfig.get_paths()["platlib"]]
+for root in dict.fromkeys(roots):
+    for header in sorted(glob.glob(os.path.join(root, "nvidia", "**", "nccl.h"), recursive=True)):
+        lib = os.path.join(os.path.dirname(os.path.dirname(header)), "lib")
+        if glob.glob(os.path.join(lib, "libnccl.so*")):
+            print(os.path.dirname(header), lib)
+            sys.exit(0)
+sys.exit(1)
+EOF
+  ); then
+    read -r NCCL_INC NCCL_LIB <<<"$NCCL_DIRS"
+    mkdir -p "$WORK/nccl/lib"
+    ln -s "$NCCL_INC" "$WORK/nccl/include"
+    for f in "$NCCL_LIB"/libnccl.so*; do ln -s "$f" "$WORK/nccl/lib/"; done
+    [ -e "$WORK/nccl/lib/libnccl.so" ] \
+      || ln -s "$(ls "$NCCL_LIB"/libnccl.so.* | head -n1)" "$WORK/nccl/lib/libnccl.so"
+    export HOROVOD_NCCL_INCLUDE=$WORK/nccl/include HOROVOD_NCCL_LIB=$WORK/nccl/lib
+    export HOROVOD_NCCL_LINK=SHARED
+    log "NCCL: torch's own, $NCCL_LIB"
+  fi
 fi
 # setup.py passes -j8 to make unless MAKEFLAGS is set; follow the machine instead.
-export MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-$(nproc)}"
+# GCC 13 and later no longer include <string>, <cstdint> or <stdexcept> through other headers, and
+# Horovod 0.28.1 relies on that (and on <stdexcept>): include them in every C++ unit.
+export CXXFLAGS="${CXXFLAGS:+$CXXFLAGS }-include cstdint -include string -include stdexcept"
+# -k: a failed build names every file that failed, not the first one only.
+export MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-$(nproc)} -k"
 
 log "building wheel (several minutes; MAKEFLAGS=$MAKEFLAGS)"
 start=$(date +%s)
 "$PY" -m pip wheel -q --no-build-isolation --no-deps "$SRC" -w "$WORK/wheel" \
-  > "$WORK/build.log" 2>&1 || { tail -n 60 "$WORK/build.log" >&2; die "wheel build failed"; }
+  > "$WORK/build.log" 2>&1 || {
+    KEPT=${TMPDIR:-/tmp}/build_horovod-$KEY.log
+    cp "$WORK/build.log" "$KEPT"
+    tail -n 40 "$WORK/build.log" >&2
+    log "the compiler's errors, first 30:"
+    grep -E -m 30 'error:|Error [0-9]|undefined reference|CMake Error' "$WORK/build.log" >&2 || true
+    die "wheel build failed; the whole log is $KEPT"; }
 log "built in $(( $(date +%s) - start )) s"
 
 WHL=$(ls "$WORK"/wheel/horovod-"$HOROVOD_VERSION"-*.whl) || die "no wheel produced"

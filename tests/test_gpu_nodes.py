@@ -9,11 +9,14 @@ an emulated node on which the test places stand-ins for nvidia-smi and /sys/clas
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import invoke, needs_root, needs_sshd
+from conftest import ROOT, invoke, needs_root, needs_sshd
 
 from scalelab.cluster import facts, gpu, ssh
 from scalelab.cluster.nodes import Node
@@ -297,3 +300,54 @@ def test_a_run_whose_ranks_used_another_precision_or_layout_is_failed(asked, ran
     rec = driver.run_record("s", run, "static", launch.LaunchResult("ok", result, "", [], 1.0),
                             "2026-11-25T00:00:00Z", None, None)
     assert (rec["status"], rec["error"]) == ("failed", error)
+
+
+@pytest.mark.slow
+def test_horovods_build_on_a_gpu_node_takes_torchs_nccl_and_its_gpus_and_keeps_a_failed_log(
+        tmp_path):
+    """scripts/build_horovod.sh as a GPU head node runs it, with stand-ins for what this machine
+    lacks: a CUDA torch (version, one compute-capability 9.0 GPU), the NCCL a torch from PyPI
+    carries (nvidia/nccl with only libnccl.so.2) and nvcc. The script links that NCCL, builds for
+    that GPU, and when the build fails (here: no CUDA toolkit for CMake) names the compiler's
+    errors and keeps the whole log."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(textwrap.dedent("""\
+        __version__ = "2.11.0+cu130"
+        class version:
+            cuda = "13.0"
+        class cuda:
+            device_count = staticmethod(lambda: 1)
+            get_device_capability = staticmethod(lambda i: (9, 0))
+        """))
+    nccl = site / "nvidia" / "nccl"
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "lib").mkdir()
+    (nccl / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n")
+    (nccl / "lib" / "libnccl.so.2").write_text("")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    # the stand-in torch first; installing into the real venv behind it is refused outright
+    (venv / "bin" / "python").write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *"-m pip install"*) echo "refused: pip install" >&2; exit 99;; esac\n'
+        f'PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    (venv / "bin" / "nvcc").write_text("#!/bin/sh\nexit 1\n")
+    for f in ("python", "nvcc"):
+        (venv / "bin" / f).chmod(0o755)
+    env = {**os.environ, "SCALELAB_VENV": str(venv), "SCALELAB_WHEEL_CACHE": str(tmp_path / "c"),
+           "TMPDIR": str(tmp_path), "HOROVOD_BUILD_JOBS": "2"}
+    env.pop("HOROVOD_GPU_OPERATIONS", None)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_horovod.sh")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    err = proc.stderr
+    assert proc.returncode == 1, err[-3000:]
+    assert "HOROVOD_GPU_OPERATIONS=NCCL (CUDA archs 90)" in err, err[-3000:]
+    assert f"NCCL: torch's own, {nccl / 'lib'}" in err
+    assert "refused: pip install" not in err  # nothing went into the real venv
+    py_tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    kept = tmp_path / f"build_horovod-horovod-0.28.1_torch-2.11.0+cu130_{py_tag}_nccl_cc90.log"
+    assert f"the whole log is {kept}" in err and kept.is_file()
+    log = kept.read_text()
+    assert "CMake Error" in log and "the compiler's errors" in err
+    assert not list((tmp_path / "c").glob("*/*.whl"))  # no wheel cached from a failed build

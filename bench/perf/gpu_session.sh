@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Everything scalelab checks on one GPU machine, in one go, each step logged whatever the last
-# one did (a lent GPU's minutes are few): the node facts as configure reads them, the GPU tests
-# (invoke test --gpu), ResNet-50 device profiles at fp32 and amp for --accelerator, and
-# single-GPU ResNet-50 images/s per precision and layout (bench/perf/gpu_resnet50.sh).
+# one did (a lent GPU's minutes are few): Horovod built with NCCL operations
+# (scripts/build_horovod.sh into the interpreter's venv), the node facts as configure reads
+# them, the GPU tests (invoke test --gpu), ResNet-50 device profiles at fp32 and amp for
+# --accelerator, and single-GPU ResNet-50 images/s per precision and layout, and through one
+# Horovod rank (bench/perf/gpu_resnet50.sh).
 # Usage: bench/perf/gpu_session.sh OUTDIR [NAME]
 #   NAME (default h100) names the profiles: OUTDIR/NAME-resnet50-{fp32,amp}.json, stamped with
 #   the GPU, driver, CUDA, cuDNN and NCCL they were timed on, ready for bench/profiles/.
 #   PYTHON picks the interpreter (a CUDA build of torch; default python3).
-#   ONLY="facts tests profiles throughput" picks steps (default: all).
+#   ONLY="horovod facts tests profiles throughput" picks steps (default: all).
 #   RUNS="amp:1 amp:0" picks the throughput runs, precision:channels_last (1 NHWC, 0 NCHW).
 # Exits 1 if any step failed (each step still runs).
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUTDIR [NAME]}
 NAME=${2:-h100}
 PY=$(command -v "${PYTHON:-python3}") || { echo "no interpreter ${PYTHON:-python3}" >&2; exit 2; }
-ONLY=${ONLY:-facts tests profiles throughput}
+ONLY=${ONLY:-horovod facts tests profiles throughput}
 RUNS=${RUNS:-amp:1 amp:0 bf16:1 tf32:1 fp32:1}
 for s in $ONLY; do
-  case $s in facts|tests|profiles|throughput) ;;
-    *) echo "ONLY: unknown step '$s' (facts, tests, profiles, throughput)" >&2; exit 2;; esac
+  case $s in horovod|facts|tests|profiles|throughput) ;;
+    *) echo "ONLY: unknown step '$s' (horovod, facts, tests, profiles, throughput)" >&2; exit 2;; esac
 done
 for r in $RUNS; do
   case $r in fp32:[01]|tf32:[01]|amp:[01]|bf16:[01]) ;;
@@ -38,6 +40,14 @@ nvidia-smi -L || fail "nvidia-smi"
           "devices", torch.cuda.device_count(), "cudnn", torch.backends.cudnn.version())' \
   || fail "torch"
 nproc
+
+if want horovod; then
+  step "Horovod with NCCL operations (scripts/build_horovod.sh)"
+  SCALELAB_VENV=$(dirname "$(dirname "$PY")") bash scripts/build_horovod.sh \
+    > "$OUT/horovod-build.txt" 2>&1 || fail "horovod build"
+  grep build_horovod: "$OUT/horovod-build.txt"
+  "$(dirname "$PY")/horovodrun" --check-build || fail "horovodrun --check-build"
+fi
 
 if want facts; then
   step facts "(the probe configure runs on every node, here on this machine)"
@@ -98,6 +108,12 @@ if want throughput; then
       > "$OUT/last-throughput.log" 2>&1 || fail "throughput $run"
     grep '^resnet50 ' "$OUT/last-throughput.log" | tee -a "$OUT/throughput.txt"
   done
+  if want horovod; then
+    step "throughput resnet50 amp batch 256 channels_last, one Horovod rank (NCCL allreduce)"
+    PYTHON="$PY" ENGINE=horovod bench/perf/gpu_resnet50.sh 256 50 > "$OUT/last-throughput.log" 2>&1 \
+      || fail "throughput horovod"
+    grep '^resnet50 ' "$OUT/last-throughput.log" | sed 's/^/horovod /' | tee -a "$OUT/throughput.txt"
+  fi
 fi
 step "done$( [ $failed = 0 ] || echo ', with failures (!!! above)')"
 exit $failed

@@ -491,7 +491,9 @@ def run(a: argparse.Namespace) -> int:
         comm_dtype_name = str(comm_dtype or torch.float32).replace("torch.", "")
     else:
         compression = hvd.Compression.fp16 if comm_dtype is not None else hvd.Compression.none
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        if a.channels_last:
+            compression = _contiguous(compression)
+        _broadcast_parameters(hvd, model)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         optimizer = hvd.DistributedOptimizer(
             optimizer,
@@ -695,6 +697,30 @@ def run(a: argparse.Namespace) -> int:
 
 
 @common.recorded
+def _contiguous(compression):
+    """Horovod reduces contiguous tensors only, and a channels_last model's 4-D gradients are
+    not: a compressor that hands Horovod a contiguous copy (after `compression`'s own work) and
+    gives the reduced copy back as the gradient, whose values are the same in either layout."""
+
+    def compress(tensor):
+        out, ctx = compression.compress(tensor)
+        return out.contiguous(), ctx
+
+    return type("Contiguous", (), {"compress": staticmethod(compress),
+                                   "decompress": staticmethod(compression.decompress)})
+
+
+def _broadcast_parameters(hvd, model) -> None:
+    """hvd.broadcast_parameters, for any memory format: channels_last weights are sent as
+    contiguous copies (Horovod needs those) and copied back in place."""
+    state = model.state_dict()
+    sent = {name: t.contiguous() for name, t in state.items()}
+    hvd.broadcast_parameters(sent, root_rank=0)
+    for name, t in state.items():
+        if sent[name] is not t:
+            t.copy_(sent[name])
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
