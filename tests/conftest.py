@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# scripts the tests run in their own processes (under horovodrun, say), never imported here
+collect_ignore_glob = ["data/*"]
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: namespaces, cgroups, mounts")
 needs_sshd = pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(),
