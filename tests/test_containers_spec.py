@@ -110,3 +110,24 @@ def test_launcher_cpu_tcp_synthetic_run(monkeypatch):
     for flags in _launched(monkeypatch, "cpu", "tcp", "synthetic"):
         assert "--gpus" not in flags and "/dev/infiniband" not in flags
         assert "-v" not in flags
+
+
+def test_the_slurm_oci_bundle_names_the_images_python_and_the_profiles_rank_read():
+    """The docker_nvidia role writes paths inside the image into Slurm's OCI bundle: its venv's
+    python (checked there) and the bind of the profiles directory the emulated ranks read.
+    Both are where the image and the driver put them, so a move of either fails here, not in a
+    Slurm container on a cluster."""
+    from pathlib import Path
+
+    import yaml
+
+    from scalelab.cluster import image
+    from scalelab.model import accel
+
+    role = Path(__file__).resolve().parents[1] / "playbooks" / "roles" / "docker_nvidia"
+    oci = (role / "tasks" / "oci.yml").read_text()
+    assert f'{{{{ docker_nvidia_oci_bundle }}}}/rootfs{image.PYTHON}"' in oci
+    profiles = yaml.safe_load((role / "vars" / "main.yml").read_text())[
+        "docker_nvidia_oci_profiles"]
+    assert profiles == ("{{ scalelab_workdir | default('" + image.PREFIX + "') }}"
+                        f"/bench/workloads/{accel.STAGE_DIR}")

@@ -173,3 +173,22 @@ def test_a_slurm_cluster_behind_a_login_host_runs_jobs_only_and_never_shapes():
     with pytest.raises(InputError, match="cannot shape its links"):
         t.set_rate("hpc", 1000.0)
     assert t.runtime(rec).python == facts.DEFAULT_PYTHON
+
+
+def test_links_scalelab_did_not_make_refuse_a_hop_delay_and_a_loopback_rate_in_one_line():
+    """A Slurm cluster's links (NoLinks) and a static cluster's (SshLinks, tc over SSH) take
+    neither a per-hop delay nor a rate between one node's ranks: both say so before touching a
+    node (a regression would meet loopback only), and leave an unshaped path alone."""
+    from scalelab.cluster.netshape import SshLinks
+    from scalelab.cluster.nodes import Node
+    from scalelab.cluster.targets.slurm import NoLinks
+    from scalelab.core.errors import ClusterError
+
+    node = Node("s0", "127.0.0.1", "127.0.0.1", "head", "static", iface="eth0")
+    for links in (NoLinks(), SshLinks([node], "/nonexistent/known_hosts")):
+        with pytest.raises(ClusterError, match=r"^a per-hop delay is emulated only on links "
+                                               r"scalelab made$"):
+            links.apply(1000.0, delay_us=40.0)
+        with pytest.raises(ClusterError, match=r"loopback of their own \(a local cluster\)$"):
+            links.apply_intra(2000.0)
+        links.apply_intra(None)

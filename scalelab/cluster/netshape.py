@@ -165,6 +165,19 @@ def check_restorable(node: str, dev: str, q: dict[str, Any]) -> None:
                        "root) or sweep with --bandwidth native")
 
 
+def only_links_scalelab_made(delay_us: float) -> None:
+    """Refuse a per-hop delay on links scalelab did not make (netem goes only on its own)."""
+    if delay_us:
+        raise ClusterError("a per-hop delay is emulated only on links scalelab made")
+
+
+def only_own_loopbacks(mbit: float | None) -> None:
+    """Refuse a rate between the ranks of one node where the node's loopback is the host's."""
+    if mbit is not None:
+        raise ClusterError("the path between the ranks of one node is shaped only on nodes "
+                           "with a loopback of their own (a local cluster)")
+
+
 class SshLinks:
     """tbf on each node's recorded cluster interface, over SSH (sudo -n when not root)."""
 
@@ -200,8 +213,7 @@ class SshLinks:
         return {n.name: {"iface": n.iface, "qdisc": qdiscs[n.name]} for n in self.nodes}
 
     def apply(self, mbit: float | None, delay_us: float = 0.0) -> None:
-        if delay_us:
-            raise ClusterError("a per-hop delay is emulated only on links scalelab made")
+        only_links_scalelab_made(delay_us)
 
         def one(n: Node) -> None:
             if mbit is None:
@@ -217,9 +229,7 @@ class SshLinks:
         self._each(one)
 
     def apply_intra(self, mbit: float | None) -> None:
-        if mbit is not None:
-            raise ClusterError("the path between the ranks of one node is shaped only on nodes "
-                               "with a loopback of their own (a local cluster)")
+        only_own_loopbacks(mbit)
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         def one(n: Node) -> None:

@@ -36,7 +36,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from scalelab.cluster import slurmctl, ssh
+from scalelab.cluster import netshape, slurmctl, ssh
 from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.interface import Runtime
 from scalelab.core.errors import ClusterError, InputError
@@ -230,15 +230,12 @@ class NoLinks:
         return None
 
     def apply(self, mbit: float | None, delay_us: float = 0.0) -> None:
-        if delay_us:
-            raise ClusterError("a per-hop delay is emulated only on links scalelab made")
+        netshape.only_links_scalelab_made(delay_us)
         if mbit is not None:
             raise ClusterError("this cluster's links cannot be shaped by scalelab")
 
     def apply_intra(self, mbit: float | None) -> None:
-        if mbit is not None:
-            raise ClusterError("the path between the ranks of one node is shaped only on nodes "
-                               "with a loopback of their own (a local cluster)")
+        netshape.only_own_loopbacks(mbit)
 
     def restore(self, snapshot: Any) -> None:
         return None
