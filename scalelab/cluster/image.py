@@ -59,7 +59,7 @@ ARCHIVE = "image.tar"
 META = "image.json"
 BUILD_TIMEOUT_S = 1800.0
 # what a rank needs from an image, and how each is checked inside it
-NEEDS = {"torch": "import torch; print(torch.__version__)",
+NEEDS = {"torch": "import torch; print(torch.__version__, torch.version.cuda)",
          "horovod": "import horovod, horovod.torch as h; print(horovod.__version__, "
                     "h.gloo_built(), h.nccl_built())"}
 # the one proof run inside an image (Debian's or on a vendor's base): the Python version, then
@@ -229,15 +229,18 @@ def _contents(rootfs_tar: Path) -> dict[str, Any]:
 
 
 def parse_contents(text: str) -> dict[str, Any]:
-    """What the checks inside an image printed: torch, Horovod and the Python version.
+    """What the checks inside an image printed: torch (and the CUDA it was built with, None for
+    a CPU build), Horovod and the Python version.
 
-    >>> parse_contents("SCALELAB_PY 3 11\\nSCALELAB_HAS torch 2.13.0+cpu\\nSCALELAB_HAS horovod 0.28.1 True False")
-    {'torch': '2.13.0+cpu', 'horovod': '0.28.1', 'horovod_gloo': True, 'horovod_nccl': False, 'python': '3.11'}
+    >>> parse_contents("SCALELAB_PY 3 11\\nSCALELAB_HAS torch 2.13.0+cpu None\\nSCALELAB_HAS horovod 0.28.1 True False")
+    {'torch': '2.13.0+cpu', 'horovod': '0.28.1', 'horovod_gloo': True, 'horovod_nccl': False, 'python': '3.11', 'torch_cuda': None}
+    >>> parse_contents("SCALELAB_HAS torch 2.4.0a0+3bcc3cd 12.4")["torch_cuda"]
+    '12.4'
     >>> parse_contents("SCALELAB_PY 3 10\\nSCALELAB_HAS torch 2.4.0a0\\nSCALELAB_HAS horovod Traceback")["horovod"] is None
     True
     """
     found: dict[str, Any] = {"torch": None, "horovod": None, "horovod_gloo": False,
-                             "horovod_nccl": False, "python": None}
+                             "horovod_nccl": False, "python": None, "torch_cuda": None}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 3 and parts[0] == "SCALELAB_PY":
@@ -246,6 +249,8 @@ def parse_contents(text: str) -> dict[str, Any]:
             bits = chunk.split()
             if len(bits) >= 2 and bits[0] == "torch" and bits[1][:1].isdigit():
                 found["torch"] = bits[1]
+                if len(bits) >= 3 and bits[2][:1].isdigit():
+                    found["torch_cuda"] = bits[2]
             if len(bits) >= 4 and bits[0] == "horovod" and bits[1][:1].isdigit():
                 found["horovod"] = bits[1]
                 found["horovod_gloo"], found["horovod_nccl"] = bits[2] == "True", bits[3] == "True"

@@ -206,6 +206,15 @@ def _horovod_fits(found: dict[str, Any], wheel: Path | None) -> str:
     ''
     >>> print(_horovod_fits({"torch": "2.4.0a0+3bcc3cd", "python": "3.10"}, w))
     its Horovod wheel is built for torch 2.13.0 and Python 3.11, the base has torch 2.4.0a0 and Python 3.10: build Horovod inside the base (HOROVOD_GPU_OPERATIONS=NCCL pip install horovod) or use DDP
+
+    A base whose torch has CUDA takes only a wheel built with NCCL operations (build_horovod.sh
+    marks its cache key _nccl): without them Horovod reduces GPU tensors through host memory.
+
+    >>> print(_horovod_fits({"torch": "2.13.0+cu128", "python": "3.11", "torch_cuda": "12.8"}, w))
+    its Horovod wheel was built without NCCL operations and the base's torch has CUDA 12.8: build Horovod with them inside the base (HOROVOD_GPU_OPERATIONS=NCCL pip install horovod, or scripts/build_horovod.sh) or use DDP
+    >>> _horovod_fits({"torch": "2.13.0+cu128", "python": "3.11", "torch_cuda": "12.8"},
+    ...               Path("/c/horovod-0.28.1_torch-2.13.0+cu128_cp311_nccl_cc90/horovod-0.28.1-cp311-cp311-linux_x86_64.whl"))
+    ''
     """
     if wheel is None:
         return "there is no Horovod wheel (scripts/build_horovod.sh builds one)"
@@ -217,6 +226,11 @@ def _horovod_fits(found: dict[str, Any], wheel: Path | None) -> str:
     want_py = f"{tag[1]}.{tag[2]}" if tag else "?"
     have_torch = (found.get("torch") or "none").split("+")[0]
     if have_torch == (want_torch or have_torch) and found.get("python") == want_py:
+        if found.get("torch_cuda") and "_nccl" not in wheel.parent.name:
+            return (f"its Horovod wheel was built without NCCL operations and the base's torch "
+                    f"has CUDA {found['torch_cuda']}: build Horovod with them inside the base "
+                    "(HOROVOD_GPU_OPERATIONS=NCCL pip install horovod, or "
+                    "scripts/build_horovod.sh) or use DDP")
         return ""
     return (f"its Horovod wheel is built for torch {want_torch} and Python {want_py}, the base "
             f"has torch {have_torch} and Python {found.get('python')}: build Horovod inside the "
