@@ -567,7 +567,9 @@ def test(c, k="", fast=False, no_lint=False, gpu=False):
         return
     if not k and not no_lint:  # the quick part first; the suite holds the rest of lint
         c.run(f"{os.path.dirname(sys.executable)}/ruff check scalelab tests bench tasks.py playbooks")
-    args = ["-q", "--durations=40"]  # CI prints where its time goes
+    # CI prints where its time goes; every test's time (setup and teardown included) is in
+    # test-artifacts/junit.xml
+    args = ["-q", "--durations=40", "--junitxml=test-artifacts/junit.xml"]
     if k:
         args += ["-k", k]
     if fast:

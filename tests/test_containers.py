@@ -105,8 +105,11 @@ def test_the_role_converges_twice_and_every_node_holds_the_image(dcluster, built
 def test_ranks_run_in_the_image_on_the_shaped_link(dcluster, built, tmp_path, engine):
     _archive, meta = built
     reports = tmp_path / "reports"
+    # the probe stops at 16 MB (the default goes on to 256 MB, 25 s more at 1 Gbit/s): enough
+    # to show the collective on the shaped link
     sweep = _sweep(tmp_path, engine, engine=engine, nodes=[2], bandwidth="1gbit", steps=10,
-                   allreduce_probe=engine == "ddp", netprobe=True, timeout_s=300)
+                   allreduce_probe=engine == "ddp", allreduce_sizes=["1M", "16M"],
+                   allreduce_iters=5, netprobe=True, timeout_s=300)
     proc = fl.run_bench(dcluster.name, reports, "--sweep", str(sweep), "--runtime", "container",
                         "--no-report", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -305,7 +308,8 @@ def test_slurm_starts_its_tasks_in_containers_of_the_image(dcluster, built, tmp_
     err = refused.stderr.strip().splitlines()
     assert refused.returncode != 0 and len(err) == 1 and "runs DDP only" in err[0], err
     sweep = _sweep(tmp_path, "slurm", engine="ddp", nodes=[2], bandwidth="1gbit", steps=5,
-                   allreduce_probe=True, netprobe=True, timeout_s=300)
+                   allreduce_probe=True, allreduce_sizes=["1M", "16M"], allreduce_iters=5,
+                   netprobe=True, timeout_s=300)
     proc = fl.run_bench(dcluster.name, reports, "--sweep", str(sweep), "--launcher", "slurm",
                         "--runtime", "container", "--no-report", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
