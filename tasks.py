@@ -555,8 +555,7 @@ def demo(c, nodes="8", sweep="demo", keep=False):
                    "a CUDA build of torch; refused where torch sees no GPU"})
 @friendly
 def test(c, k="", fast=False, no_lint=False, gpu=False):
-    """Run ruff, then the whole test suite (needs root for the cluster tests), whose own tests
-    run the rest of invoke lint: yamllint, ansible-lint and terraform fmt."""
+    """Run ruff, then the whole test suite (root for the cluster tests), which lints the rest."""
     if gpu:
         import torch
 
@@ -567,8 +566,7 @@ def test(c, k="", fast=False, no_lint=False, gpu=False):
         return
     if not k and not no_lint:  # the quick part first; the suite holds the rest of lint
         c.run(f"{os.path.dirname(sys.executable)}/ruff check scalelab tests bench tasks.py playbooks")
-    # CI prints where its time goes; every test's time (setup and teardown included) is in
-    # test-artifacts/junit.xml
+    # where CI's time goes: printed, and per test in junit.xml (bench/perf/suite_time.py)
     args = ["-q", "--durations=40", "--junitxml=test-artifacts/junit.xml"]
     if k:
         args += ["-k", k]
