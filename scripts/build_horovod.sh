@@ -178,11 +178,11 @@ EOF
     log "NCCL: torch's own, $NCCL_LIB"
   fi
 fi
-# setup.py passes -j8 to make unless MAKEFLAGS is set; follow the machine instead.
-# GCC 13 and later no longer include <string>, <cstdint> or <stdexcept> through other headers, and
-# Horovod 0.28.1 relies on that (and on <stdexcept>): include them in every C++ unit.
+# GCC 13 and later no longer include <string>, <cstdint> or <stdexcept> through other headers,
+# and Horovod 0.28.1 relies on that: include them in every C++ unit.
 export CXXFLAGS="${CXXFLAGS:+$CXXFLAGS }-include cstdint -include string -include stdexcept"
-# -k: a failed build names every file that failed, not the first one only.
+# setup.py passes -j8 to make unless MAKEFLAGS is set; follow the machine instead. -k: a failed
+# build names every file that failed, not the first one only.
 export MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-$(nproc)} -k"
 
 log "building wheel (several minutes; MAKEFLAGS=$MAKEFLAGS)"

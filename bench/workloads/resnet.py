@@ -696,7 +696,6 @@ def run(a: argparse.Namespace) -> int:
     return 0  # not reached
 
 
-@common.recorded
 def _contiguous(compression):
     """Horovod reduces contiguous tensors only, and a channels_last model's 4-D gradients are
     not: a compressor that hands Horovod a contiguous copy (after `compression`'s own work) and
@@ -721,6 +720,7 @@ def _broadcast_parameters(hvd, model) -> None:
             t.copy_(sent[name])
 
 
+@common.recorded
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
