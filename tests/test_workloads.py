@@ -430,6 +430,39 @@ def test_resnet_missing_dataset_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "no such file" in proc.stderr
 
 
+def test_a_rank_that_dies_of_an_exception_writes_torchruns_error_file(tmp_path):
+    """A dataset whose images are not images: the rank ends with PIL's exception, and that
+    exception is in the JSON file TORCHELASTIC_ERROR_FILE names, as torchrun (and scalelab,
+    for ranks it starts itself) reads it back to say why a run failed."""
+    for c in ("c0", "c1"):
+        (tmp_path / "data" / c).mkdir(parents=True)
+        for i in range(4):
+            (tmp_path / "data" / c / f"{i}.jpg").write_text("not a jpeg\n")
+    err = tmp_path / "error.json"
+    proc = subprocess.run(
+        [PY, str(WORKLOADS / "resnet.py"), "--model", "resnet20", "--batch-size", "4",
+         "--steps", "2", "--warmup", "0", "--threads", "1", "--workers", "0",
+         "--data", str(tmp_path / "data")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={**run_env(), "TORCHELASTIC_ERROR_FILE": str(err)},
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    record = json.loads(err.read_text())
+    assert record["message"]["message"].startswith("UnidentifiedImageError: cannot identify image")
+    assert "resnet.py" in record["message"]["extraInfo"]["py_callstack"]
+
+
+@pytest.mark.parametrize("script", ["resnet.py", "allreduce.py"])
+def test_each_rank_entry_point_is_recorded(script):
+    """The main torchrun starts carries @common.recorded itself (a helper inserted between the
+    decorator and main once took it, and failed ranks wrote no error file)."""
+    import ast
+
+    tree = ast.parse((WORKLOADS / script).read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert [ast.unparse(d) for d in main.decorator_list] == ["common.recorded"]
+
+
 # -- allreduce.py ----------------------------------------------------------------------------
 
 
