@@ -12,6 +12,7 @@ Usage: .venv/bin/python bench/perf/suite_time.py [JUNIT] [--top N]
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -63,4 +64,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends it quietly, as for ls
     sys.exit(main())
