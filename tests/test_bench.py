@@ -65,6 +65,10 @@ def test_two_node_sweep_writes_the_csv_and_the_report(cluster, reports):
     two = [r for r in rows if r["world_size"] == "2"]
     # throughput of 2 ranks is the sum of both ranks' own figures, never rank 0 x 2
     records = {x["run_id"]: x for x in runs_of(sweep_dir)}
+    # a record holds what was measured; aggregates over runs (efficiency, speed-up) are
+    # computed from the records for results.csv and the report, never stored in them
+    stored = json.dumps(list(records.values()))
+    assert "efficiency" not in stored and "speedup" not in stored and "speed_up" not in stored
     # the local target's nodes share the host's cores: ranks start without torchrun's agent,
     # forked from a warm-start server per node (the allreduce probe as well); the servers
     # are gone with the sweep
@@ -225,6 +229,15 @@ def test_precision_and_memory_format_are_axes_each_run_as_asked(cluster, reports
         ("fp32", "contiguous")]
     html = (sweep_dir / "index.html").read_text()
     assert "memory format" in html and "channels_last" in html
+    # the report's figures draw each (precision, layout) as a line of its own style
+    from scalelab.report import figures
+    from scalelab.report.data import analyse, load_sweep_data
+
+    lay = figures.layout(analyse([load_sweep_data(sweep_dir)], None, True).modelled, False)
+    assert lay.style_cols == ["precision", "memory_format"]
+    assert sorted(lay.styles) == sorted((p, f) for p in ("bf16", "fp32")
+                                        for f in ("channels_last", "contiguous"))
+    assert len(set(lay.styles.values())) == 4
 
 
 def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(cluster, reports):

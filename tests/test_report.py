@@ -861,3 +861,20 @@ def test_the_what_if_note_states_the_models_error_against_published_clusters(dem
             f"largest miss is {worst:.1f} points") in text
     # at least three published tables, scored per point (issue 27's bar)
     assert len({p.table.split()[0] for p in published.POINTS}) >= 3 and total >= 3
+
+
+def test_a_failed_link_measurement_is_shown_with_its_reason(tmp_path):
+    """The links of one rate could not be measured: the report says so with iperf3's reason,
+    and the other rate keeps its measured figure."""
+    d = synthetic.synthetic_sweep(tmp_path, "nolink", nodes=(1, 2), batch_sizes=(32,),
+                                  bandwidths=(1000.0, 10000.0), repeats=1, allreduce=False)
+    lines = []
+    for line in (d / "runs.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["params"].get("bandwidth_mbit") == 1000.0:
+            rec.update(link_mbit_measured=None, link_error="iperf3: unable to connect to server")
+        lines.append(json.dumps(rec))
+    (d / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    page = html.unescape(report.build("nolink", root=tmp_path)[0].read_text())
+    assert "1gbit: measurement failed (iperf3: unable to connect to server)" in page
+    assert "10gbit: measurement failed" not in page and re.search(r"10gbit: [\d,]+ Mbit/s", page)

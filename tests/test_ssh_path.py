@@ -52,6 +52,10 @@ def test_ansible_gets_the_same_options_as_scalelabs_own_ssh(tmp_path):
     assert [o for o in given if o.startswith("ControlPath=")] == [
         f"ControlPath={ssh.mux_dir(kh)}/{o.rsplit('/', 1)[1]}" for o in given
         if o.startswith("ControlPath=")] != []
+    # an idle connection, to the node and to its bastion, closes itself after 60 s
+    assert given.count("ControlPersist=60") == 1
+    hop = next(o for o in given if o.startswith("ProxyCommand="))
+    assert "ControlPersist=60" in shlex.split(hop.split("=", 1)[1])
 
 
 @pytest.mark.root

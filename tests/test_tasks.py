@@ -78,3 +78,13 @@ def test_the_progress_bar_says_how_long_the_sweep_has_left(monkeypatch, capsys):
     shown = capsys.readouterr()
     assert "about 0:10:00 left" in shown.err and "r0: failed: gloo aborted" in shown.out
     bar.close()
+
+
+def test_bench_with_neither_nodes_nor_a_sweep_file_is_the_demo_sweep():
+    """`invoke bench` alone runs the demo sweep, as `--sweep demo` names it; naming nodes
+    instead is not the demo."""
+    body = tasks.ns.tasks["bench"].body
+    asked = {k: p.default for k, p in inspect.signature(body).parameters.items() if k != "c"}
+    bare = tasks._bench_spec("demo", asked)
+    assert bare == tasks._bench_spec("demo", {**asked, "sweep": "demo"})
+    assert bare != tasks._bench_spec("demo", {**asked, "sweep": "ci"})

@@ -47,7 +47,10 @@ def test_rank_killed_mid_run_fails_that_run_only(fcluster, reports, tmp_path, fa
             proc.wait(timeout=30)
     # the sweep went on and kept both results; its exit says a run failed
     assert proc.returncode == 1, err[-2000:]
-    assert "1 of 2 runs failed or timed out" in err.strip().splitlines()[-1], err[-500:]
+    last = err.strip().splitlines()[-1]
+    assert "1 of 2 runs failed or timed out" in last, err[-500:]
+    # and the command that runs them again, for this sweep
+    assert last.endswith(f"invoke bench --resume {sweep_dir.name} --retry-failed runs them again")
     recs = fl.records(sweep_dir)
     assert [r["run_id"] for r in recs] == ["train-n02-p1-b016-native-r0",
                                            "train-n02-p1-b016-native-r1"]
@@ -121,7 +124,8 @@ def test_link_cut_mid_run_fails_that_run_only(fcluster, reports, tmp_path, fault
 def test_a_rank_that_fails_leaving_after_the_result_keeps_the_run(fcluster):
     """Real ranks on two nodes over SSH: the head prints every rank's figures, then the other
     rank aborts (SIGABRT, as gloo can while its group is torn down). The run is ok, with the
-    abort in its env; had the result lacked a rank, the same abort fails the run."""
+    abort in its env; had the result lacked a rank, the same abort fails the run, and it fails
+    an allreduce probe's."""
     import json
 
     from scalelab.cluster.targets import base as targets
@@ -145,4 +149,8 @@ def test_a_rank_that_fails_leaving_after_the_result_keeps_the_run(fcluster):
     assert b.name in res.result["env"]["teardown_failure"], res.result["env"]
     assert "SIGABRT" in res.result["env"]["teardown_failure"]
     res = launch.run(ranks({"world_size": 2, "ranks": [{"rank": 0}]}), rt, timeout_s=60)
+    assert res.status == "failed" and b.name in res.error and "SIGABRT" in res.error
+    # an allreduce probe's result (sizes, no per-rank figures): the same abort fails it
+    probe = {"world_size": 2, "sizes": [{"size_bytes": 1024, "time_s": 1e-4}], "hosts": [a.name, b.name]}
+    res = launch.run(ranks(probe), rt, timeout_s=60)
     assert res.status == "failed" and b.name in res.error and "SIGABRT" in res.error
