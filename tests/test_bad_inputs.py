@@ -314,6 +314,14 @@ CASES = [
     ("bench-container-notorch", "local+notorch", ["bench", "--nodes", "1", "--batch-size", "16",
                                                   "--runtime", "container"],
      "lacks torch, which these runs need"),
+    # an image of other workloads than the checkout's; a node whose Docker lacks the image
+    ("bench-container-oldworkloads", "local+oldworkloads",
+     ["bench", "--nodes", "1", "--batch-size", "16", "--runtime", "container"],
+     "holds other workloads than this checkout's bench/workloads"),
+    ("bench-container-notheld", "local+notheld",
+     ["bench", "--nodes", "1", "--batch-size", "16", "--runtime", "container"],
+     (f"node {FAKE}-n0 does not hold image scalelab/train:0123456789abcdef",
+      f"invoke configure --cluster {FAKE} --image")),
     # a GPU run on nodes whose Docker holds the image but has no nvidia runtime
     ("bench-container-nonvidia", "local+gpu", ["bench", "--nodes", "1", "--batch-size", "16",
                                                "--device", "cuda", "--runtime", "container"],
@@ -331,8 +339,9 @@ def _fake_cluster(state: Path, target: str) -> None:
     """A cluster record of the given target (local+image: a local one whose record names a
     training image without Horovod, on nodes without a Docker engine; local+notorch: an image
     without torch; local+gpu: GPU nodes whose Docker holds a complete image but has only runc
-    as its runtime; local+one: a local one of one node; static+facts: a configured static
-    one)."""
+    as its runtime; local+oldworkloads: an image of other workloads; local+notheld: nodes
+    whose Docker does not hold the image; local+one: a local one of one node; static+facts: a
+    configured static one)."""
     target, _, extra = target.partition("+")
     cdir = state / "clusters" / FAKE
     cdir.mkdir(parents=True, mode=0o700)
@@ -352,9 +361,16 @@ def _fake_cluster(state: Path, target: str) -> None:
     if extra and extra not in ("facts", "one"):
         contents = {"image": {"torch": "2.13.0+cpu", "horovod": None},
                     "notorch": {"torch": None, "horovod": "0.28.1"},
-                    "gpu": {"torch": "2.13.0+cu128", "horovod": "0.28.1"}}[extra]
+                    "gpu": {"torch": "2.13.0+cu128", "horovod": "0.28.1"},
+                    "oldworkloads": {"torch": "2.13.0+cpu", "horovod": "0.28.1"},
+                    "notheld": {"torch": "2.13.0+cpu", "horovod": "0.28.1"}}[extra]
         rec["image"] = {"id": "sha256:" + "1" * 64, "tag": "scalelab/train:0123456789abcdef",
                         "contents": contents}
+    if extra == "oldworkloads":
+        rec["image"]["workloads"] = "0" * 16  # not this checkout's
+    if extra == "notheld":
+        for n in nodes:
+            n["facts"].update({"docker": "20.10.24", "images": {}})
     if extra == "gpu":
         for n in nodes:
             n["gpus"] = 1
