@@ -317,18 +317,23 @@ def test_single_repeat_sweep_has_no_error_bars_but_renders(tmp_path):
     assert "native" in page
 
 
+def _edit_runs(sweep_dir: Path, which, **fields) -> None:
+    """Set fields on the records of a synthetic sweep whose params `which` picks."""
+    path = sweep_dir / "runs.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    for rec in recs:
+        if which(rec["params"]):
+            rec.update(fields)
+    path.write_text("".join(json.dumps(rec) + "\n" for rec in recs))
+
+
 def test_a_failed_baseline_empties_efficiency_and_says_so(tmp_path):
     """Every 1-node run of batch 32 failed: batch 32 gets no efficiency (never 2 nodes = 100 %),
     the page says why in a banner, and results.csv names the baseline of every row."""
     d = synthetic.synthetic_sweep(tmp_path, "nobase", nodes=(1, 2, 3), batch_sizes=(32, 64),
                                 bandwidths=(1000.0,), repeats=2, allreduce=False)
-    lines = []
-    for line in (d / "runs.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec["params"]["nodes"] == 1 and rec["params"]["batch_size"] == 32:
-            rec.update(status="failed", ranks=[], error="rank 0: connection reset by peer")
-        lines.append(json.dumps(rec))
-    (d / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    _edit_runs(d, lambda p: p["nodes"] == 1 and p["batch_size"] == 32,
+               status="failed", ranks=[], error="rank 0: connection reset by peer")
     page = report.build("nobase", root=tmp_path)[0].read_text()
     assert "No scaling efficiency for resnet18 ddp batch 32/worker at 1gbit, 1 per node (N0 = 1)" in page
     assert "invoke bench --resume nobase --retry-failed" in page
@@ -868,13 +873,8 @@ def test_a_failed_link_measurement_is_shown_with_its_reason(tmp_path):
     and the other rate keeps its measured figure."""
     d = synthetic.synthetic_sweep(tmp_path, "nolink", nodes=(1, 2), batch_sizes=(32,),
                                   bandwidths=(1000.0, 10000.0), repeats=1, allreduce=False)
-    lines = []
-    for line in (d / "runs.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec["params"].get("bandwidth_mbit") == 1000.0:
-            rec.update(link_mbit_measured=None, link_error="iperf3: unable to connect to server")
-        lines.append(json.dumps(rec))
-    (d / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    _edit_runs(d, lambda p: p.get("bandwidth_mbit") == 1000.0,
+               link_mbit_measured=None, link_error="iperf3: unable to connect to server")
     page = html.unescape(report.build("nolink", root=tmp_path)[0].read_text())
     assert "1gbit: measurement failed (iperf3: unable to connect to server)" in page
     assert "10gbit: measurement failed" not in page and re.search(r"10gbit: [\d,]+ Mbit/s", page)

@@ -81,8 +81,8 @@ def test_the_progress_bar_says_how_long_the_sweep_has_left(monkeypatch, capsys):
 
 
 def test_bench_with_neither_nodes_nor_a_sweep_file_is_the_demo_sweep():
-    """`invoke bench` alone runs the demo sweep, as `--sweep demo` names it; naming nodes
-    instead is not the demo."""
+    """`invoke bench` alone runs the demo sweep, as `--sweep demo` names it (and another sweep
+    file gives another plan, so the comparison can tell them apart)."""
     body = tasks.ns.tasks["bench"].body
     asked = {k: p.default for k, p in inspect.signature(body).parameters.items() if k != "c"}
     bare = tasks._bench_spec("demo", asked)
