@@ -71,6 +71,10 @@ SWEEP_FILES = {
                       '"provenance": "t", "optimizer_s": 0.001, "layers": []}'),
     "varfile2.tfvars.json": '{"region": "us-east-1", "no_such_variable": 1}',
     "varfile3.tfvars": 'region = "us-east-1"\nnodes = [\n',
+    # an offline bundle of no package at all (its manifest and apt index in place)
+    "emptybundle/manifest.json": ('{"format": 1, "created_at": "2026-11-27T00:00:00Z", '
+                                  '"python_tag": "cp311", "debs": [], "wheels": []}'),
+    "emptybundle/debs/Packages": "",
 }
 
 # (case id, setup, task arguments, what the one line must contain)
@@ -241,6 +245,11 @@ CASES = [
     ("configure-no-bundle", "static", ["configure", "--cluster", FAKE, "--bundle",
                                        "{dir}/no-such-bundle"],
      "bundle"),
+    # refused before any host is touched: this cluster's hosts are a closed port, so a probe
+    # first would fail on them instead
+    ("configure-bundle-lacks", "static", ["configure", "--cluster", FAKE, "--bundle",
+                                          "{dir}/emptybundle"],
+     ("emptybundle lacks a deb for ", "rebuild it with invoke bundle")),
     ("bundle-no-wheel-dir", "none", ["bundle", "--out", "{dir}/b", "--wheel-dir",
                                      "{dir}/no-such-dir"], "does not exist; build Horovod first"),
     ("check-links-seconds", "static", ["check", "--links", "--seconds", "0"], "seconds"),
@@ -428,6 +437,7 @@ def test_bad_input(case, setup, args, message, tmp_path):
     files = tmp_path / "files"
     files.mkdir()
     for name, text in SWEEP_FILES.items():
+        (files / name).parent.mkdir(parents=True, exist_ok=True)
         (files / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     base = tmp_path / "w"
     state, inv, reports = base / "state", base / "inv", base / "reports"

@@ -281,6 +281,41 @@ class TestSiteOnALocalCluster:
         r = cfg.verify(lc.name)
         assert r.status == "successful" and r.changed == 0
 
+    def test_a_node_that_does_not_answer_or_lacks_its_address_is_refused_first(self, cluster):
+        """The README's "a node that does not answer, or none of whose interfaces holds its
+        cluster address, is refused then, with nothing changed on any host": the read-only
+        probe refuses both before Ansible starts (no run of it in the artifacts)."""
+        import copy
+        import ipaddress
+
+        from scalelab.core.errors import ClusterError
+
+        lc, _, _ = cluster
+        rec = lc.load()
+        artifacts = lc.dir / "ansible" / "artifacts"
+        runs = sorted(p.name for p in artifacts.iterdir())
+        n1 = rec["nodes"][1]["name"]
+        spare = str(ipaddress.ip_network(rec["subnet"])[-2])
+        assert spare not in {n["private_address"] for n in rec["nodes"]}
+        deaf, moved = copy.deepcopy(rec), copy.deepcopy(rec)
+        deaf["nodes"][1]["ssh_port"] = 9  # nothing listens there on the node
+        moved["nodes"][1]["private_address"] = spare  # no interface of the node holds it
+        try:
+            lc.save(deaf)
+            with pytest.raises(ClusterError) as err:
+                cfg.run(lc.name, tags="netshape")
+            assert str(err.value).startswith(f"cannot read the facts of node {n1}: "), err.value
+            assert str(err.value).endswith("check it with invoke check")
+            lc.save(moved)
+            with pytest.raises(ClusterError) as err:
+                cfg.run(lc.name, tags="netshape")
+            assert str(err.value).startswith(
+                f"node {n1}: no interface holds its cluster address {spare}; "), err.value
+        finally:
+            lc.save(rec)
+        assert sorted(p.name for p in artifacts.iterdir()) == runs
+        assert lc.load() == rec
+
     def test_a_failed_task_names_its_hosts_and_task(self, cluster):
         lc, _, _ = cluster
         with pytest.raises(ConfigureError) as err:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,15 @@ def test_the_role_converges_twice_and_every_node_holds_the_image(dcluster, built
                            / "docker" / "daemon.json").read_text())
     assert settings["bridge"] == "none" and settings["iptables"] is False
     assert settings["cgroup-parent"] == f"/scalelab/{dcluster.name}/{rec['nodes'][0]['name']}"
+    # the image's bytecode is compiled unchecked (README): torch's .pyc is hash-based with
+    # check_source off (flags 1, PEP 552), so no rank compiles torch again whatever file times
+    # the image's tarball has
+    read = ("import importlib.util as u, pathlib, torch; print(int.from_bytes(pathlib.Path("
+            "u.cache_from_source(torch.__file__)).read_bytes()[4:8], 'little'))")
+    flags = ssh.run(dcluster.nodes()[0], rec["known_hosts"],
+                    f"docker run --rm --network host {meta['tag']} python -c \"{read}\"",
+                    timeout=120).stdout.strip()
+    assert flags == "1", flags
 
 
 @pytest.mark.parametrize("engine", ["ddp", "horovod"])
@@ -341,11 +351,21 @@ def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, 
     it there. A base without torch is refused in one line."""
     from scalelab.cluster import configure, imagebase
 
-    env = {"SCALELAB_IMAGE_CACHE": str(tmp_path / "cache")}
+    cache = tmp_path / "cache"
+    env = {"SCALELAB_IMAGE_CACHE": str(cache)}
+    # the cache keeps the two newest images (README): two older ones built before, and a
+    # directory that holds no image, which is not the cache's to remove
+    for age, name in ((300, "older"), (200, "newer")):
+        (cache / name).mkdir(parents=True)
+        (cache / name / images.META).write_text("{}")
+        os.utime(cache / name, (time.time() - age, time.time() - age))
+    (cache / "notes").mkdir()
     base, bare = _vendor_bases(built[0], tmp_path / "vendor.tar", tmp_path / "bare.tar")
     proc = invoke("image", "--base", f"docker-archive:{base}", env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     archive = Path(proc.stdout.strip().splitlines()[-1].split()[1])
+    assert sorted(d.name for d in cache.iterdir()) == sorted(
+        [archive.parent.name, "newer", "notes"])
     meta = images.read_meta(archive)
     assert meta["contents"]["torch"] == built[1]["contents"]["torch"]
     assert meta["contents"]["horovod"] and meta["contents"]["horovod_gloo"], meta
@@ -360,6 +380,11 @@ def test_an_image_on_a_vendor_base_keeps_its_layers_and_trains(dcluster, built, 
     head = dcluster.nodes()[0].name
     configure.run(dcluster.name, tags="docker_nvidia", image=archive, limit=head)
     assert dcluster.load()["image"]["id"] == meta["id"]
+    # one training image per node (README): the one loaded before was removed from the head
+    held = ssh.run(dcluster.nodes()[0], dcluster.load()["known_hosts"],
+                   "docker image ls --format '{{.Repository}}:{{.Tag}}' " + images.REPO,
+                   timeout=30).stdout.split()
+    assert held == [meta["tag"]], held
     reports = tmp_path / "reports"
     sweep = _sweep(tmp_path, "onbase", engine="horovod", nodes=[1], steps=3,
                    allreduce_probe=False, netprobe=False, timeout_s=300)

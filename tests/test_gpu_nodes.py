@@ -206,6 +206,12 @@ def test_a_gpu_node_with_cpu_torch_is_probed_and_refused_before_any_run(local_cl
     proc = invoke("bench", "--cluster", lc.name, "--nodes", "1-2", "--batch-size", "32",
                   "--device", "cpu", "--model", "resnet20", "--dry-run")
     assert proc.returncode == 0, proc.stderr
+    # measuring the CPUs of GPU nodes is said in the log (README), naming the nodes, and the
+    # runs listed train on no GPU
+    said = [line for line in proc.stderr.splitlines() if "--device cpu on nodes with GPUs" in line]
+    assert len(said) == 1 and "the runs measure their CPUs" in said[0], proc.stderr
+    assert all(n.name in said[0] for n in lc.nodes()), said
+    assert "train" in proc.stdout and " cuda " not in proc.stdout, proc.stdout
     # the host was left as found
     assert not Path("/usr/local/bin/nvidia-smi").exists()
 

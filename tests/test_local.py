@@ -187,7 +187,23 @@ def test_destroy_leaves_nothing_behind(local_cluster):
     cg = localhost.CpuCgroup.for_node(lc.name, lc.nodes()[1].name)
     assert len(cg.pids()) >= 2
     extra = [p for p in cg.pids() if p not in pids]
-    lc.destroy()
+    # decoys outside the cluster, named as the node's processes are: a copy of sleep called
+    # sshd with the node's sshd command line, and a sleep 300. Teardown ends processes by pid
+    # (README), so a kill by name (pkill sshd, pkill -f "sleep 300") would be caught here
+    sshd_argv = Path(f"/proc/{pids[0]}/cmdline").read_text().rstrip("\0").split("\0")
+    fake = Path(tempfile.mkdtemp()) / "sshd"
+    shutil.copy2(shutil.which("sleep"), fake)
+    decoys = [subprocess.Popen([" ".join(sshd_argv), "300"], executable=str(fake)),
+              subprocess.Popen(["sleep", "300"])]
+    try:
+        assert Path(f"/proc/{decoys[0].pid}/comm").read_text().strip() == "sshd"
+        lc.destroy()
+        assert [d.poll() for d in decoys] == [None, None], "teardown ended a process by name"
+    finally:
+        for d in decoys:  # ours, by pid
+            d.kill()
+            d.wait(timeout=10)
+        shutil.rmtree(fake.parent)
     left = leftovers(lc.name)
     assert left == {"netns": [], "links": [], "cgroups": [], "mounts": [], "state": []}
     # gone, or a zombie waiting for init to reap it: nothing of ours still runs

@@ -119,6 +119,14 @@ def test_the_role_sets_up_slurm_and_converges(slurm_cluster):
     sums = {ssh.run(n, cl.rec["known_hosts"], "stat -c '%U %a' /etc/munge/munge.key && "
                     "sha256sum /etc/munge/munge.key | cut -c1-64").stdout for n in cl.nodes}
     assert len(sums) == 1 and sums.pop().startswith("munge 400"), sums
+    # accounting: the Slurm user reaches MariaDB over its socket as itself (README: no
+    # password anywhere): none in slurmdbd.conf, and its account has the socket plugin and no
+    # password hash
+    dbd = cl.on_head("cat /etc/slurm/slurmdbd.conf")
+    assert "StorageUser=slurm" in dbd and "pass" not in dbd.lower(), dbd
+    account = cl.on_head("mariadb --batch --skip-column-names -e \"SELECT plugin, "
+                         "authentication_string FROM mysql.user WHERE User='slurm'\"")
+    assert account.split("\n")[:-1] == ["unix_socket\t"], repr(account)
 
 
 def test_bad_slurm_input_is_refused_before_any_job(slurm_cluster):
@@ -150,6 +158,23 @@ def test_bad_slurm_input_is_refused_before_any_job(slurm_cluster):
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(err) == 1, err
     assert "no Slurm on the login host" in err[0] and "(sinfo not found)" in err[0], err
+    # Slurm not answering, then no accounting: the login host's real sinfo (then sacct) reads a
+    # copy of slurm.conf whose slurmctld (then slurmdbd) port nothing listens on
+    for tool, key, expected in [("sinfo", "SlurmctldPort", f"Slurm on {cl.head.name} does not "
+                                                           "answer: sinfo: "),
+                                ("sacct", "AccountingStoragePort", "sacct does not answer on ")]:
+        cl.on_head(f"grep -v '^{key}=' /etc/slurm/slurm.conf > /tmp/deaf.conf && "
+                   f"echo {key}=9 >> /tmp/deaf.conf && mv /usr/bin/{tool} /usr/bin/{tool}.real "
+                   f"&& printf '#!/bin/sh\\nSLURM_CONF=/tmp/deaf.conf exec /usr/bin/{tool}.real "
+                   f"\"$@\"\\n' > /usr/bin/{tool} && chmod 755 /usr/bin/{tool}")
+        try:
+            proc = invoke("bench", "--cluster", cl.name, "--batch-size", "8", "--nodes", "1",
+                          "--launcher", "slurm")
+        finally:
+            cl.on_head(f"mv /usr/bin/{tool}.real /usr/bin/{tool}; rm -f /tmp/deaf.conf")
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(err) == 1, (tool, err)
+        assert expected in err[0] and "--tags slurm" in err[0], (tool, err)
     assert cl.jobs() == before  # nothing submitted
     assert (set(root.iterdir()) if root.exists() else set()) == sweeps  # nothing written
 

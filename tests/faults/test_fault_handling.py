@@ -60,6 +60,25 @@ def test_reap_line_ends_a_group_only_if_it_carries_the_token(given, ended):
         proc.wait(timeout=5)
 
 
+def test_each_node_ends_only_its_own_ranks_where_nodes_share_a_pid_namespace():
+    """The node's name is in the launch token (README), so where nodes share one PID
+    namespace, as the local target's do, one launch's groups of two nodes run side by side
+    and node n0's reap line ends n0's group only."""
+    mine, theirs = (_group(reap.token_mark("ab12", n)) for n in ("lab-n0", "lab-n1"))
+    try:
+        out = subprocess.run(["sh", "-c", reap.reap_line(None, "ab12", 1.0, "lab-n0")],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        mine.wait(timeout=5)
+        assert not _alive(mine.pid)
+        assert _alive(theirs.pid), "a node ended another node's ranks"
+    finally:
+        for proc in (mine, theirs):
+            if _alive(proc.pid):
+                os.killpg(proc.pid, signal.SIGKILL)  # the groups this test started
+            proc.wait(timeout=5)
+
+
 def test_reap_line_of_a_group_that_is_gone_exits_zero():
     proc = _group("ab12")
     os.killpg(proc.pid, signal.SIGKILL)
