@@ -327,6 +327,24 @@ def _edit_runs(sweep_dir: Path, which, **fields) -> None:
     path.write_text("".join(json.dumps(rec) + "\n" for rec in recs))
 
 
+def test_the_page_names_the_slurm_jobs_and_the_image_the_ranks_ran_in(tmp_path):
+    """README: the summary says how the runs started and, for Slurm jobs, their ids; and
+    whether the ranks ran in containers, and of which image (its digest)."""
+    d = synthetic.synthetic_sweep(tmp_path, "jobs", nodes=(1, 2, 3), batch_sizes=(32,),
+                                  bandwidths=(1000.0,), repeats=1, allreduce=False)
+    digest = "sha256:" + "ab" * 32
+    path = d / "runs.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    for i, rec in enumerate(recs):
+        rec["env"] = {**(rec.get("env") or {}), "launcher": "slurm", "image": {"id": digest}}
+        rec["slurm"] = {"job_id": 40 + i, "state": "COMPLETED"}
+        rec["params"]["runtime"] = "container"
+    path.write_text("".join(json.dumps(rec) + "\n" for rec in recs))
+    page = report.build("jobs", root=tmp_path)[0].read_text()
+    assert "slurm: 3 jobs (ids 40-42)" in page
+    assert f"in containers of image {digest} (3 runs)" in page
+
+
 def test_a_failed_baseline_empties_efficiency_and_says_so(tmp_path):
     """Every 1-node run of batch 32 failed: batch 32 gets no efficiency (never 2 nodes = 100 %),
     the page says why in a banner, and results.csv names the baseline of every row."""
