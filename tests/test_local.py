@@ -189,7 +189,7 @@ def test_destroy_leaves_nothing_behind(local_cluster):
     extra = [p for p in cg.pids() if p not in pids]
     # decoys outside the cluster, named as the node's processes are: a copy of sleep called
     # sshd with the node's sshd command line, and a sleep 300. Teardown ends processes by pid
-    # (README), so a kill by name (pkill sshd, pkill -f "sleep 300") would be caught here
+    # (README), so a kill by process name or by command line would be caught here
     sshd_argv = Path(f"/proc/{pids[0]}/cmdline").read_text().rstrip("\0").split("\0")
     fake = Path(tempfile.mkdtemp()) / "sshd"
     shutil.copy2(shutil.which("sleep"), fake)

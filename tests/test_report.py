@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import itertools
 import json
 import os
 import re
@@ -317,13 +318,16 @@ def test_single_repeat_sweep_has_no_error_bars_but_renders(tmp_path):
     assert "native" in page
 
 
-def _edit_runs(sweep_dir: Path, which, **fields) -> None:
-    """Set fields on the records of a synthetic sweep whose params `which` picks."""
+def _edit_runs(sweep_dir: Path, which, edit=None, **fields) -> None:
+    """Set fields on the records of a synthetic sweep whose params `which` picks (and, with
+    edit, change each such record in place)."""
     path = sweep_dir / "runs.jsonl"
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     for rec in recs:
         if which(rec["params"]):
             rec.update(fields)
+            if edit:
+                edit(rec)
     path.write_text("".join(json.dumps(rec) + "\n" for rec in recs))
 
 
@@ -333,13 +337,14 @@ def test_the_page_names_the_slurm_jobs_and_the_image_the_ranks_ran_in(tmp_path):
     d = synthetic.synthetic_sweep(tmp_path, "jobs", nodes=(1, 2, 3), batch_sizes=(32,),
                                   bandwidths=(1000.0,), repeats=1, allreduce=False)
     digest = "sha256:" + "ab" * 32
-    path = d / "runs.jsonl"
-    recs = [json.loads(line) for line in path.read_text().splitlines()]
-    for i, rec in enumerate(recs):
+    job_ids = itertools.count(40)
+
+    def by_slurm_in_a_container(rec: dict) -> None:
         rec["env"] = {**(rec.get("env") or {}), "launcher": "slurm", "image": {"id": digest}}
-        rec["slurm"] = {"job_id": 40 + i, "state": "COMPLETED"}
+        rec["slurm"] = {"job_id": next(job_ids), "state": "COMPLETED"}
         rec["params"]["runtime"] = "container"
-    path.write_text("".join(json.dumps(rec) + "\n" for rec in recs))
+
+    _edit_runs(d, lambda p: True, by_slurm_in_a_container)
     page = report.build("jobs", root=tmp_path)[0].read_text()
     assert "slurm: 3 jobs (ids 40-42)" in page
     assert f"in containers of image {digest} (3 runs)" in page
