@@ -39,9 +39,10 @@ for line in sys.stdin:
     step_ms = rank["step_time_mean_s"] * 1000
     p95_ms = rank["step_time_p95_s"] * 1000
     name, dev, peak = rank["device_name"], rank["device"], rank["gpu_mem_peak_mb"]
+    backend = r["backend"]
     print(f"resnet50 {precision} (tf32 {tf32}) {layout} batch {batch}: {ips:.0f} img/s, "
           f"step {step_ms:.1f} ms (p95 {p95_ms:.1f}), {dev} {name}, peak GPU memory {peak} MiB, "
-          f"backend {r['backend']}")
+          f"backend {backend}")
     sys.exit(0)
 sys.exit("gpu_resnet50.sh: resnet.py printed no SCALELAB_RESULT line")
 '

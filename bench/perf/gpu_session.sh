@@ -11,6 +11,8 @@
 #   PYTHON picks the interpreter (a CUDA build of torch; default python3).
 #   ONLY="horovod facts tests profiles throughput" picks steps (default: all).
 #   RUNS="amp:1 amp:0" picks the throughput runs, precision:channels_last (1 NHWC, 0 NCHW).
+#   Offline (a lent machine): put the horovod 0.28.1 sdist and its setup_requires' wheels (cffi,
+#   pycparser) in DIR and export PIP_FIND_LINKS=DIR PIP_NO_INDEX=1 first.
 # Exits 1 if any step failed (each step still runs).
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUTDIR [NAME]}
