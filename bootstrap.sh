@@ -7,39 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-APT_PACKAGES=(openssh-server openssh-client iproute2 iperf3 procps chromium
-              nfs-ganesha nfs-ganesha-vfs libnfs-utils rsync g++ make dpkg-dev
-              munge slurm-client slurmctld slurmd slurmdbd mariadb-server
-              docker.io mmdebstrap sudo)
-
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "bootstrap: apt packages missing (${missing[*]}); run as root to install them" >&2
-    exit 1
-  fi
-  echo "bootstrap: installing ${missing[*]}"
-  apt-get update -qq
-  # No service of these packages starts on the host (munge, MariaDB, Slurm's daemons, Docker):
-  # scalelab runs its own per node. A policy-rc.d of our own says so to the packages' scripts while
-  # they install, and goes again (one that was there before is left alone).
-  policy=/usr/sbin/policy-rc.d
-  ours=""
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"; ours=1
-    trap 'rm -f "$policy"' EXIT  # also when the install fails
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  [ -z "$ours" ] || { rm -f "$policy"; trap - EXIT; }
-fi
-# The packages' scripts may start services on the host, or enable them for the next boot;
-# scalelab runs its own per node.
-systemctl disable --now ssh.socket ssh.service nfs-ganesha.service munge.service \
-  mariadb.service slurmctld.service slurmd.service slurmdbd.service docker.socket \
-  docker.service containerd.service >/dev/null 2>&1 || true
+# The Debian packages scalelab needs, installed where missing; services of packages this run
+# installs are kept from starting, those the machine already had are left as found.
+scripts/install_packages.sh
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
