@@ -81,11 +81,16 @@ def provision(c, target=DEFAULT_TARGET, nodes="2", cluster="demo", cpus_per_node
 def destroy(c, cluster="demo", all_clusters=False):
     """Destroy a cluster: nodes, links, routes, cgroups, processes, state and inventory."""
     from scalelab.cluster import provisioning
-    from scalelab.core.state import list_clusters
+    from scalelab.core import lock
+    from scalelab.core.state import list_clusters, reports_dir
 
     names = list_clusters() if all_clusters else [cluster]
     for name in names:
-        kept = provisioning.destroy(name)
+        with lock.hold(name):
+            if name in list_clusters():  # what a killed sweep left, while its records last
+                for line in lifecycle.settle(reports_dir(), name):
+                    print(f"{name}: {line}")
+            kept = provisioning.destroy(name)
         print(f"destroyed {name}")
         for what in kept:
             print(f"  kept on its hosts, on purpose: {what}")
@@ -139,8 +144,11 @@ def check(c, cluster="demo", links=False, seconds="1"):
         rate = f"{m.mbit:8.1f} Mbit/s" if m.mbit is not None else f"failed: {m.error}"
         print(f"  [{k}/{total}] {m.client} -> {m.server}: {rate}", flush=True)
 
-    results = linkprobe.check_links(nodes, load_cluster(cluster)["known_hosts"], seconds=secs,
-                                    progress=show)
+    from scalelab.core import lock
+
+    with lock.hold(cluster):  # no sweep's rates or iperf3 ports beside these
+        results = linkprobe.check_links(nodes, load_cluster(cluster)["known_hosts"],
+                                        seconds=secs, progress=show)
     # kept: a sweep started later carries them, and its report shows them per pair
     import datetime as dt
     import json
@@ -165,8 +173,15 @@ def check(c, cluster="demo", links=False, seconds="1"):
 def shape(c, cluster="demo", bandwidth="native"):
     """Change the link rate of every node without reprovisioning."""
     from scalelab.cluster import provisioning
+    from scalelab.core import lock
+    from scalelab.core.state import reports_dir
+    from scalelab.core.units import parse_rate_mbit
 
-    provisioning.set_bandwidth(cluster, bandwidth)
+    parse_rate_mbit(bandwidth)  # a bad rate is refused before anything is touched
+    with lock.hold(cluster):
+        for line in lifecycle.settle(reports_dir(), cluster):  # a killed sweep's leftovers
+            print(f"{cluster}: {line}")
+        provisioning.set_bandwidth(cluster, bandwidth)
     print(f"{cluster}: bandwidth {bandwidth}")
 
 
@@ -358,8 +373,11 @@ def configure(c, cluster="demo", tags="", check=False, verify=False, bundle="", 
         if line:
             print(line, flush=True)
 
-    result = cfg.run(cluster, tags=tags or None, check=check, progress=show,
-                     bundle=bundle or None, image=image or None)
+    from scalelab.core import lock
+
+    with lock.hold(cluster):
+        result = cfg.run(cluster, tags=tags or None, check=check, progress=show,
+                         bundle=bundle or None, image=image or None)
     print(f"{cluster}: configured in {result.duration_s:.0f} s, {result.changed} changes")
     if not check:
         from scalelab.core.state import load_cluster
@@ -519,31 +537,37 @@ def report(c, sweep="latest", compare="", out="", example=False):
 
 @task(help={"nodes": "nodes in the demo cluster",
             "sweep": "sweep file to run (a name under bench/sweeps/ or a path)",
-            "keep": "leave the cluster up afterwards (invoke destroy --cluster demo removes it)"})
+            "keep": "leave the cluster up afterwards (invoke destroy --cluster NAME removes it)",
+            "cluster": "name of the cluster the demo creates; refused if one of that name exists"})
 @friendly
-def demo(c, nodes="8", sweep="demo", keep=False):
+def demo(c, nodes="8", sweep="demo", keep=False, cluster="demo"):
     """The main job on the local default: provision, check, bench, report, destroy."""
     from scalelab import report as reports
     from scalelab.cluster import provisioning
-    from scalelab.core.state import reports_dir
+    from scalelab.core.state import check_cluster_name, list_clusters, reports_dir
     from scalelab.sweep import spec as sweepfile
 
+    # the demo destroys its cluster at the end: never one it did not create
+    if check_cluster_name(cluster) in list_clusters():
+        raise Exit(f"error: cluster {cluster} already exists and the demo destroys the cluster it "
+                   f"runs on; remove it first (invoke destroy --cluster {cluster}) or give the "
+                   "demo another name (invoke demo --cluster NAME)", code=1)
     spec = sweepfile.spec_from_options(sweep_file=sweep)  # a bad sweep file fails before provisioning
-    result = provisioning.provision(target=DEFAULT_TARGET, nodes=nodes, cluster="demo",
+    result = provisioning.provision(target=DEFAULT_TARGET, nodes=nodes, cluster=cluster,
                                     cpus_per_node="1", bandwidth="native")
     try:
         _print_nodes(result)
-        for line in provisioning.connectivity_check("demo"):
+        for line in provisioning.connectivity_check(cluster):
             print(line)
-        prep = lifecycle.prepare("demo", spec)
+        prep = lifecycle.prepare(cluster, spec)
         print(f"sweep {sweep}: {len(prep.runs)} runs, estimated {int(prep.estimate_s // 60)} min "
               f"{int(prep.estimate_s % 60)} s")
         sweep_dir, _ = _run_with_bar(prep, lambda update: lifecycle.start(prep, reports_dir(),
                                                                           update))
     finally:
         if not keep:
-            provisioning.destroy("demo")
-            print("destroyed demo")
+            provisioning.destroy(cluster)
+            print(f"destroyed {cluster}")
     for path in reports.build([sweep_dir]):
         print(f"report: {path}")
 

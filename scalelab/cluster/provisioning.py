@@ -9,6 +9,7 @@ from pathlib import Path
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.cluster.targets import base
+from scalelab.core import lock
 from scalelab.core.errors import ClusterError
 from scalelab.core.state import check_cluster_name, inventory_dir, list_clusters, load_cluster
 from scalelab.core.units import parse_rate_mbit
@@ -32,9 +33,10 @@ def provision(target: str, nodes: int | str, cluster: str, cpus_per_node: str | 
     """Create or resize a cluster; returns its records (None for a dry run)."""
     impl = base.get(target)
     check_cluster_name(cluster)
-    recs = impl.provision(cluster, nodes, cpus_per_node=cpus_per_node, bandwidth=bandwidth,
-                          subnet=subnet, var_file=var_file, keep_on_failure=keep_on_failure,
-                          dry_run=dry_run)
+    with lock.hold(cluster):
+        recs = impl.provision(cluster, nodes, cpus_per_node=cpus_per_node, bandwidth=bandwidth,
+                              subnet=subnet, var_file=var_file, keep_on_failure=keep_on_failure,
+                              dry_run=dry_run)
     if recs is None:
         return None
     return _info(cluster, load_cluster(cluster), recs)
@@ -55,6 +57,11 @@ def _info(name: str, rec: dict, nodes: list[Node]) -> ClusterInfo:
 def destroy(cluster: str) -> list[str]:
     """Remove a cluster; what stays on its hosts on purpose (hosts scalelab did not make)."""
     check_cluster_name(cluster)
+    with lock.hold(cluster):
+        return _destroy(cluster)
+
+
+def _destroy(cluster: str) -> list[str]:
     try:
         rec = load_cluster(cluster)
     except ClusterError:
@@ -105,8 +112,10 @@ def configurable(cluster: str) -> bool:
 
 
 def set_bandwidth(cluster: str, bandwidth: str) -> None:
-    rec = load_cluster(cluster)
-    base.of(rec).set_rate(cluster, parse_rate_mbit(bandwidth))
+    mbit = parse_rate_mbit(bandwidth)
+    with lock.hold(cluster):
+        rec = load_cluster(cluster)
+        base.of(rec).set_rate(cluster, mbit)
 
 
 def connectivity_check(cluster: str) -> list[str]:

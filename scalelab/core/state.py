@@ -47,9 +47,15 @@ def cluster_dir(name: str) -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """Create a directory readable by its owner only."""
+    """Create a directory readable by its owner only; so are the folders of the state directory
+    above it (state_root and clusters/), whether this call made them or an older scalelab did."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
+    root = state_root().resolve()
+    here = path.resolve()
+    for folder in (here, *here.parents):
+        if folder != root and root not in folder.parents:
+            break
+        os.chmod(folder, 0o700)
     return path
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from scalelab.cluster import facts, ssh
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.cluster.targets import base as targets
+from scalelab.core import lock
 from scalelab.core.errors import ClusterError, InputError, ScalelabError
 from scalelab.core.state import cluster_dir, load_cluster
 from scalelab.core.units import format_rate
@@ -282,7 +283,7 @@ def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
     return {
         "sweep_id": sweep_id, "cluster": prep.cluster, "target": rec["target"],
         "created_at": utcnow(), "finished_at": None, "plan": sweepfile.spec_to_dict(prep.spec),
-        "nodes": rec["nodes"], "bandwidth_mbit_cluster": rec.get("bandwidth_mbit"),
+        "nodes": shareable_nodes(rec), "bandwidth_mbit_cluster": rec.get("bandwidth_mbit"),
         "emulated": targets.capabilities(rec).shares_host_cpus,
         "host_cpus": host_cpus() if targets.capabilities(rec).shares_host_cpus else None,
         "capabilities": targets.capabilities(rec).to_dict(),
@@ -292,6 +293,29 @@ def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
         # every pair's rate as the last `invoke check --links` measured it (optional)
         **_link_pairs(prep.cluster, rec),
     }
+
+
+# what a sweep folder, made to be shared, says of each node: how it was reached (its public
+# address, login user, key path, bastion) stays in the cluster's private state
+SHAREABLE_NODE = ("name", "role", "target", "private_address", "cpus", "gpus", "iface", "facts")
+PRIVATE_FACTS = ("user", "sudo")
+
+
+def shareable_nodes(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cluster's nodes as a report may show them.
+
+    >>> shareable_nodes({"nodes": [{"name": "a", "role": "head", "address": "203.0.113.5",
+    ...     "ssh_user": "alice", "ssh_key": "/home/alice/.ssh/lab", "bastion": "alice@gw",
+    ...     "gpus": 1, "facts": {"cores": 8, "user": "alice", "sudo": "yes"}}]})
+    [{'name': 'a', 'role': 'head', 'gpus': 1, 'facts': {'cores': 8}}]
+    """
+    out = []
+    for n in rec.get("nodes") or []:
+        keep = {k: n[k] for k in SHAREABLE_NODE if k in n}
+        if isinstance(keep.get("facts"), dict):
+            keep["facts"] = {k: v for k, v in keep["facts"].items() if k not in PRIVATE_FACTS}
+        out.append(keep)
+    return out
 
 
 def _terraform_used(rec: dict[str, Any]) -> dict[str, Any]:
@@ -333,7 +357,7 @@ def start(prep: Prepared, reports_root: Path,
           stop: threading.Event | None = None) -> tuple[Path, dict[str, int]]:
     """Create the sweep in the store, run every planned run, write results.csv."""
     stop = stop if stop is not None else threading.Event()
-    with interrupts_stop(stop):
+    with interrupts_stop(stop), lock.hold(prep.cluster):
         ended = end_abandoned(reports_root, prep.cluster)
         if ended:
             log.warning("ended %d process groups that a killed driver left on cluster %s",
@@ -372,6 +396,43 @@ def end_abandoned(reports_root: Path, cluster: str) -> int:
     return ended
 
 
+def settle(reports_root: Path, cluster: str) -> list[str]:
+    """Put back what a killed driver left on the cluster: end its ranks, containers and
+    warm-start servers (from the sweeps' inflight notes) and restore the links from the
+    snapshot the driver wrote before it shaped them (shaped.json). destroy runs it before the
+    cluster's state goes, so nothing a crash left outlives the records that say how to undo it.
+    Lines saying what it did; ClusterError if links of hosts scalelab did not make could not be
+    restored (the records stay, so it can be tried again)."""
+    from scalelab.cluster import netshape
+    from scalelab.run.driver import SHAPED
+    from scalelab.run.shaping import UNSET, Shaper
+
+    rec = load_cluster(cluster)
+    done = []
+    ended = end_abandoned(reports_root, cluster)
+    if ended:
+        done.append(f"ended {ended} process groups a killed sweep left on the nodes")
+    marker = cluster_dir(cluster) / SHAPED
+    if not marker.exists():
+        return done
+    target = targets.of(rec)
+    shaper = Shaper(target.links(cluster, rec, nodes_of(rec)), marker=marker)
+    left_at = shaper.current
+    shaper.restore()
+    if marker.exists():
+        if targets.capabilities(rec).owns_hosts:
+            done.append("links left shaped by a killed sweep could not be restored; the nodes "
+                        "go with the cluster")
+            return done
+        raise ClusterError(f"cluster {cluster}: a killed sweep left the links shaped and they "
+                           "could not be put back (a host does not answer?); the records stay: "
+                           f"run invoke destroy --cluster {cluster} again once every host answers")
+    if left_at is not UNSET:
+        done.append(f"links restored from {netshape.describe(left_at)}, as a killed sweep left "
+                    "them")
+    return done
+
+
 def prepare_resume(reports_root: Path, sweep_id: str,
                    retry_failed: bool = False) -> tuple[Path, Prepared]:
     """The runs of an earlier sweep that its store lacks (or that were interrupted; with
@@ -394,7 +455,7 @@ def resume(sweep_dir: Path, prep: Prepared,
            on_progress: Callable[[Progress], None] | None = None,
            stop: threading.Event | None = None) -> dict[str, int]:
     stop = stop if stop is not None else threading.Event()
-    with interrupts_stop(stop):
+    with interrupts_stop(stop), lock.hold(prep.cluster):
         with store.hold_sweep(sweep_dir):  # a second resume of the same sweep fails here
             store.compact(sweep_dir)
             rec = load_cluster(prep.cluster)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
-from conftest import bench_exit, needs_root, needs_sshd
+from conftest import ROOT, bench_exit, needs_root, needs_sshd
 
 from scalelab.cluster.targets.local import LocalCluster
 from scalelab.run import lifecycle
@@ -61,6 +63,21 @@ def test_driver_sigkill_then_resume_runs_only_the_missing(fcluster, reports, tmp
     proc = fl.start_bench(lc.name, live, "--sweep", str(sweep), "--no-report")
     try:
         sweep_dir = fl.wait_for(lambda: fl.latest(live), 60, "the sweep directory")
+        # while the sweep holds the cluster, a second command that would change its links or
+        # run beside it is refused in one line naming the holder, and changes nothing
+        other = reports / "other"
+        for argv in (["shape", "--cluster", lc.name, "--bandwidth", "100mbit"],
+                     ["bench", "--cluster", lc.name, "--sweep", str(sweep), "--no-report"]):
+            second = subprocess.run([sys.executable, "-m", "invoke", *argv], cwd=ROOT,
+                                    env=fl.fault_env(other), capture_output=True, text=True,
+                                    timeout=120)
+            line = fl.one_line(second.stderr)
+            assert second.returncode == 1, line
+            assert line.startswith(f"error: cluster {lc.name} is in use by `invoke bench "
+                                   f"--cluster {lc.name}"), line
+            assert f"(pid {proc.pid}) since " in line, line
+        assert (100.0, 100.0) not in set(lc.link_rates().values())
+        assert not other.exists()
         fl.wait_for(lambda: fl.records(sweep_dir), 300, "the first run recorded")
         # the 2nd run (at 1gbit) is in flight: links are shaped, ranks train
         fl.wait_for(lambda: fl.training(lc, 1), 120, "the 2nd run to train")
@@ -76,6 +93,7 @@ def test_driver_sigkill_then_resume_runs_only_the_missing(fcluster, reports, tmp
     assert (sweep_dir / ".inflight.json").exists()
     assert set(lc.link_rates().values()) == {(1000.0, 1000.0)}  # left shaped by the kill
 
+    # the lock went with the killed driver: the resume takes the cluster over
     res = fl.run_bench(lc.name, live, "--resume", sweep_dir.name, "--no-report")
     assert "resuming" in res.stdout and "1 runs missing" in res.stdout, res.stdout
     recs = fl.records(sweep_dir)  # every line parses
