@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -44,6 +46,8 @@ from scalelab.cluster.image import (
     workloads_now,
 )
 from scalelab.core.errors import ScalelabError
+
+log = logging.getLogger(__name__)
 
 ARCHIVE_PREFIX = "docker-archive:"
 BASE_FORMAT = 1
@@ -88,13 +92,24 @@ def archive_parts(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return entry, config
 
 
-def unpack_layers(archive: Path, layers: Sequence[str], dest: Path) -> int:
+def unpack_layers(archive: Path, layers: Sequence[str], dest: Path, *, base: str | None = None,
+                  owner: int | None = None) -> int:
     """Apply an image's layers in order onto dest, as an overlay would: a later layer's entry
     replaces what lay at its path (never writing through a link), .wh.NAME removes NAME of the
-    layers below, .wh..wh..opq all of its directory's. An entry whose directory resolves out of
-    dest (through an absolute link, say /var/run -> /run) is skipped, never followed: the tree
-    only serves the checks inside it, the archive keeps the layers as they are. Returns how
-    many entries were skipped."""
+    layers below, .wh..wh..opq all of its directory's. Paths are resolved as the image's own
+    root would resolve them (see _inside): an entry under /var/run -> /run lands in dest/run,
+    never in the controller's /run. owner (a uid, used as the gid too) owns every entry made.
+
+    A layer that would reach outside dest is refused whole, as Docker refuses it: an entry
+    named with '..' past the root, a hard link to a path outside or to nothing an earlier entry
+    made, a whiteout of '..'. ImageError names the base (base, else the archive), the layer
+    and the entry; what dest holds then is the caller's to remove. Device nodes and FIFOs are
+    skipped (the checks need none; in_root gives them their own /dev). Returns how many
+    entries were skipped."""
+    named = base or str(archive)
+    root = os.path.realpath(dest)
+    if owner is not None:
+        os.chown(root, owner, owner)
     skipped = 0
     try:
         with tarfile.open(archive) as outer:
@@ -105,83 +120,255 @@ def unpack_layers(archive: Path, layers: Sequence[str], dest: Path) -> int:
                 mine: set[str] = set()  # what this layer has put down so far
                 with tarfile.open(fileobj=inner, mode="r|*") as tar:
                     for m in tar:
-                        skipped += not _apply(tar, m, dest, mine)
+                        try:
+                            skipped += not _apply(tar, m, root, mine, owner)
+                        except (_Refused, OSError) as exc:
+                            raise ImageError(
+                                f"--base {named}: layer {name}: entry {m.name!r} {_why(exc)}; "
+                                "the base is refused and nothing was built (Docker would not "
+                                "apply this layer either: rebuild the base or use another)"
+                            ) from None
     except (tarfile.TarError, EOFError) as exc:
         raise ImageError(f"{archive}: a layer could not be read ({exc}); docker save writes "
                          "plain or gzip layers, which is what --base takes") from None
     return skipped
 
 
-def _apply(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, mine: set[str]) -> bool:
-    """One layer entry onto dest (see unpack_layers); False when it was skipped."""
-    path = os.path.normpath(m.name.lstrip("/"))
-    if path.startswith("..") or path == ".":
-        return path == "."
-    parent, base = os.path.split(path)
-    where = _local(dest, parent)
-    if where is None:
-        return False
+class _Refused(Exception):
+    """An entry that would reach outside the tree, or that no tree could take."""
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, _Refused):
+        return str(exc)
+    return f"could not be applied ({exc.strerror or exc})"
+
+
+def _apply(tar: tarfile.TarFile, m: tarfile.TarInfo, root: str, mine: set[str],
+           owner: int | None) -> bool:
+    """One layer entry onto root (see unpack_layers); False when it was skipped."""
+    rel = _relative(m.name, "is named")
+    if rel == ".":
+        if m.isdir():
+            return True
+        raise _Refused("names the image's root itself")
+    parent, base = os.path.split(rel)
+    where = _inside(root, parent, make=True, owner=owner)
     if base == ".wh..wh..opq":
-        for old in where.iterdir() if where.is_dir() else ():
-            if os.path.join(parent, old.name) not in mine:
-                _remove(old)
+        for old in os.listdir(where):
+            if os.path.join(where, old) not in mine:
+                _remove(os.path.join(where, old))
         return True
+    if base.startswith(".wh..wh."):
+        return True  # aufs's own bookkeeping (.wh..wh.plnk), no entry of the image
     if base.startswith(".wh."):
-        _remove(where / base[4:])
+        gone = base[4:]
+        if gone in ("", ".", ".."):
+            raise _Refused(f"whites out {gone!r}, which is no entry of its directory")
+        _remove(os.path.join(where, gone))
         return True
-    target = where / base
-    if os.path.lexists(target) and not (m.isdir() and target.is_dir()
-                                        and not target.is_symlink()):
-        _remove(target)  # the entry replaces it, whatever it was (a link is not followed)
-    try:
-        tar.extract(m, dest, set_attrs=not m.issym(), filter="tar")
-    except tarfile.FilterError:
+    if m.ischr() or m.isblk() or m.isfifo() or not (m.isdir() or m.isreg() or m.issym()
+                                                    or m.islnk()):
+        log.debug("skipping %s (a device node or FIFO: the checks need none)", m.name)
         return False
-    mine.add(path)
+    target = os.path.join(where, base)
+    kept = m.isdir() and _is_dir(target)
+    if not kept and os.path.lexists(target):
+        _remove(target)  # the entry replaces it, whatever it was (a link is not followed)
+    # no set-user or set-group id in the tree: its code runs without new privileges anyway
+    mode = m.mode & 0o1777
+    if m.isdir():
+        if not kept:
+            os.mkdir(target, 0o700)
+        if owner is not None:
+            os.lchown(target, owner, owner)
+        os.chmod(target, mode)  # a directory just made or found by lstat: not a link
+    elif m.isreg():
+        src = tar.extractfile(m)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(src, out)
+            out.flush()
+            if owner is not None:
+                os.fchown(fd, owner, owner)
+            os.fchmod(fd, mode)
+            # the base's bytecode is valid against its sources' times: keep them
+            os.utime(fd, (m.mtime, m.mtime))
+    elif m.issym():
+        os.symlink(m.linkname, target)  # kept as written: only ever read inside the root
+        if owner is not None:
+            os.lchown(target, owner, owner)
+    else:
+        os.link(_link_source(root, m), target, follow_symlinks=False)
+    mine.add(target)
     return True
 
 
-def _local(dest: Path, rel: str) -> Path | None:
-    """dest/rel with its links resolved, when that stays inside dest; None when it leads out.
+def _relative(name: str, what: str) -> str:
+    """A member's name (or a hard link's target) as a path below the image's root; _Refused
+    when it climbs out of it. A leading '/' means the image's root, as tar and Docker read it.
 
-    >>> import tempfile; d = Path(tempfile.mkdtemp())
-    >>> (d / "usr/lib").mkdir(parents=True); (d / "lib").symlink_to("usr/lib")
-    >>> (d / "run").symlink_to("/run")
-    >>> _local(d, "lib") == (d / "usr/lib").resolve(), _local(d, "run") is None
-    (True, True)
+    >>> _relative("/usr/./lib/../bin/x", "is named"), _relative("./", "is named")
+    ('usr/bin/x', '.')
+    >>> _relative("usr/../../etc/passwd", "is named")
+    Traceback (most recent call last):
+    scalelab.cluster.imagebase._Refused: is named 'usr/../../etc/passwd', which climbs out of the image's root ('..')
     """
-    root = os.path.realpath(dest)
-    real = os.path.realpath(os.path.join(root, rel))
-    return Path(real) if real == root or real.startswith(root + os.sep) else None
+    rel = os.path.normpath(name.lstrip("/")) if name.strip("/") else "."
+    if rel == ".." or rel.startswith("../"):
+        raise _Refused(f"{what} {name!r}, which climbs out of the image's root ('..')")
+    return rel
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
+def _link_source(root: str, m: tarfile.TarInfo) -> str:
+    """The path inside root a hard-link entry links to: its target as the image's root names
+    it (the last component not followed); _Refused when that is outside root or not there."""
+    rel = _relative(m.linkname, "is a hard link to")
+    parent, base = os.path.split(rel)
+    try:
+        src = os.path.join(_inside(root, parent), base)
+    except _Refused:
+        src = ""
+    if rel == "." or not src or not os.path.lexists(src) or _is_dir(src):
+        raise _Refused(f"is a hard link to {m.linkname!r}, which no earlier entry of the "
+                       "image made")
+    return src
+
+
+_MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP)
+
+
+def _inside(root: str, rel: str, make: bool = False, owner: int | None = None) -> str:
+    """The directory rel names inside root, resolved as the image's own root would resolve
+    it: each link is read and followed from root (an absolute target starts at root, '..'
+    stops there), never by the controller's kernel, so the result is inside root and each of
+    its components is a directory, not a link. Missing directories are made when make (owned
+    by owner); otherwise _Refused, as for a component that is a file or a loop of links.
+
+    >>> import tempfile; d = os.path.realpath(tempfile.mkdtemp())
+    >>> os.makedirs(f"{d}/usr/lib"); os.symlink("usr/lib", f"{d}/lib")
+    >>> os.symlink("/run", f"{d}/var-run"); os.symlink("../../../..", f"{d}/up")
+    >>> [_inside(d, p, make=True)[len(d):] for p in ("lib", "var-run/x", "up/usr", "up/up")]
+    ['/usr/lib', '/run/x', '/usr', '']
+    """
+    todo = [p for p in rel.split("/") if p not in ("", ".")]
+    done: list[str] = []
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        here = os.path.join(root, *done, part)
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            if not make:
+                raise _Refused(f"needs {'/' + '/'.join([*done, part])!r}, which does not exist"
+                               ) from None
+            os.mkdir(here, 0o755)
+            if owner is not None:
+                os.lchown(here, owner, owner)
+            done.append(part)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > _MAX_LINKS:
+                raise _Refused(f"lies under a loop of links ({'/' + '/'.join([*done, part])!r})")
+            target = os.readlink(here)
+            if target.startswith("/"):
+                done = []
+            todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise _Refused(f"lies under {'/' + '/'.join([*done, part])!r}, a file, not a "
+                           "directory")
+        done.append(part)
+    return os.path.join(root, *done)
+
+
+def _is_dir(path: str | Path) -> bool:
+    """A directory itself, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _remove(path: str | Path) -> None:
+    """Remove what is at path, never following a link (a link is removed, not its target)."""
+    if _is_dir(path):
         shutil.rmtree(path)
     elif os.path.lexists(path):
-        path.unlink()
+        os.unlink(path)
+
+
+def _real_dir(root: Path, rel: str, ref: str, make: bool = False) -> Path:
+    """root/rel, where the controller is about to write or read as root, when each component
+    below root is a directory and none a link (the base, or its code that ran, may have put a
+    link there, which the controller would follow out of the tree); ImageError otherwise.
+    Missing directories are made when make, owned by BUILD_UID."""
+    here = root
+    for part in [p for p in rel.split("/") if p]:
+        if part in (".", ".."):  # a name the base's code printed (its Python's version, say)
+            raise ImageError(f"--base {ref}: /{rel.strip('/')} is no path inside the image")
+        here = here / part
+        if not os.path.lexists(here) and make:
+            here.mkdir(0o755)
+            os.lchown(here, BUILD_UID, BUILD_UID)
+        if not _is_dir(here):
+            what = "a link" if here.is_symlink() else "missing" if not os.path.lexists(
+                here) else "a file"
+            raise ImageError(f"--base {ref}: /{here.relative_to(root)} in the base is {what}, "
+                             f"not a directory; scalelab's layer goes into {PREFIX}, which "
+                             "must be a plain directory of the image (a base whose code makes "
+                             "it a link is refused)")
+    return here
+
+
+# The uid and gid that own the unpacked base and run its code on the controller: no user of
+# the controller has it, so that code owns its tree and nothing else. Below 2^31 (tools that
+# read ids as signed), above the ranges distributions hand out, subuid ranges included.
+BUILD_UID = 2_147_000_000
 
 
 def in_root(root: Path, script: str, path_env: str, timeout: float = 600.0
             ) -> subprocess.CompletedProcess:
-    """Run a shell script inside an unpacked root file system, in mount, pid and network
-    namespaces of its own (proc and the few device files Python reads; gone with them)."""
+    """Run a shell script inside an unpacked root file system, as BUILD_UID with no
+    capability (an empty bounding set, no new privileges: set-user-id files and file
+    capabilities give it none), chrooted, in mount, pid, network, IPC and UTS namespaces of its
+    own (proc and the few device files Python reads; gone with them). It cannot chroot out
+    (no CAP_SYS_CHROOT), mount, make device nodes, write a sysctl or a file of the
+    controller's, reach a host process or the network; it owns its tree and nothing else."""
     import shlex
 
-    for d in ("proc", "dev", "tmp"):
-        (root / d).mkdir(exist_ok=True)
+    for d, mode in (("proc", 0o555), ("dev", 0o755), ("tmp", 0o1777)):
+        if not _is_dir(root / d):  # a link there would be followed by the mounts below
+            _remove(root / d)
+            (root / d).mkdir()
+            os.chmod(root / d, mode)
+            os.lchown(root / d, BUILD_UID, BUILD_UID)
     r = shlex.quote(str(root))
     devs = " ".join(f"touch {r}/dev/{d} && mount --bind /dev/{d} {r}/dev/{d} &&"
                     for d in ("null", "zero", "random", "urandom"))
-    line = (f"mount -t proc proc {r}/proc && mount -t tmpfs -o mode=755 none {r}/dev && {devs} "
-            f"exec chroot {r} /usr/bin/env -i PATH={shlex.quote(path_env)} HOME=/root "
-            f"LANG=C.UTF-8 /bin/sh -c {shlex.quote(script)}")
+    ids = f"{BUILD_UID}:{BUILD_UID}"
+    # setpriv leaves chroot only what chroot needs to enter the root and become BUILD_UID;
+    # becoming it clears even those, and no-new-privs keeps them cleared across exec
+    drop = ("setpriv --no-new-privs --inh-caps=-all "
+            "--bounding-set=-all,+sys_chroot,+setuid,+setgid "
+            f"chroot --userspec={ids} --groups={BUILD_UID} {r}")
+    line = (f"mount -t proc -o nosuid,nodev,noexec proc {r}/proc && "
+            f"mount -t tmpfs -o mode=755,nosuid none {r}/dev && {devs} "
+            f"exec {drop} /usr/bin/env -i PATH={shlex.quote(path_env)} HOME=/root USER=root "
+            f"LOGNAME=root LANG=C.UTF-8 /bin/sh -c {shlex.quote(script)}")
     try:
-        # its own mount, pid and (empty) network namespaces: the base's code sees no host
-        # process and reaches no network, and dies with unshare
+        # its own mount, pid, IPC, UTS and (empty) network namespaces: the base's code sees no
+        # host process and reaches no network, and dies with unshare
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "--pid",
-                               "--net", "--fork", "--kill-child", "sh", "-c", line],
-                              capture_output=True, text=True, timeout=timeout)
+                               "--net", "--ipc", "--uts", "--fork", "--kill-child", "sh", "-c",
+                               line], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise ImageError(f"a step inside the base did not finish in {timeout:g} s") from None
 
@@ -257,8 +444,14 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
     """The training image on a vendor's base (see above); its record, with "archive"."""
     say = progress or (lambda _m: None)
     if os.geteuid() != 0:
-        raise ImageError("invoke image --base unpacks the base and runs its Python in a chroot, "
-                         "as root; run it as root (sudo invoke image)")
+        raise ImageError("invoke image --base unpacks the base as root and runs its Python in "
+                         "namespaces of its own as a uid with no privileges, which needs root to "
+                         "set up; run it as root (sudo invoke image)")
+    missing = [t for t in ("unshare", "setpriv", "chroot") if shutil.which(t) is None]
+    if missing:
+        raise ImageError(f"invoke image --base runs the base's Python without privileges, with "
+                         f"{' and '.join(missing)}, which this controller lacks; install them "
+                         "(apt-get install util-linux coreutils)")
     root_dir = Path(cache or cache_root())
     root_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".base.build-", dir=root_dir))
@@ -276,7 +469,8 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
         rootfs = staging / "root"
         rootfs.mkdir()
         say(f"image: unpacking the base's {len(entry['Layers'])} layers")
-        unpack_layers(base, entry["Layers"], rootfs)
+        unpack_layers(base, entry["Layers"], rootfs, base=ref, owner=BUILD_UID)
+        _real_dir(rootfs, PREFIX, ref, make=True)  # where the base's code makes the venv
         path_env = f"{PREFIX}/venv/bin:{_env_path(config)}"
         made = in_root(rootfs, f"python3 -m venv --without-pip --system-site-packages "
                                f"{PREFIX}/venv && {PYTHON} -c 'import sys'", path_env)
@@ -289,15 +483,15 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
                              "holds PyTorch (e.g. nvcr.io/nvidia/pytorch), or build without "
                              "--base")
         found, notes = _horovod_into_base(rootfs, found, wheel_dirs, constraints, staging,
-                                          path_env, say)
-        bench = rootfs / PREFIX.lstrip("/") / "bench"
-        shutil.rmtree(bench, ignore_errors=True)
-        shutil.copytree(WORKLOADS, bench / "workloads",
+                                          path_env, say, ref)
+        # the base's code has run: what it left at these paths is looked at, never followed
+        prefix = _real_dir(rootfs, PREFIX, ref)
+        _remove(prefix / "bench")
+        shutil.copytree(WORKLOADS, prefix / "bench" / "workloads",
                         ignore=shutil.ignore_patterns("__pycache__"))
         layer = staging / "layer.tar"
         with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as tar:
-            tar.add(rootfs / PREFIX.lstrip("/"), arcname=PREFIX.lstrip("/"),
-                    filter=_root_owned)
+            tar.add(prefix, arcname=PREFIX.lstrip("/"), filter=_root_owned)
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         tag = f"{REPO}:{key}"
         say("image: writing the Docker image archive (the base's layers and scalelab's)")
@@ -327,7 +521,8 @@ def build_on_base(ref: str, *, wheel_dirs: Sequence[Path], constraints: Path,
 
 def _horovod_into_base(rootfs: Path, found: dict[str, Any], wheel_dirs: Sequence[Path],
                        constraints: Path, staging: Path, path_env: str,
-                       say: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
+                       say: Callable[[str], None], ref: str
+                       ) -> tuple[dict[str, Any], list[str]]:
     """Horovod into a base that lacks it, from a local wheel built for the base's torch; what
     the base then holds, and a note where Horovod could not go in (and why)."""
     notes: list[str] = []
@@ -343,7 +538,7 @@ def _horovod_into_base(rootfs: Path, found: dict[str, Any], wheel_dirs: Sequence
         notes.append(f"no Horovod: {why}")
         return found, notes
     say(f"image: Horovod from {wheel.name} into the base's torch {found['torch']}")
-    _install_horovod(rootfs, wheel, constraints, staging, found["python"], say)
+    _install_horovod(rootfs, wheel, constraints, staging, found["python"], say, ref)
     found = _check(rootfs, path_env)
     if not found["horovod"]:
         notes.append(f"no Horovod: {wheel.name} went in but does not import with the base's "
@@ -358,7 +553,7 @@ def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def _install_horovod(rootfs: Path, wheel: Path, constraints: Path, staging: Path,
-                     python: str, say: Callable[[str], None]) -> None:
+                     python: str, say: Callable[[str], None], ref: str) -> None:
     """Horovod and what it needs into the base's venv, from a wheelhouse (no index inside)."""
     wheels = staging / "hvd-wheels"
     wheels.mkdir()
@@ -368,7 +563,8 @@ def _install_horovod(rootfs: Path, wheel: Path, constraints: Path, staging: Path
     tags = ["--python-version", python, "--implementation", "cp", "--only-binary=:all:"]
     bundles.build_wheels(wheels, ["horovod"], constraints, [wheel], None, say, work,
                          pip_args=tags)
-    site = rootfs / PREFIX.lstrip("/") / "venv" / "lib" / f"python{python}" / "site-packages"
+    # made by the base's code: a link on the way would take pip's files out of the tree
+    site = _real_dir(rootfs, f"{PREFIX}/venv/lib/python{python}/site-packages", ref)
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
                            "--no-compile", "--disable-pip-version-check", *tags, "--find-links",
                            str(wheels), "--target", str(site), "horovod"],
