@@ -38,6 +38,17 @@ def test_help_runs_and_every_task_is_in_the_readme(name):
     assert re.search(rf"`{name}`", readme), f"README does not mention invoke {name}"
 
 
+def test_the_task_reference_is_what_invoke_help_prints_now():
+    """docs/tasks.md is generated from `invoke --help TASK` for every task; a task or an
+    option whose help changed without the page being regenerated fails here."""
+    gen = importlib.util.spec_from_file_location("gen_task_docs", ROOT / "scripts" / "gen_task_docs.py")
+    module = importlib.util.module_from_spec(gen)
+    gen.loader.exec_module(module)
+    assert module.task_names() == TASKS
+    page = (ROOT / "docs" / "tasks.md").read_text()
+    assert page == module.render(), f"docs/tasks.md is out of date; run {module.REGENERATE}"
+
+
 def test_bench_with_nodes_only_sweeps_the_reference_experiment(tmp_path):
     """The mission's first line, `invoke bench --nodes 1-2`: no "give --batch-size", but every
     axis not given from the reference experiment, as this CPU cluster that cannot shape runs it,
