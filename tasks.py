@@ -45,7 +45,8 @@ def friendly(fn):
 # ---------------------------------------------------------------- provision / destroy / status
 
 @task(help={
-    "target": "where the cluster lives: local (emulated on this machine), static, openstack, aws",
+    "target": "where the cluster lives: local (emulated on this machine), static, openstack, "
+              "aws, slurm (a Slurm cluster through its login host)",
     "nodes": "number of nodes (the first is the head node)",
     "cluster": "cluster name (lowercase letters, digits, dashes)",
     "cpus_per_node": "local: CPU share of each node, fractions allowed (e.g. 0.5)",
@@ -76,10 +77,16 @@ def provision(c, target=DEFAULT_TARGET, nodes="2", cluster="demo", cpus_per_node
 
 
 @task(help={"cluster": "name of the cluster to destroy",
-            "all_clusters": "destroy every cluster scalelab knows"})
+            "all_clusters": "destroy every cluster scalelab knows",
+            "state_lost": "terraform targets whose terraform.tfstate is lost for good: after "
+                          "you deleted what the cluster made (cloud console), remove the rest "
+                          "without Terraform; ignored while the state file is there"})
 @friendly
-def destroy(c, cluster="demo", all_clusters=False):
+def destroy(c, cluster="demo", all_clusters=False, state_lost=False):
     """Destroy a cluster: nodes, links, routes, cgroups, processes, state and inventory."""
+    if state_lost and all_clusters:
+        raise Exit("error: --state-lost is for one cluster: give --cluster NAME, not "
+                   "--all-clusters", code=1)
     from scalelab.cluster import provisioning
     from scalelab.core import lock
     from scalelab.core.state import list_clusters, reports_dir
@@ -87,6 +94,10 @@ def destroy(c, cluster="demo", all_clusters=False):
     names = list_clusters() if all_clusters else [cluster]
     for name in names:
         with lock.hold(name):
+            if state_lost:
+                from scalelab.cluster.targets.tf import accept_lost_state
+
+                accept_lost_state(name)
             if name in list_clusters():  # what a killed sweep left, while its records last
                 for line in lifecycle.settle(reports_dir(), name):
                     print(f"{name}: {line}")
@@ -255,7 +266,7 @@ def _print_nodes(result) -> None:
                      "default 1, Horovod's own)",
     "compression": "gradient compression to sweep: none, fp16 or none,fp16 (DDP: the fp16 "
                    "compress hook's cast; Horovod: hvd.Compression.fp16)",
-})
+}, auto_shortflags=False)  # 35 options outrun the letters: invoke would print --=STRING
 @friendly
 def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", bandwidth="",
           procs_per_node="",

@@ -2,7 +2,7 @@
 gradient communication, and replaces forward and backward computation with waits taken from a
 device profile, layer by layer.
 
-A device profile (JSON; README, "Emulated accelerators") lists the model's layers in forward order, each
+A device profile (JSON; docs/emulation.md) lists the model's layers in forward order, each
 with the parameters it owns and its forward and backward time on the device:
 
     {"schema": 1, "model": "resnet50", "device": "...", "precision": "fp32", "batch_size": 64,

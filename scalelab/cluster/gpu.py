@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cuda", "cpu")
 FABRICS = ("auto", "tcp", "rdma")
-FIX_STACK = ("configure it with a CUDA build of torch (README, 'GPU clusters'), or run on its "
+FIX_STACK = ("configure it with a CUDA build of torch (docs/gpu-clusters.md), or run on its "
              "CPUs with --device cpu")
 
 

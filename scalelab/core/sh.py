@@ -20,7 +20,7 @@ def run(cmd: Sequence[str], *, input: str | None = None, check: bool = True,
         proc = subprocess.run(list(cmd), input=input, capture_output=True, text=True,
                               timeout=timeout)
     except FileNotFoundError:
-        raise CommandError(f"{cmd[0]} not found; install it (see README prerequisites)") from None
+        raise CommandError(f"{cmd[0]} not found; install it (see docs/targets.md, or run ./bootstrap.sh)") from None
     except subprocess.TimeoutExpired:
         raise CommandError(f"{shlex.join(cmd)} did not finish in {timeout:g} s") from None
     if check and proc.returncode != 0:

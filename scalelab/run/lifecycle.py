@@ -67,7 +67,7 @@ def layout_hint(runs: list) -> str | None:
     if not slow:
         return None
     return (f"{' and '.join(slow)} on GPUs in NCHW (contiguous): channels_last trained "
-            "ResNet-50 amp 1.7x faster on an H100 (README, GPU clusters), and a faster step "
+            "ResNet-50 amp 1.7x faster on an H100 (docs/figures.md), and a faster step "
             "hides less communication; add --memory-format channels_last (or both: "
             "--memory-format contiguous,channels_last)")
 
