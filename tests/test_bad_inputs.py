@@ -71,6 +71,30 @@ SWEEP_FILES = {
                       '"provenance": "t", "optimizer_s": 0.001, "layers": []}'),
     "varfile2.tfvars.json": '{"region": "us-east-1", "no_such_variable": 1}',
     "varfile3.tfvars": 'region = "us-east-1"\nnodes = [\n',
+    # var-file values that would become ssh options or shell words (scalelab.core.validate);
+    # the key file does not exist: the value is refused before anything looks for it
+    "static-user.tfvars.json": json.dumps({
+        "ssh_user": "ubuntu", "ssh_private_key_file": "id_ed25519",
+        "hosts": [{"address": "127.0.0.1", "role": "head"},
+                  {"address": "127.0.0.2", "ssh_user": "-oProxyCommand=false"}]}),
+    "static-topuser.tfvars.json": json.dumps({
+        "ssh_user": "-oProxyCommand=false", "ssh_private_key_file": "id_ed25519",
+        "hosts": [{"address": "127.0.0.1", "role": "head"}]}),
+    "static-addr.tfvars.json": json.dumps({
+        "ssh_user": "ubuntu", "ssh_private_key_file": "id_ed25519",
+        "hosts": [{"address": "127.0.0.1;false", "role": "head"}]}),
+    "static-name.tfvars.json": json.dumps({
+        "ssh_user": "ubuntu", "ssh_private_key_file": "id_ed25519",
+        "hosts": [{"address": "127.0.0.1", "role": "head", "name": "$(false)"}]}),
+    "static-bastion.tfvars.json": json.dumps({
+        "ssh_user": "ubuntu", "ssh_private_key_file": "id_ed25519",
+        "bastion_ip": "-oProxyCommand=false", "hosts": [{"address": "127.0.0.1", "role": "head"}]}),
+    "aws-user.tfvars.json": json.dumps({"region": "us-east-1", "operator_cidr": "203.0.113.7/32",
+                                        "ssh_user": "ubuntu@evil"}),
+    "openstack-user.tfvars.json": json.dumps({
+        "operator_cidr": "203.0.113.7/32", "external_network_name": "public",
+        "image_name": "ubuntu-22.04", "flavor_name": "g1", "gpus_per_node": 1,
+        "ssh_user": "-oProxyCommand=false"}),
     # an offline bundle of no package at all (its manifest and apt index in place)
     "emptybundle/manifest.json": ('{"format": 1, "created_at": "2026-11-27T00:00:00Z", '
                                   '"python_tag": "cp311", "debs": [], "wheels": []}'),
@@ -123,6 +147,28 @@ CASES = [
                                       "{dir}/varfile2.tfvars.json"], "no_such_variable"),
     ("prov-aws-novars", "none", ["provision", "--target", "aws"], "needs variable 'region'"),
     ("prov-static-novars", "none", ["provision", "--target", "static"], "needs variable"),
+    ("prov-static-user-option", "none", ["provision", "--target", "static", "--var-file",
+                                         "{dir}/static-user.tfvars.json"],
+     ("hosts entry 2: ssh_user '-oProxyCommand=false' is not a user name (it starts with '-', "
+      "so ssh would read it as an option)", "give the login user")),
+    ("prov-static-topuser-option", "none", ["provision", "--target", "static", "--var-file",
+                                            "{dir}/static-topuser.tfvars.json"],
+     ("static-topuser.tfvars.json: ssh_user '-oProxyCommand=false' is not a user name",)),
+    ("prov-static-address-shell", "none", ["provision", "--target", "static", "--var-file",
+                                           "{dir}/static-addr.tfvars.json"],
+     "hosts entry 1: address '127.0.0.1;false' is not a host name or address (it holds ';')"),
+    ("prov-static-name-shell", "none", ["provision", "--target", "static", "--var-file",
+                                        "{dir}/static-name.tfvars.json"],
+     "hosts entry 1: name '$(false)' is not a host name (it starts with '$')"),
+    ("prov-static-bastion-option", "none", ["provision", "--target", "static", "--var-file",
+                                            "{dir}/static-bastion.tfvars.json"],
+     "bastion_ip '-oProxyCommand=false' is not a host name or address"),
+    ("prov-aws-user", "none", ["provision", "--target", "aws", "--var-file",
+                               "{dir}/aws-user.tfvars.json"],
+     ("aws: var-file ", "ssh_user 'ubuntu@evil' is not a user name (it holds '@')")),
+    ("prov-openstack-user", "none", ["provision", "--target", "openstack", "--var-file",
+                                     "{dir}/openstack-user.tfvars.json"],
+     ("openstack: var-file ", "ssh_user '-oProxyCommand=false' is not a user name")),
     # ---- destroy / status / check: names and unknown clusters
     ("destroy-unknown", "none", ["destroy", "--cluster", "nosuch"], "cluster 'nosuch' not found"),
     ("destroy-name", "none", ["destroy", "--cluster", "Bad_Name"], "is not a valid name"),
@@ -131,6 +177,18 @@ CASES = [
     ("status-name", "none", ["status", "--cluster", "Bad_Name"], "is not a valid name"),
     ("check-unknown", "none", ["check", "--cluster", "nosuch"], "not found"),
     ("check-name", "none", ["check", "--cluster", "a/b"], "is not a valid name"),
+    # a cluster record edited on disk to hold an ssh option or a shell word: every command
+    # that reads it refuses it, naming the record, the node and the field
+    ("check-record-user", "static+evil-user", ["check"],
+     (f"clusters/{FAKE}/cluster.json: node '{FAKE}-n1': ssh_user '-oProxyCommand=false' is "
+      "not a user name", "put back what the var-file or the target gave")),
+    ("status-record-address", "static+evil-address", ["status", "--cluster", FAKE],
+     f"node '{FAKE}-n1': address '127.0.0.1 -oProxyCommand=false' is not a host name"),
+    ("bench-record-bastion", "local+evil-bastion", ["bench", "--nodes", "1", "--batch-size",
+                                                    "16"],
+     f"node '{FAKE}-n1': bastion '-oProxyCommand=false' is not a host name or address"),
+    ("status-record-port", "local+evil-port", ["status", "--cluster", FAKE],
+     "ssh_port '22 -oProxyCommand=false' is not a port"),
     # ---- shape: rates, clusters, targets that cannot shape
     ("shape-unknown", "none", ["shape", "--cluster", "nosuch", "--bandwidth", "1gbit"],
      "not found"),
@@ -367,7 +425,7 @@ def _fake_cluster(state: Path, target: str) -> None:
 
         for n in nodes:
             n["facts"] = local_facts(n)
-    if extra and extra not in ("facts", "one"):
+    if extra and extra not in ("facts", "one") and not extra.startswith("evil-"):
         contents = {"image": {"torch": "2.13.0+cpu", "horovod": None},
                     "notorch": {"torch": None, "horovod": "0.28.1"},
                     "gpu": {"torch": "2.13.0+cu128", "horovod": "0.28.1"},
@@ -375,6 +433,11 @@ def _fake_cluster(state: Path, target: str) -> None:
                     "notheld": {"torch": "2.13.0+cpu", "horovod": "0.28.1"}}[extra]
         rec["image"] = {"id": "sha256:" + "1" * 64, "tag": "scalelab/train:0123456789abcdef",
                         "contents": contents}
+    if extra.startswith("evil-"):  # the second node's record, edited on disk
+        nodes[1].update({"evil-user": {"ssh_user": "-oProxyCommand=false"},
+                         "evil-address": {"address": "127.0.0.1 -oProxyCommand=false"},
+                         "evil-bastion": {"bastion": "root@-oProxyCommand=false"},
+                         "evil-port": {"ssh_port": "22 -oProxyCommand=false"}}[extra])
     if extra == "oldworkloads":
         rec["image"]["workloads"] = "0" * 16  # not this checkout's
     if extra == "notheld":

@@ -343,3 +343,59 @@ def test_operator_cidr_cannot_be_a_large_part_of_the_internet(module):
     # its message promises "never a large part of the internet": /1 is half of it
     for bad in ("0.0.0.0/0", "10.0.0.0/0", "0.0.0.0/1", "10.0.0.0/8", "172.16.0.0/12"):
         assert not re.search(pattern, bad), (pattern, bad)
+
+
+# ------------------------------------------------------------------ no input becomes an option
+
+def test_a_var_file_or_record_value_that_would_be_an_ssh_option_runs_nothing(tmp_path):
+    """ssh_user '-oProxyCommand=touch MARKER' in a static var-file: provision refuses it in one
+    line, creates no cluster, and the command never runs. The same user in a node record
+    edited on disk: check and status, which SSH and probe the nodes, refuse it the same way.
+    (Every node is 127.0.0.1 on a closed port: nothing leaves the machine.)"""
+    from test_targets import configured_record
+
+    marker = tmp_path / "marker"
+    marker.mkdir()
+    evil = f"-oProxyCommand=touch {marker}/pwned"
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {**os.environ, "SCALELAB_HOME": str(state), "SCALELAB_INVENTORIES": str(tmp_path / "inv"),
+           "SCALELAB_REPORTS": str(tmp_path / "reports"), "SCALELAB_LOG": "WARNING"}
+    name = unique_name("ev")
+    for host_user, top_user in ((evil, "root"), (None, evil)):
+        var_file = tmp_path / "lab.tfvars.json"
+        second = {"address": "127.0.0.2", **({"ssh_user": host_user} if host_user else {})}
+        var_file.write_text(json.dumps({
+            "ssh_user": top_user, "ssh_private_key_file": str(key),
+            "hosts": [{"address": "127.0.0.1", "role": "head"}, second]}))
+        proc = run("provision", "--target", "static", "--cluster", name, "--nodes", "2",
+                   "--var-file", str(var_file), env=env, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
+        assert f"ssh_user '{evil}' is not a user name (it starts with '-', so ssh would " \
+               "read it as an option); give the login user" in lines[0]
+        assert str(var_file) in lines[0]
+        assert ("hosts entry 2" in lines[0]) == bool(host_user)
+        assert not (state / "clusters" / name).exists()
+        assert list(marker.iterdir()) == []
+
+    cdir = state / "clusters" / name
+    cdir.mkdir(parents=True, mode=0o700)
+    rec = configured_record(name, "static", n=2)
+    rec["known_hosts"] = str(cdir / "known_hosts")
+    for n in rec["nodes"]:
+        n.update({"address": "127.0.0.1", "private_address": "127.0.0.1", "ssh_port": 9,
+                  "ssh_key": str(key), "ssh_user": "root"})
+    rec["nodes"][0]["ssh_user"] = evil  # the record, edited on disk
+    (cdir / "cluster.json").write_text(json.dumps(rec))
+    for args in (["check", "--cluster", name], ["status", "--cluster", name]):
+        proc = run(*args, env=env, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1, (args, proc.stderr[-2000:])
+        assert lines[0] == (
+            f"error: {cdir}/cluster.json: node '{name}-n0': ssh_user '{evil}' is not a user name "
+            "(it starts with '-', so ssh would read it as an option); scalelab did not write "
+            "that value: put back what the var-file or the target gave")
+        assert list(marker.iterdir()) == []

@@ -61,11 +61,16 @@ def test_ansible_gets_the_same_options_as_scalelabs_own_ssh(tmp_path):
 @pytest.mark.root
 @needs_root
 @needs_sshd
-def test_a_node_behind_a_bastion_is_reached_through_it(local_cluster):
+def test_a_node_behind_a_bastion_is_reached_through_it(local_cluster, tmp_path):
     """Three emulated machines: the first is the bastion. Every command to the others goes
     through it (their sshd sees the connection come from the bastion's address), and the
-    hop checks the bastion's host key against the cluster's known_hosts."""
+    hop checks the bastion's host key against the cluster's known_hosts. On the same
+    cluster (one provision for three checks): the user's ~/.ssh/config forwards nothing of
+    scalelab's (_no_agent_reaches_a_node), and horovodrun's node-to-node SSH checks the
+    pinned host keys (_horovods_ssh_checks_the_pinned_keys)."""
     lc = local_cluster(3)
+    _no_agent_reaches_a_node(lc, tmp_path)
+    _horovods_ssh_checks_the_pinned_keys(lc)
     nodes = lc.nodes()
     kh = str(lc.known_hosts)
     jump = f"{nodes[0].ssh_user}@{nodes[0].address}"
@@ -83,6 +88,121 @@ def test_a_node_behind_a_bastion_is_reached_through_it(local_cluster):
     other.write_text("".join(kept))
     proc = ssh.run(behind[0], str(other), "true", timeout=30, check=False)
     assert proc.returncode != 0
+
+
+def _no_agent_reaches_a_node(lc, tmp_path) -> None:
+    """The user's ~/.ssh/config says ForwardAgent yes and ForwardX11 yes, and an agent runs
+    (SSH_AUTH_SOCK set): a command scalelab sends to a node, directly and through the
+    bastion, finds no agent socket there."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from test_validate import fake_home, in_fake_home
+
+    home = fake_home(tmp_path, "Host *\n ForwardAgent yes\n ForwardX11 yes\n")
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    # connections of their own (their known_hosts names other sockets): none rides a
+    # connection opened before the config said anything
+    kh = tmp_path / "kh" / "known_hosts"
+    kh.parent.mkdir(mode=0o700)
+    shutil.copy(lc.known_hosts, kh)
+    try:
+        wait_until(sock.exists, 10, "ssh-agent's socket")
+        nodes = lc.nodes()
+        jump = f"{nodes[0].ssh_user}@{nodes[0].address}"
+        targets = [nodes[1], dataclasses.replace(nodes[1], bastion=jump),
+                   dataclasses.replace(nodes[2], bastion=jump)]
+        code = ("import json, sys\n"
+                "from scalelab.cluster import ssh\n"
+                "from scalelab.cluster.nodes import Node\n"
+                "print(json.dumps([ssh.run(Node.from_dict(n), sys.argv[2], "
+                "'echo ${SSH_AUTH_SOCK:-none}', timeout=30).stdout.strip() "
+                "for n in json.loads(sys.argv[1])]))")
+        proc = in_fake_home(home, [sys.executable, "-c", code,
+                                   json.dumps([n.to_dict() for n in targets]), str(kh)],
+                            env={"SSH_AUTH_SOCK": str(sock)}, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout.splitlines()[-1]) == ["none"] * 3
+    finally:
+        ssh.close_masters(str(kh))
+        agent.terminate()
+        agent.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _horovods_ssh_checks_the_pinned_keys(lc) -> None:
+    """horovodrun's own ssh line (StrictHostKeyChecking=no), run the way scalelab launches
+    horovodrun on the head node: a node whose host key is pinned answers; one whose key is
+    not pinned, or is pinned to another key, is refused. Then the real horovodrun, launched
+    as a sweep launches it, is refused at its SSH check on the unpinned node."""
+    import importlib.util
+    import random
+
+    if importlib.util.find_spec("horovod") is None:
+        pytest.skip("horovod is not installed in the project venv; run ./bootstrap.sh")
+    from horovod.runner.util.remote import get_remote_command
+
+    from scalelab.cluster.targets import local
+    from scalelab.run import commands
+
+    nodes = lc.nodes()
+    kh = str(lc.known_hosts)
+    rt = local.LocalTarget().runtime(lc.load())
+    cmd = commands.horovodrun_commands([nodes[0], nodes[2]], 1, "resnet.py",
+                                       ["--model", "resnet20", "--steps", "1"], rt,
+                                       random.randint(29600, 29900))[0]
+    horovodrun = f"{rt.python.rsplit('/', 1)[0]}/horovodrun"
+    prefix = cmd.argv[:cmd.argv.index(horovodrun)]  # what scalelab runs horovodrun under
+
+    def horovods_ssh(command: str) -> object:
+        line = get_remote_command(command, host=nodes[2].private_address, timeout_s=10)
+        probe = commands.RankCommand(nodes[0], [*prefix, "sh", "-c", line], cmd.env)
+        return ssh.run(nodes[0], kh, commands.remote_line(probe, "/tmp"), timeout=60,
+                       check=False)
+
+    pinned = lc.dir / "node-shared" / "known_hosts"  # the nodes' /etc/scalelab/known_hosts
+    kept = pinned.read_text()
+    lines = kept.splitlines(True)
+    other = [ln for ln in lines if not ln.startswith(f"{nodes[2].name},")]
+    wrong_key = lines[0].split()[1:]  # the head's key, said to be node 2's
+    assert len(other) == len(lines) - 1
+    try:
+        ok = horovods_ssh("hostname")
+        assert ok.returncode == 0 and ok.stdout.strip() == nodes[2].name, ok.stderr
+        for text in ("".join(other),
+                     "".join(other) + f"{nodes[2].name},{nodes[2].address} "
+                     f"{' '.join(wrong_key)}\n"):
+            tmp = pinned.with_name("known_hosts.new")
+            tmp.write_text(text)
+            tmp.chmod(0o644)
+            tmp.replace(pinned)
+            refused = horovods_ssh("touch /tmp/scalelab-horovod-ssh-reached-it")
+            assert refused.returncode != 0
+            assert "Host key verification failed" in refused.stderr, refused.stderr
+            # nothing ran on node 2
+            assert ssh.run(nodes[2], kh, "ls /tmp/scalelab-horovod-ssh-reached-it",
+                           check=False).returncode != 0
+        # the real horovodrun, as a sweep starts it, with node 2 unpinned
+        tmp = pinned.with_name("known_hosts.new")
+        tmp.write_text("".join(other))
+        tmp.replace(pinned)
+        real = ssh.run(nodes[0], kh, commands.remote_line(cmd, rt.workdir), timeout=180,
+                       check=False)
+        assert real.returncode != 0
+        assert "Host key verification failed" in real.stdout + real.stderr, real.stdout[-2000:]
+    finally:
+        tmp = pinned.with_name("known_hosts.new")
+        tmp.write_text(kept)
+        tmp.chmod(0o644)
+        tmp.replace(pinned)
 
 
 @pytest.mark.root

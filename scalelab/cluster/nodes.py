@@ -11,9 +11,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalelab.core.errors import InputError
+from scalelab.core import validate
+from scalelab.core.errors import ClusterError, InputError, ScalelabError
+from scalelab.core.state import cluster_dir
 
 ROLES = ("head", "worker")
+# what a Node built from unchecked values is told (the var-file and record boundaries say
+# more: which file, which entry)
+NODE_FIX = "give the target a user name, host name or address as the field asks"
 
 
 @dataclass(frozen=True)
@@ -40,19 +45,47 @@ class Node:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise InputError(f"node {self.name}: role {self.role!r} must be head or worker")
+        # no Node exists whose user, address, name, port, key, interface or bastion could be
+        # read as an ssh option or change a shell line (scalelab.core.validate)
+        validate.node_fields(self, "", NODE_FIX)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Node:
+    def from_dict(cls, data: dict[str, Any], where: str = "") -> Node:
+        """A Node read back from a record on disk (where: the record's path). A value that
+        scalelab would not have written there is refused with the record named.
+
+        >>> Node.from_dict({"name": "n0", "address": "10.0.0.1", "private_address": "10.0.0.1",
+        ...                 "role": "head", "target": "static", "ssh_user": "-oProxyCommand=x"},
+        ...                "/s/clusters/lab/cluster.json")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        scalelab.core.errors.ClusterError: /s/clusters/lab/cluster.json: node 'n0': ssh_user '-oProxyCommand=x' is not a user name (it starts with '-', ...); ...
+        """
+        if not isinstance(data, dict):
+            raise ClusterError(f"{where or 'a record'}: a node is not a JSON object; put back the "
+                               "record scalelab wrote")
+        validate.node_fields(data, where or "a node record",
+                             "scalelab did not write that value: put back what the var-file or "
+                             "the target gave",
+                             ClusterError)
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (TypeError, ScalelabError) as exc:
+            raise ClusterError(f"{where or 'a node record'}: {exc}") from None
 
 
 def nodes_of(record: dict[str, Any]) -> list[Node]:
-    """The Node records of a cluster record (cluster.json), in its order."""
-    return [Node.from_dict(n) for n in record.get("nodes") or []]
+    """The Node records of a cluster record (cluster.json), in its order; each checked as
+    Node.from_dict does, the record's path named where it is refused."""
+    try:
+        where = str(cluster_dir(record.get("name")) / "cluster.json")
+    except InputError:
+        where = "a cluster record"
+    return [Node.from_dict(n, where) for n in record.get("nodes") or []]
 
 
 def nodes_from_outputs(outputs: dict[str, Any], target: str, ssh_key: str) -> list[Node]:

@@ -26,6 +26,11 @@ MAX_PARALLEL = 8
 # an idle multiplexing master closes after this long; destroy closes them at once
 PERSIST_S = 60
 MUX_ENV = "SCALELAB_SSH_MUX"  # "0": one connection per command (to measure what it saves)
+# scalelab's own options only: no configuration file is read (not the user's ~/.ssh/config,
+# whose "ForwardAgent yes" would hand the user's agent to every node and the bastion, nor
+# /etc/ssh/ssh_config), and nothing is forwarded whatever a file would say
+OWN_ONLY = ["-F", "none", "-o", "ForwardAgent=no", "-o", "ForwardX11=no",
+            "-o", "ClearAllForwardings=yes"]
 
 
 _counted = {"opened": 0, "shared": 0}
@@ -138,8 +143,8 @@ def close_masters(known_hosts: str) -> int:
     for name in sorted(os.listdir(where)):
         sock = os.path.join(where, name)
         try:
-            proc = subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit",
-                                   "scalelab"], capture_output=True, text=True, timeout=15,
+            proc = subprocess.run(["ssh", "-F", "none", "-o", f"ControlPath={sock}", "-O",
+                                   "exit", "scalelab"], capture_output=True, text=True, timeout=15,
                                   stdin=subprocess.DEVNULL, check=False)
             closed += proc.returncode == 0
         except (OSError, subprocess.SubprocessError) as exc:
@@ -163,10 +168,10 @@ def split_bastion(bastion: str, default_user: str) -> tuple[str, str, int]:
 
 def options(node: Node, known_hosts: str | None, connect_timeout: int = 5,
             with_key: bool = True, shared: bool = True) -> list[str]:
-    """Every option of an SSH connection to a node, the one place they are made: the key,
-    pinned host keys, no prompts, timeouts, multiplexing, and the bastion hop when the node
-    has one. ssh, Ansible's inventory (scalelab.cluster.inventory), launch, probes and reaping all
-    take them here.
+    """Every option of an SSH connection to a node, the one place they are made: no
+    configuration file and no forwarding (OWN_ONLY), the key, pinned host keys, no prompts,
+    timeouts, multiplexing, and the bastion hop when the node has one. ssh, Ansible's
+    inventory (scalelab.cluster.inventory), launch, probes and reaping all take them here.
 
     Commands to a node share one connection (ControlMaster, its socket under mux_dir) that
     stays open PERSIST_S seconds after the last; Ansible finds the ControlPath set and uses
@@ -181,7 +186,8 @@ def options(node: Node, known_hosts: str | None, connect_timeout: int = 5,
     >>> n = Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "aws", ssh_key="/s/id",
     ...          ssh_user="ubuntu", bastion="ubuntu@203.0.113.5")
     >>> [o for o in options(n, "/s/kh") if o.startswith("ProxyCommand")]  # doctest: +NORMALIZE_WHITESPACE
-    ['ProxyCommand=ssh -W %h:%p -i /s/id -o IdentitiesOnly=yes -o UserKnownHostsFile=/s/kh
+    ['ProxyCommand=ssh -W %h:%p -F none -o ForwardAgent=no -o ForwardX11=no
+      -o ClearAllForwardings=yes -i /s/id -o IdentitiesOnly=yes -o UserKnownHostsFile=/s/kh
       -o StrictHostKeyChecking=yes -o BatchMode=yes -o ConnectTimeout=5 -o LogLevel=ERROR
       -p 22 ubuntu@203.0.113.5']
     """
@@ -193,8 +199,8 @@ def options(node: Node, known_hosts: str | None, connect_timeout: int = 5,
     # still needs it. A rank's own connection (shared=False) is how a dead node or a cut link
     # is noticed: 3 unanswered keep-alives at 3 s intervals
     alive = ["-o", "ServerAliveInterval=3"] if not shared else ["-o", "ServerAliveInterval=5"]
-    opts = [*(key if with_key else ["-o", "IdentitiesOnly=yes"] if key else []), *pinned,
-            *alive, "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+    opts = [*OWN_ONLY, *(key if with_key else ["-o", "IdentitiesOnly=yes"] if key else []),
+            *pinned, *alive, "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
     if not shared:
         opts += ["-o", "ControlPath=none"]
     elif known_hosts and mux_enabled() and _ready(known_hosts):
@@ -202,7 +208,7 @@ def options(node: Node, known_hosts: str | None, connect_timeout: int = 5,
                  "-o", f"ControlPersist={PERSIST_S}"]
     if node.bastion:
         user, host, port = split_bastion(node.bastion, node.ssh_user)
-        hop = ["ssh", "-W", "%h:%p", *key, *pinned, "-o", "LogLevel=ERROR"]
+        hop = ["ssh", "-W", "%h:%p", *OWN_ONLY, *key, *pinned, "-o", "LogLevel=ERROR"]
         if known_hosts and mux_enabled() and _ready(known_hosts):
             # every hop rides one connection to the bastion, so its MaxStartups is never met
             # (forwarded connections are not sessions: its MaxSessions does not count them)
@@ -220,7 +226,8 @@ def ssh_args(node: Node, known_hosts: str, connect_timeout: int = 5,
 
     >>> n = Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", ssh_key="/s/id")
     >>> " ".join(ssh_args(n, "/s/kh"))  # doctest: +NORMALIZE_WHITESPACE
-    'ssh -i /s/id -o IdentitiesOnly=yes -o UserKnownHostsFile=/s/kh -o StrictHostKeyChecking=yes
+    'ssh -F none -o ForwardAgent=no -o ForwardX11=no -o ClearAllForwardings=yes -i /s/id
+     -o IdentitiesOnly=yes -o UserKnownHostsFile=/s/kh -o StrictHostKeyChecking=yes
      -o BatchMode=yes -o ConnectTimeout=5 -o ServerAliveInterval=5 -o ServerAliveCountMax=3
      -o LogLevel=ERROR -p 22 root@10.0.0.10'
     """
@@ -326,3 +333,76 @@ def run(node: Node, known_hosts: str, command: str, timeout: float = 30.0,
         raise CommandError(f"{node.name} ({node.address}): command failed with exit "
                            f"{proc.returncode}: {err[-1] if err else ''}", stderr=proc.stderr)
     return proc
+
+
+# ------------------------------------------------------------------ node-to-node SSH of horovodrun
+
+# the host keys scalelab pins on the nodes: the common role's block in the global file, and
+# the file every emulated node of the local target reads (/etc/scalelab is its shared folder)
+NODE_PINNED = ("/etc/ssh/ssh_known_hosts", "/etc/scalelab/known_hosts")
+
+# horovodrun starts its remote ranks with `ssh -o PasswordAuthentication=no -o
+# StrictHostKeyChecking=no HOST ...` (horovod/runner/util/remote.py, SSH_COMMAND_PREFIX), found
+# on PATH: this `ssh`, first on PATH, drops the options that would weaken the host-key check or
+# forward anything, and puts scalelab's first (OpenSSH takes an option's first value)
+_PINNED_SSH = r"""#!/bin/sh
+# scalelab: horovodrun's SSH to the other nodes, checked against the pinned host keys only
+o=
+for a do
+    shift
+    if [ -n "$o" ]; then
+        o=
+        v=$a
+    else
+        case $a in
+            -o) o=1; continue ;;
+            -o?*) v=${a#-o} ;;
+            *) set -- "$@" "$a"; continue ;;
+        esac
+    fi
+    case $(printf '%s' "$v" | tr '[:upper:]' '[:lower:]') in
+        stricthostkeychecking*|userknownhostsfile*|globalknownhostsfile*|knownhostscommand*|\
+forwardagent*|forwardx11*|proxycommand*|proxyjump*|localcommand*|permitlocalcommand*) ;;
+        *) set -- "$@" -o "$v" ;;
+    esac
+done
+exec "${SCALELAB_SSH:?}" -o StrictHostKeyChecking=yes -o UserKnownHostsFile=/dev/null \
+    -o "GlobalKnownHostsFile=@PINNED@" -o BatchMode=yes -o ForwardAgent=no \
+    -o ForwardX11=no -o ClearAllForwardings=yes "$@"
+"""
+
+# writes that `ssh` into a private directory of its own, runs the command with it first on
+# PATH, and removes it when the command ends (or the run is ended: TERM, INT, HUP)
+_WITH_PINNED_SSH = """\
+real=$(command -v ssh) || { echo "scalelab: no ssh client on $(hostname)" >&2; exit 127; }
+d=$(mktemp -d "${TMPDIR:-/tmp}/scalelab-ssh.XXXXXX") || exit 1
+trap 'rm -rf "$d"' EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
+cat > "$d/ssh" <<'SCALELAB_EOF'
+@SCRIPT@SCALELAB_EOF
+chmod 700 "$d/ssh"
+SCALELAB_SSH=$real PATH="$d:$PATH" "$@"
+"""
+
+
+def pinned_ssh_script(pinned: tuple[str, ...] = NODE_PINNED) -> str:
+    """The `ssh` that horovodrun finds first on PATH on the head node (see _PINNED_SSH).
+
+    >>> s = pinned_ssh_script()
+    >>> "StrictHostKeyChecking=yes" in s and "GlobalKnownHostsFile=/etc/ssh/ssh_known_hosts " in s
+    True
+    """
+    return _PINNED_SSH.replace("@PINNED@", " ".join(pinned))
+
+
+def with_pinned_ssh(argv: list[str]) -> list[str]:
+    """argv run on a node with pinned_ssh_script() as the `ssh` it finds on PATH: the
+    node-to-node SSH of a launcher that would turn host-key checking off (horovodrun).
+
+    >>> with_pinned_ssh(["/v/bin/horovodrun", "-np", "2"])[:2], with_pinned_ssh(["x"])[3:]
+    (['sh', '-c'], ['scalelab-pinned-ssh', 'x'])
+    """
+    line = _WITH_PINNED_SSH.replace("@SCRIPT@", pinned_ssh_script())
+    return ["sh", "-c", line, "scalelab-pinned-ssh", *argv]

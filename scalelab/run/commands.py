@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.interface import Runtime
 from scalelab.run.reap import TOKEN_VAR
@@ -224,13 +225,16 @@ def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: s
 def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
                         rt: Runtime, port: int, fabric: str = "tcp",
                         device: str = "cpu") -> list[RankCommand]:
-    """horovodrun on the head node; it starts the other ranks itself over SSH (gloo).
+    """horovodrun on the head node; it starts the other ranks itself over SSH (gloo), with
+    the `ssh` of scalelab.cluster.ssh.with_pinned_ssh first on its PATH: horovodrun's own
+    options turn host-key checking off, that `ssh` checks the keys the nodes have pinned.
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
     ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
-    >>> " ".join(horovodrun_commands(ns, 1, "resnet.py", [], rt, 29500)[0].argv)
-    '/v/bin/horovodrun --gloo -np 2 -H 10.0.0.10:1,10.0.0.11:1 --network-interfaces eth0 --gloo-timeout-seconds 60 /v/bin/python /w/bench/workloads/resnet.py'
+    >>> argv = horovodrun_commands(ns, 1, "resnet.py", [], rt, 29500)[0].argv
+    >>> argv[:2], argv[3], " ".join(argv[4:])
+    (['sh', '-c'], 'scalelab-pinned-ssh', '/v/bin/horovodrun --gloo -np 2 -H 10.0.0.10:1,10.0.0.11:1 --network-interfaces eth0 --gloo-timeout-seconds 60 /v/bin/python /w/bench/workloads/resnet.py')
     """
     hosts = ",".join(f"{n.private_address}:{procs_per_node}" for n in nodes)
     bindir = rt.python.rsplit("/", 1)[0]
@@ -245,7 +249,7 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
              *args]
     env = rank_env(nodes[0], procs_per_node, fabric, device, [n.iface for n in nodes])
     env["PATH"] = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    return [RankCommand(nodes[0], argv, env)]
+    return [RankCommand(nodes[0], ssh.with_pinned_ssh(argv), env)]
 
 
 def horovod_node_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scalelab.core import validate
+
 TARGET = "aws"
 GENERATES_KEY = True
 CREDENTIALS_HINT = ("set AWS_PROFILE (with ~/.aws/config) or AWS_ACCESS_KEY_ID and "
@@ -38,4 +40,10 @@ def credentials_present(env: Mapping[str, str] | None = None) -> bool:
 
 def preflight(values: Mapping[str, Any], nodes: int, var_file: Path | None,
               cluster: str) -> None:
-    """Nothing beyond the generic checks: terraform/aws validates its own variables."""
+    """terraform/aws validates its own variables; ssh_user becomes the nodes' login user
+    (every SSH destination and Ansible's ansible_user), so it is checked here, before anything
+    is created."""
+    if "ssh_user" in values:
+        validate.login_name(values["ssh_user"], "ssh_user",
+                            f"aws: var-file {var_file}" if var_file else "aws",
+                            "give the login user of the AMI, e.g. ubuntu")

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scalelab.core import validate
+
 TARGET = "openstack"
 GENERATES_KEY = True
 CREDENTIALS_HINT = ("set OS_CLOUD to an entry of your clouds.yaml, or source your project's "
@@ -32,4 +34,10 @@ def credentials_present(env: Mapping[str, str] | None = None) -> bool:
 
 def preflight(values: Mapping[str, Any], nodes: int, var_file: Path | None,
               cluster: str) -> None:
-    """Nothing beyond the generic checks: terraform/openstack validates its own variables."""
+    """terraform/openstack validates its own variables; ssh_user becomes the nodes' login user
+    (every SSH destination and Ansible's ansible_user), so it is checked here, before anything
+    is created."""
+    if "ssh_user" in values:
+        validate.login_name(values["ssh_user"], "ssh_user",
+                            f"openstack: var-file {var_file}" if var_file else "openstack",
+                            "give the login user of the image, e.g. ubuntu")

@@ -39,6 +39,7 @@ from typing import Any
 from scalelab.cluster import netshape, slurmctl, ssh
 from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.interface import Runtime
+from scalelab.core import validate
 from scalelab.core.errors import ClusterError, InputError
 from scalelab.core.state import PROJECT_ROOT, check_cluster_name, cluster_dir, inventory_dir, load_cluster, save_cluster
 
@@ -63,12 +64,10 @@ def _check_values(values: dict[str, Any], var_file: str) -> dict[str, Any]:
                          f"{', '.join(REQUIRED)} (see README, 'slurm: a cluster you reach through "
                          "its login host')")
     # values that become ssh arguments: a leading dash would make them options
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", str(values["ssh_user"])):
-        raise InputError(f"var-file {var_file}: ssh_user {values['ssh_user']!r} is not a user "
-                         "name")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}", str(values["login_host"])):
-        raise InputError(f"var-file {var_file}: login_host {values['login_host']!r} is not a "
-                         "host name or address")
+    validate.login_name(values["ssh_user"], "ssh_user", f"var-file {var_file}",
+                        "give your login user on the cluster's login host")
+    validate.host(values["login_host"], "login_host", f"var-file {var_file}",
+                  "give the login host's name or address")
     for key in ("python", "workdir"):
         if not str(values[key]).startswith("/"):
             raise InputError(f"var-file {var_file}: {key} {values[key]!r} must be an absolute "
@@ -77,9 +76,10 @@ def _check_values(values: dict[str, Any], var_file: str) -> dict[str, Any]:
         if not Path(str(values[key])).expanduser().is_file():
             raise InputError(f"var-file {var_file}: {key} {values[key]} is not a file on this "
                              "machine")
-    port = values.get("ssh_port", 22)
-    if isinstance(port, bool) or not str(port).isdigit() or not 1 <= int(port) <= 65535:
-        raise InputError(f"var-file {var_file}: ssh_port {port!r} must be 1-65535")
+    validate.port(values.get("ssh_port", 22), "ssh_port", f"var-file {var_file}",
+                  "give the login host's SSH port, or leave ssh_port out for 22")
+    validate.iface(values.get("iface"), "iface", f"var-file {var_file}",
+                   "give the nodes' cluster-network interface, or leave iface out")
     return values
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scalelab.core import validate
 from scalelab.core.errors import InputError
 
 TARGET = "static"
@@ -63,6 +64,38 @@ def _twice(hosts: list[dict[str, Any]], key: str) -> tuple[str, list[int]] | Non
     return None
 
 
+def check_ssh_values(values: Mapping[str, Any], where: str) -> None:
+    """Every var-file value that becomes part of an SSH destination, an ssh option or an
+    Ansible variable (scalelab.core.validate), refused with the entry and the field named.
+
+    >>> check_ssh_values({"ssh_user": "ubuntu", "hosts": [{"address": "192.0.2.1",
+    ...                   "ssh_user": "-oProxyCommand=touch /tmp/x"}]}, "var-file lab.json")
+    Traceback (most recent call last):
+    ...
+    scalelab.core.errors.InputError: static: var-file lab.json: hosts entry 1: ssh_user '-oProxyCommand=touch /tmp/x' is not a user name (it starts with '-', so ssh would read it as an option); give the login user the hosts already trust the key for, e.g. ubuntu
+    """
+    user_fix = "give the login user the hosts already trust the key for, e.g. ubuntu"
+    at = f"static: {where}"
+    if "ssh_user" in values:
+        validate.login_name(values["ssh_user"], "ssh_user", at, user_fix)
+    if values.get("bastion_ip") is not None:
+        validate.host(values["bastion_ip"], "bastion_ip", at,
+                      "give the jump host's address or name, or leave bastion_ip out")
+    for i, h in enumerate(values.get("hosts") or []):
+        entry = f"{at}: hosts entry {i + 1}"
+        validate.host(str(h.get("address", "")).strip(), "address", entry,
+                      "give the address the controller reaches the host at")
+        if h.get("private_address"):
+            validate.host(str(h["private_address"]).strip(), "private_address", entry,
+                          "give the host's address on the cluster network, or leave it out")
+        if h.get("name"):
+            validate.node_name(h["name"], "name", entry,
+                               "give the host's name (letters, digits, '.', '_', '-'), or leave "
+                               "it out")
+        if h.get("ssh_user"):
+            validate.login_name(h["ssh_user"], "ssh_user", entry, user_fix)
+
+
 def key_file(values: Mapping[str, Any], var_file: Path | None) -> Path:
     """ssh_private_key_file from the var-file: ~ expanded, relative to the var-file's folder."""
     raw = str(values.get("ssh_private_key_file") or "")
@@ -85,6 +118,7 @@ def preflight(values: Mapping[str, Any], nodes: int, var_file: Path | None,
     if missing:
         raise InputError(f"static: hosts entry {missing[0] + 1} in {where} has no address; give "
                          "every host the address the controller reaches it at")
+    check_ssh_values(values, where)
     for key, label in (("address", "address"), ("private_address", "private_address"),
                        ("name", "name")):
         dup = _twice(norm, key)
