@@ -18,7 +18,7 @@ from scalelab.core.state import cluster_dir
 ROLES = ("head", "worker")
 # what a Node built from unchecked values is told (the var-file and record boundaries say
 # more: which file, which entry)
-NODE_FIX = "give the target a user name, host name or address as the field asks"
+NODE_FIX = "fix it where it came from (the var-file, or what the target reported)"
 
 
 @dataclass(frozen=True)

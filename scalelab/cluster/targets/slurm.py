@@ -208,7 +208,7 @@ def destroy(cluster: str) -> None:
     import shutil
 
     rec = load_cluster(cluster)
-    login = Node.from_dict(rec["login"])
+    login = Node.from_dict(rec["login"], str(cluster_dir(cluster) / "cluster.json"))
     workdir = (rec.get("nodes") or [{}])[0].get("facts", {}).get("workdir")
     if workdir:
         copy = str(PurePosixPath(workdir) / "bench" / "workloads")
@@ -300,7 +300,7 @@ class SlurmTarget:
                          "scalelab cannot shape its links (its sweeps record the rate measured)")
 
     def login(self, rec: dict[str, Any]) -> Node:
-        return Node.from_dict(rec["login"])
+        return Node.from_dict(rec["login"], str(cluster_dir(rec["name"]) / "cluster.json"))
 
     def launchers(self, rec: dict[str, Any]) -> tuple[str, ...]:
         return ("slurm",)
