@@ -15,11 +15,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import unique_name
+from conftest import invoke, unique_name
 
 from scalelab.cluster import inventory
 from scalelab.cluster.nodes import Node, nodes_from_outputs
@@ -222,11 +224,19 @@ def test_generated_cluster_key(tmp_path):
 
 
 def test_failed_apply_is_destroyed_unless_kept(static_var_file, monkeypatch):
+    """An apply that made something, then failed: what it made is destroyed (Terraform's state
+    then lists nothing), unless --keep-on-failure; an apply that made nothing leaves nothing."""
+    real_apply = Terraform.apply_plan
+
+    def boom_after_apply(self, plan, timeout=None):
+        real_apply(self, plan, timeout=timeout)  # Terraform wrote its state: something exists
+        raise TerraformError("terraform apply failed: quota exceeded", stderr="Error: quota")
+
     def boom(self, plan, timeout=None):
         raise TerraformError("terraform apply failed: quota exceeded", stderr="Error: quota")
 
-    monkeypatch.setattr(Terraform, "apply_plan", boom)
     name = unique_name("st")
+    monkeypatch.setattr(Terraform, "apply_plan", boom_after_apply)
     with pytest.raises(ProvisionError, match="everything it created was destroyed") as ei:
         tf.provision(name, "static", 3, static_var_file())
     assert_one_line(ei.value)
@@ -236,7 +246,279 @@ def test_failed_apply_is_destroyed_unless_kept(static_var_file, monkeypatch):
         tf.provision(name, "static", 3, static_var_file(), keep_on_failure=True)
     assert_one_line(ei.value)
     assert load_cluster(name)["status"] == "failed"
-    assert (cluster_dir(name) / "terraform" / "main.tf").is_file()
+    assert (cluster_dir(name) / "terraform" / "terraform.tfstate").is_file()
+    tf.destroy(name)
+    assert_nothing_created(name)
+
+    monkeypatch.setattr(Terraform, "apply_plan", boom)
+    with pytest.raises(ProvisionError, match="Terraform applied none of it, and nothing of it "
+                                             "is left") as ei:
+        tf.provision(name, "static", 3, static_var_file())
+    assert_one_line(ei.value)
+    assert_nothing_created(name)
+    with pytest.raises(ClusterError, match="kept what was created"):
+        tf.provision(name, "static", 3, static_var_file(), keep_on_failure=True)
+    rec = load_cluster(name)
+    assert rec["status"] == "failed" and rec["terraform"]["applied"] is False
+    tf.destroy(name)  # no state, and the record says Terraform never made anything
+    assert_nothing_created(name)
+
+
+# ---------------------------------------------------------------- Terraform's state is kept
+
+
+def state_of(work: Path) -> tuple[str, int] | None:
+    """(lineage, serial) of the cluster's state: a destroy, as any write, moves the serial."""
+    path = work / "terraform.tfstate"
+    if not path.is_file() or not path.stat().st_size:
+        return None
+    doc = json.loads(path.read_text())
+    return doc["lineage"], doc["serial"]
+
+
+@contextmanager
+def terraform_holding_the_state(work: Path, name: str, nodes: int = 3):
+    """A second Terraform run at work in the cluster's working directory: `terraform console`
+    holds the state's lock (as a running apply or output would) until its input closes."""
+    argv = [str(VENV_TERRAFORM), f"-chdir={work}", "console", "-var-file=operator.tfvars.json",
+            f"-var=cluster_name={name}", f"-var=nodes={nodes}"]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "CHECKPOINT_DISABLE": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not (work / ".terraform.tfstate.lock.info").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "console took no lock"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def test_a_failed_plan_keeps_the_state_another_provision_of_the_cluster_wrote(static_var_file,
+                                                                             monkeypatch):
+    """Two provisions of one cluster at once: while the second was planning, the first applied
+    and went on working with its state (it holds Terraform's lock), so the second's plan fails.
+    The state dir holds the first's state: it stays, with its record and inventory."""
+    name, vf = unique_name("st"), static_var_file()
+    work = cluster_dir(name) / "terraform"
+    real_plan = Terraform.plan
+    first: dict = {}
+
+    def plan(self, *args, **kw):
+        if first:
+            return real_plan(self, *args, **kw)
+        first["running"] = True
+        first["nodes"] = tf.provision(name, "static", 3, vf)  # the first, all the way
+        first["state"] = state_of(work)
+        with terraform_holding_the_state(work, name):
+            return real_plan(self, *args, **kw)
+
+    monkeypatch.setattr(Terraform, "plan", plan)
+    try:
+        with pytest.raises(TerraformError) as ei:
+            tf.provision(name, "static", 2, vf)
+        assert state_of(work) == first["state"] is not None
+        rec = load_cluster(name)
+        assert rec["status"] == "ready" and len(rec["nodes"]) == 3
+        assert inventory.read(inventory_dir() / f"{name}.yml") == first["nodes"]
+        assert tf.status(name).outputs_match
+        msg = assert_one_line(ei.value)
+        assert "Error acquiring the state lock" in msg and "wait for the other Terraform run" in msg
+        assert f"kept {work} and the cluster's record" in msg
+    finally:
+        monkeypatch.undo()
+        if (cluster_dir(name) / "cluster.json").exists():
+            tf.destroy(name)
+    assert_nothing_created(name)
+
+
+def test_a_failed_apply_never_destroys_or_removes_a_state_another_provision_wrote(
+        static_var_file, monkeypatch):
+    """The second provision planned, then the first applied before the second's apply (which
+    then fails: Terraform applies none of a plan it cannot use). The second must neither destroy
+    what the first made nor remove the state dir."""
+    name, vf = unique_name("st"), static_var_file()
+    work = cluster_dir(name) / "terraform"
+    real_plan = Terraform.plan
+    phase = {"now": "second plans"}
+    first: dict = {}
+
+    def plan(self, *args, **kw):
+        out = real_plan(self, *args, **kw)
+        if phase["now"] == "second plans":
+            phase["now"] = "first runs"
+            tf.provision(name, "static", 3, vf)
+            first["state"] = state_of(work)
+            phase["now"] = "second applies"
+        return out
+
+    monkeypatch.setattr(Terraform, "plan", plan)
+    try:
+        with pytest.raises(ProvisionError) as ei:
+            tf.provision(name, "static", 2, vf)
+        assert phase["now"] == "second applies"
+        # the first's state is as it left it: not destroyed (a destroy writes a new serial)
+        assert state_of(work) == first["state"] is not None
+        outputs = Terraform(work).output()
+        assert len(outputs["nodes"]["value"]) == 3
+        msg = assert_one_line(ei.value)
+        assert "Terraform applied none of it" in msg and f"{work} holds a state" in msg
+    finally:
+        monkeypatch.undo()
+        if (cluster_dir(name) / "cluster.json").exists():
+            tf.destroy(name)
+    assert_nothing_created(name)
+
+
+def test_a_new_cluster_whose_working_dir_is_there_without_a_record_is_refused(static_var_file):
+    """A working dir with a state but no record: another provision of the name is running, or
+    its record was lost. Never staged over, never removed."""
+    name = unique_name("st")
+    work = cluster_dir(name) / "terraform"
+    work.mkdir(parents=True)
+    (work / "terraform.tfstate").write_text('{"version": 4, "serial": 3, "lineage": "x"}')
+    with pytest.raises(ClusterError, match="has no record, but its Terraform working directory"
+                                           ) as ei:
+        tf.provision(name, "static", 2, static_var_file())
+    assert "holds a Terraform state (terraform.tfstate)" in assert_one_line(ei.value)
+    assert sorted(p.name for p in work.iterdir()) == ["terraform.tfstate"]
+    shutil.rmtree(cluster_dir(name))
+
+
+def test_destroy_without_the_state_is_refused_in_one_line_and_keeps_the_record(
+        static_cluster, static_var_file):
+    name, recs = static_cluster(nodes=2)
+    work = cluster_dir(name) / "terraform"
+    state = work / "terraform.tfstate"
+    before = load_cluster(name)
+    inv = inventory_dir() / f"{name}.yml"
+    for broken in ("missing", "empty"):
+        if broken == "missing":
+            state.unlink()
+        else:
+            state.write_text("")
+        with pytest.raises(ClusterError) as ei:
+            tf.destroy(name)
+        msg = assert_one_line(ei.value)
+        assert msg.startswith(f"cannot destroy {name}: its Terraform state {state} is missing")
+        assert "put the state file back" in msg
+        assert f"invoke destroy --cluster {name} --state-lost" in msg
+        assert load_cluster(name) == before and inventory.read(inv) == recs
+        # a resize would make everything a second time: refused too, nothing changed
+        with pytest.raises(ClusterError, match="would make everything a second time") as ei:
+            tf.provision(name, "static", 3, static_var_file())
+        assert_one_line(ei.value)
+        assert load_cluster(name) == before
+
+    # as the user runs it; then told the state is lost, destroy removes the rest
+    proc = invoke("destroy", "--cluster", name)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot destroy {name}")
+    assert load_cluster(name) == before
+    assert "--state-lost" in invoke("destroy", "--help").stdout
+    proc = invoke("destroy", "--cluster", name, "--state-lost")
+    assert proc.returncode == 0, proc.stderr
+    assert_nothing_created(name)
+
+    # the state put back: destroy runs Terraform as usual
+    name, _ = static_cluster(nodes=2)
+    state = cluster_dir(name) / "terraform" / "terraform.tfstate"
+    saved = state.read_bytes()
+    state.unlink()
+    with pytest.raises(ClusterError, match="is missing"):
+        tf.destroy(name)
+    state.write_bytes(saved)
+    tf.destroy(name)
+    assert_nothing_created(name)
+
+
+def chattr(flag: str, path: Path) -> None:
+    """Make a file immutable (+i) or not (-i): even root's writes to it fail, as on a full or
+    read-only disk."""
+    subprocess.run(["chattr", flag, str(path)], check=True, capture_output=True)
+
+
+@pytest.fixture
+def immutable():
+    """Factory: make a file immutable; every one is made writable again at teardown."""
+    if not shutil.which("chattr"):
+        pytest.skip("needs chattr (e2fsprogs) to make Terraform's state write fail")
+    made: list[Path] = []
+
+    def make(path: Path) -> Path:
+        path.touch()
+        try:
+            chattr("+i", path)
+        except subprocess.CalledProcessError as exc:
+            pytest.skip(f"this file system has no immutable flag: {exc.stderr.strip()}")
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        if path.exists():
+            chattr("-i", path)
+
+
+def test_a_destroy_terraform_cannot_save_is_a_failure_and_is_retried(static_cluster,
+                                                                     immutable):
+    """Terraform destroys, then cannot write its state (here: the backup it writes first is
+    immutable). That is reported, not "destroyed"; the record stays; once the disk is fixed,
+    destroy pushes back the state Terraform kept in errored.tfstate and finishes."""
+    name, recs = static_cluster(nodes=2)
+    work = cluster_dir(name) / "terraform"
+    backup = immutable(work / "terraform.tfstate.backup")
+    with pytest.raises(TerraformError) as ei:
+        tf.destroy(name)
+    msg = assert_one_line(ei.value)
+    assert msg.startswith(f"destroying {name} failed: ")
+    assert "Failed to persist state" in msg and "the record and the state are kept" in msg
+    assert f"Terraform could not save its state, and what it knows is in {work}/errored.tfstate" \
+        in msg
+    assert load_cluster(name)["status"] == "ready"
+    assert inventory.read(inventory_dir() / f"{name}.yml") == recs
+    assert (work / "errored.tfstate").is_file()
+
+    chattr("-i", backup)  # the disk is fixed
+    tf.destroy(name)
+    assert_nothing_created(name)
+
+
+def test_a_resize_terraform_could_not_save_is_pushed_back_before_destroy(static_cluster,
+                                                                         static_var_file,
+                                                                         immutable, caplog):
+    """A resize applies, then Terraform cannot save its state: what it made is only in
+    errored.tfstate. A destroy from the older state file would leave that behind and say
+    "destroyed"; destroy pushes errored.tfstate back first."""
+    name, _ = static_cluster(nodes=3)
+    work = cluster_dir(name) / "terraform"
+    backup = immutable(work / "terraform.tfstate.backup")
+    with pytest.raises(ProvisionError) as ei:
+        tf.provision(name, "static", 2, static_var_file())
+    msg = assert_one_line(ei.value)
+    assert msg.startswith(f"updating {name} failed") and "errored.tfstate" in msg
+    errored = json.loads((work / "errored.tfstate").read_text())
+    saved = json.loads((work / "terraform.tfstate").read_text())
+    assert len(errored["outputs"]["nodes"]["value"]) == 2  # what Terraform did, only here
+    assert len(saved["outputs"]["nodes"]["value"]) == 3
+    assert load_cluster(name)["status"] == "failed"
+
+    chattr("-i", backup)
+    caplog.set_level(logging.INFO)
+    tf.destroy(name)
+    assert "holds the state Terraform could not save last time; pushing it back" in caplog.text
+    assert_nothing_created(name)
+
+
+def test_terraform_runs_ignore_variables_that_move_the_state(static_cluster, monkeypatch):
+    """TF_WORKSPACE (or TF_CLI_ARGS, TF_DATA_DIR) in the user's shell would put the state
+    somewhere destroy does not look."""
+    monkeypatch.setenv("TF_WORKSPACE", "elsewhere")
+    monkeypatch.setenv("TF_CLI_ARGS_plan", "-refresh=false")
+    name, _ = static_cluster(nodes=2)
+    work = cluster_dir(name) / "terraform"
+    assert (work / "terraform.tfstate").is_file() and not (work / "terraform.tfstate.d").exists()
     tf.destroy(name)
     assert_nothing_created(name)
 
@@ -471,6 +753,26 @@ def test_variables_typed_described_and_documented(target):
         assert f"`{v.name}`" in readme, f"terraform/{target}/README.md does not list {v.name}"
     for name in tfmodule.CONTRACT_OUTPUTS:
         assert f"`{name}`" in readme
+
+
+@pytest.mark.parametrize("target", ["aws", "openstack"])
+def test_cloud_security_groups_let_in_only_ssh_from_the_operator(target):
+    """From outside the cluster's own group, only SSH (22) from operator_cidr: JupyterLab's
+    plain HTTP is reached through an SSH tunnel, never through an open port."""
+    from_outside = []
+    for item in tfmodule.parse_hcl(MODULES / target / "main.tf").get("resource", []):
+        for kind, rules in item.items():
+            for name, rule in rules.items():
+                ingress = kind == "aws_vpc_security_group_ingress_rule" or (
+                    kind == "openstack_networking_secgroup_rule_v2"
+                    and rule.get("direction") == "ingress")
+                group_only = rule.get("referenced_security_group_id") or rule.get("remote_group_id")
+                if ingress and not group_only:
+                    from_outside.append((name, rule.get("cidr_ipv4") or rule.get("remote_ip_prefix"),
+                                         rule.get("from_port", rule.get("port_range_min")),
+                                         rule.get("to_port", rule.get("port_range_max"))))
+    assert from_outside == [("ssh_from_operator", "${var.operator_cidr}", 22, 22)]
+    assert "jupyter_port" not in tfmodule.read_variables(MODULES / target)
 
 
 @pytest.mark.parametrize("target", TERRAFORM_TARGETS)

@@ -48,6 +48,12 @@ _TAKES_NO_COLOR = _TAKES_INPUT | {"output", "validate", "show", "fmt", "state", 
 
 # Environment for every run: no version check against the network, no prompts.
 BASE_ENV = {"CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1", "TF_INPUT": "0"}
+# Variables of the user's shell that would move a cluster's state away from the working
+# directory or add arguments behind scalelab's back (a workspace keeps its state in
+# terraform.tfstate.d/<name>/, TF_CLI_ARGS_destroy=-state=... writes elsewhere, TF_DATA_DIR
+# shares one .terraform between clusters): scalelab reads the state where it put it, so none
+# of them reaches a run.
+_STATE_MOVING_ENV = re.compile(r"^(TF_WORKSPACE|TF_DATA_DIR|TF_CLI_ARGS(_\w+)?)$")
 
 # Names of environment variables whose values never appear in a log line or an error.
 _SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY",
@@ -244,9 +250,16 @@ def find_binary(env: Mapping[str, str] | None = None) -> str:
                          f"and in {venv_bin}); {INSTALL_HINT}")
 
 
-def run_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment Terraform runs with: ours, plus no checkpoint calls and no prompts."""
-    env = dict(os.environ)
+def run_env(extra: Mapping[str, str] | None = None,
+            base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment Terraform runs with: ours (or base), plus no checkpoint calls and no
+    prompts, less the variables that would move the state.
+
+    >>> sorted(run_env(base={"PATH": "/bin", "TF_WORKSPACE": "x", "TF_CLI_ARGS_destroy": "-y"}))
+    ['CHECKPOINT_DISABLE', 'PATH', 'TF_INPUT', 'TF_IN_AUTOMATION']
+    """
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items() if not _STATE_MOVING_ENV.match(k)}
     env.update(BASE_ENV)
     env.update(extra or {})
     return env
@@ -350,8 +363,15 @@ class Terraform:
                                  stderr=res.stderr) from None
 
     def state_list(self, timeout: float | None = 120) -> list[str]:
+        """The addresses of what the state holds (resources and data sources)."""
         res = self.run("state list", timeout=timeout, stream=False)
         return [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+
+    def state_push(self, path: str, force: bool = False, timeout: float | None = 120) -> None:
+        """`terraform state push PATH` (relative to the working directory). Terraform refuses a
+        state of another lineage or an older serial than the one it holds, unless force: the
+        caller then checks the lineage itself."""
+        self.run("state push", *(["-force"] if force else []), path, timeout=timeout)
 
     def version(self, timeout: float | None = 60) -> str:
         """'1.0.3' (Terraform) or the OpenTofu version, from `version -json`."""

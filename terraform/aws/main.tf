@@ -82,6 +82,9 @@ resource "aws_route_table_association" "cluster" {
 
 # ---------------------------------------------------------------- security group
 
+# No JupyterLab port is open to anyone: it listens on the head node's loopback and is reached
+# through an SSH tunnel (README). The description still names it because AWS cannot change a
+# group's description in place: a new one would replace the group under running instances.
 resource "aws_security_group" "cluster" {
   name        = local.prefix
   description = "scalelab ${var.cluster_name}: SSH and JupyterLab from the operator, everything within the cluster subnet"
@@ -96,15 +99,6 @@ resource "aws_vpc_security_group_ingress_rule" "ssh_from_operator" {
   ip_protocol       = "tcp"
   from_port         = 22
   to_port           = 22
-}
-
-resource "aws_vpc_security_group_ingress_rule" "jupyter_from_operator" {
-  security_group_id = aws_security_group.cluster.id
-  description       = "JupyterLab from the operator only"
-  cidr_ipv4         = var.operator_cidr
-  ip_protocol       = "tcp"
-  from_port         = var.jupyter_port
-  to_port           = var.jupyter_port
 }
 
 # TCP between the cluster's own nodes: SSH, the torchrun and Horovod rendezvous, and the ports

@@ -34,7 +34,7 @@ variable "region" {
 
 variable "operator_cidr" {
   type        = string
-  description = "IPv4 range the operator works from, e.g. 203.0.113.7/32: the only source allowed to reach SSH and JupyterLab."
+  description = "IPv4 range the operator works from, e.g. 203.0.113.7/32: the only source allowed to reach SSH (JupyterLab is reached through an SSH tunnel)."
 
   validation {
     condition     = can(cidrhost(var.operator_cidr, 0)) && can(regex("^[0-9.]+/(1[6-9]|2[0-9]|3[0-2])$", var.operator_cidr))
@@ -115,12 +115,6 @@ variable "subnet_cidr" {
     condition     = can(cidrhost(var.subnet_cidr, 0))
     error_message = "The subnet_cidr must be an IPv4 CIDR such as 10.43.1.0/24."
   }
-}
-
-variable "jupyter_port" {
-  type        = number
-  description = "TCP port of JupyterLab on the nodes, reachable only from operator_cidr."
-  default     = 8888
 }
 
 variable "tags" {

@@ -71,7 +71,7 @@ data "openstack_networking_subnet_v2" "existing" {
 
 resource "openstack_networking_secgroup_v2" "cluster" {
   name                 = local.prefix
-  description          = "scalelab ${var.cluster_name}: SSH and JupyterLab from the operator, everything within the cluster subnet"
+  description          = "scalelab ${var.cluster_name}: SSH from the operator, TCP between the cluster's own nodes"
   delete_default_rules = true
 }
 
@@ -86,19 +86,9 @@ resource "openstack_networking_secgroup_rule_v2" "ssh_from_operator" {
   remote_ip_prefix  = var.operator_cidr
 }
 
-resource "openstack_networking_secgroup_rule_v2" "jupyter_from_operator" {
-  security_group_id = openstack_networking_secgroup_v2.cluster.id
-  description       = "JupyterLab from the operator only"
-  direction         = "ingress"
-  ethertype         = "IPv4"
-  protocol          = "tcp"
-  port_range_min    = var.jupyter_port
-  port_range_max    = var.jupyter_port
-  remote_ip_prefix  = var.operator_cidr
-}
-
 # Members of the cluster's own group only: with existing_network the subnet is shared, and
-# other tenants must not reach the unauthenticated Gloo/torchrun ports or JupyterLab.
+# other tenants must not reach the unauthenticated Gloo/torchrun ports. JupyterLab has no
+# rule at all: it listens on the head node's loopback, reached through an SSH tunnel (README).
 resource "openstack_networking_secgroup_rule_v2" "cluster_internal" {
   security_group_id = openstack_networking_secgroup_v2.cluster.id
   description       = "TCP between the cluster's own nodes (NCCL, Gloo, rendezvous, NFS, SSH)"

@@ -29,7 +29,7 @@ variable "ssh_public_key" {
 
 variable "operator_cidr" {
   type        = string
-  description = "IPv4 range the operator works from, e.g. 203.0.113.7/32: the only source allowed to reach SSH and JupyterLab on the head node."
+  description = "IPv4 range the operator works from, e.g. 203.0.113.7/32: the only source allowed to reach SSH on the head node (JupyterLab is reached through an SSH tunnel)."
 
   validation {
     condition     = can(cidrhost(var.operator_cidr, 0)) && can(regex("^[0-9.]+/(1[6-9]|2[0-9]|3[0-2])$", var.operator_cidr))
@@ -116,12 +116,6 @@ variable "availability_zone" {
   type        = string
   description = "Nova availability zone for the instances; null lets the scheduler choose."
   default     = null
-}
-
-variable "jupyter_port" {
-  type        = number
-  description = "TCP port of JupyterLab on the head node, reachable only from operator_cidr."
-  default     = 8888
 }
 
 variable "max_nodes" {
