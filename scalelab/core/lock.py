@@ -9,24 +9,30 @@ a closed laptop), so the next command takes it over without a stale lock to clea
 keeps the holder's pid, command and start time for the refusal to name.
 
 Held again by the same process (demo provisions, benches and destroys), the lock nests.
+
+The lock file lives where Linux keeps lock files (/run/lock, a tmpfs), named after the state
+directory and the cluster, and is removed when its holder lets go: a command, refused or not,
+writes nothing in the state directory and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import hashlib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import ClusterError
-from scalelab.core.state import check_cluster_name, private_dir, state_root
+from scalelab.core.state import check_cluster_name, state_root
 
-LOCKS = "locks"  # under the state directory: a cluster's folder goes with destroy, its lock not
+LOCK_DIRS = (Path("/run/lock"), Path(tempfile.gettempdir()))
 _held: dict[str, list[Any]] = {}  # cluster -> [open lock file, depth], this process's
 
 
@@ -35,7 +41,11 @@ class ClusterBusy(ClusterError):
 
 
 def lock_path(cluster: str) -> Path:
-    return private_dir(state_root() / LOCKS) / f"{check_cluster_name(cluster)}.lock"
+    """/run/lock/scalelab-<state directory's digest>-<cluster>.lock: one per cluster of one
+    state directory (tests and users with their own SCALELAB_HOME never meet)."""
+    home = hashlib.sha256(str(state_root().resolve()).encode()).hexdigest()[:12]
+    where = next((d for d in LOCK_DIRS if d.is_dir() and os.access(d, os.W_OK)), LOCK_DIRS[-1])
+    return where / f"scalelab-{home}-{check_cluster_name(cluster)}.lock"
 
 
 def _command() -> str:
@@ -87,13 +97,7 @@ def hold(cluster: str) -> Iterator[None]:
             mine[1] -= 1
         return
     path = lock_path(cluster)
-    # not truncated on open: the holder's note must stay for the refusal to read
-    fh = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+")  # noqa: SIM115
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        raise ClusterBusy(busy_message(cluster, holder(cluster))) from None
+    fh = _take(path, cluster)
     try:
         since = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         fh.seek(0)
@@ -104,4 +108,33 @@ def hold(cluster: str) -> Iterator[None]:
         yield
     finally:
         _held.pop(cluster, None)
+        try:
+            path.unlink()  # while held: whoever opens the name next makes a new file
+        except OSError:
+            pass
         fh.close()  # releases the flock
+
+
+def _take(path: Path, cluster: str) -> Any:
+    """The locked, open lock file; ClusterBusy if another process holds it."""
+    while True:
+        # not truncated on open: the holder's note must stay for the refusal to read; never
+        # through a link another user of this world-writable directory planted
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise ClusterError(f"cannot open the lock file {path} ({exc.strerror}); remove it "
+                               "if nothing of scalelab's runs, and run this again") from None
+        fh = open(fd, "r+")  # noqa: SIM115
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise ClusterBusy(busy_message(cluster, holder(cluster))) from None
+        try:
+            same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fh
+        fh.close()  # the last holder removed this file as it let go: take the new one
