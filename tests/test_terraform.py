@@ -433,6 +433,25 @@ def test_destroy_without_the_state_is_refused_in_one_line_and_keeps_the_record(
     assert_nothing_created(name)
 
 
+def test_destroy_is_not_done_while_terraform_still_lists_resources(static_cluster, monkeypatch):
+    """The outcome is read from Terraform after `terraform destroy`: the static module has no
+    resources of its own, so here the state list is made to show one left behind (as a cloud
+    whose delete did not go through would); data sources are only reads and do not count."""
+    name, recs = static_cluster(nodes=2)
+    left = ["data.aws_ami.ubuntu", "aws_instance.node[1]", "module.net.aws_vpc.this"]
+    monkeypatch.setattr(Terraform, "state_list", lambda self, timeout=120: left)
+    with pytest.raises(TerraformError) as ei:
+        tf.destroy(name)
+    msg = assert_one_line(ei.value)
+    assert "Terraform's state still lists 2 resource(s): aws_instance.node[1], " \
+           "module.net.aws_vpc.this" in msg and "rerun invoke destroy" in msg
+    assert load_cluster(name)["status"] == "ready"
+    assert inventory.read(inventory_dir() / f"{name}.yml") == recs
+    monkeypatch.undo()
+    tf.destroy(name)
+    assert_nothing_created(name)
+
+
 def chattr(flag: str, path: Path) -> None:
     """Make a file immutable (+i) or not (-i): even root's writes to it fail, as on a full or
     read-only disk."""

@@ -216,10 +216,11 @@ def _push_errored(tf: Terraform, workdir: Path) -> None:
 
 
 def _check_destroyed(tf: Terraform, workdir: Path) -> None:
-    """Terraform's own word that nothing is left: its state lists no resource and was saved."""
+    """Terraform's own word that nothing is left: its state lists no resource and was saved.
+    Data sources (data.*) are only reads, and cost nothing."""
     if (workdir / ERRORED_FILE).exists():
         raise TerraformError("Terraform could not save its state after destroying")
-    left = tf.state_list()
+    left = [a for a in tf.state_list() if not (a.startswith("data.") or ".data." in a)]
     if left:
         more = f" and {len(left) - 3} more" if len(left) > 3 else ""
         raise TerraformError(f"Terraform's state still lists {len(left)} resource(s): "
