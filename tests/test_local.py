@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import itertools
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import have, invoke, needs_root, needs_sshd, unique_name, wait_listening
+from conftest import (
+    ROOT,
+    have,
+    invoke,
+    needs_root,
+    needs_sshd,
+    running,
+    unique_name,
+    wait_listening,
+    wait_until,
+)
 
 from scalelab.cluster import ssh
 from scalelab.cluster.targets import local, localhost
@@ -20,6 +34,7 @@ from scalelab.cluster.targets.local import LocalCluster
 from scalelab.cluster.targets.localhost import leftovers
 from scalelab.core import sh
 from scalelab.core.errors import InputError, ProvisionError
+from scalelab.core.state import cluster_dir, private_dir, save_cluster
 
 pytestmark = [needs_root, needs_sshd, pytest.mark.root]
 
@@ -221,10 +236,9 @@ def test_subnet_never_routes_through_the_default_gateway(monkeypatch):
     if gw is None:
         pytest.skip("no default route on this host")
     lc = LocalCluster(unique_name())
-    h = localhost.short_hash(lc.name)
     real_run = sh.run
     checks = {"n": 0, "with_links": 0}
-    state = {"subnet": None}
+    state = {"subnet": None, "lid": None}
 
     def raw(*cmd: str) -> str:
         return subprocess.run(cmd, capture_output=True, text=True).stdout
@@ -233,14 +247,17 @@ def test_subnet_never_routes_through_the_default_gateway(monkeypatch):
         result = real_run(cmd, **kw)
         rec_path = lc.dir / "cluster.json"
         if state["subnet"] is None and rec_path.exists():
-            state["subnet"] = json.loads(rec_path.read_text())["subnet"]
+            rec = json.loads(rec_path.read_text())
+            state["subnet"], state["lid"] = rec["subnet"], rec["link_id"]
         if state["subnet"]:
             net = ipaddress.ip_network(state["subnet"])
             routes = json.loads(raw("ip", "-j", "-4", "route", "show", "table", "all") or "[]")
             guarded = any(r.get("type") == "unreachable" and r.get("dst") == str(net)
                           for r in routes)
             links = [ln["ifname"] for ln in json.loads(raw("ip", "-j", "link", "show"))]
-            ours = [x for x in links if x == f"slb{h}" or x.startswith(f"slv{h}n")]
+            lid = state["lid"]
+            ours = [x for x in links if x == localhost.bridge_of(lid)
+                    or x.startswith(localhost.host_veth(lid, 0)[:-1])]
             if ours:
                 checks["with_links"] += 1
                 assert guarded, f"after {cmd}: links {ours} exist without the guard route"
@@ -328,3 +345,183 @@ def test_not_root_is_one_line_saying_why():
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (home / "s").exists()
     shutil.rmtree(home)
+
+
+# ------------------------------------------------------------ what is the cluster's, proven
+
+NOTHING = {"netns": [], "links": [], "cgroups": [], "mounts": [], "state": []}
+
+
+def processes_of(lc: LocalCluster) -> list[int]:
+    """Running processes that are the cluster's: chrooted into one of its nodes' roots, or in
+    one of its cgroups."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            root = os.readlink(f"/proc/{entry}/root")
+            groups = Path(f"/proc/{entry}/cgroup").read_text()
+        except OSError:
+            continue
+        if (root.startswith(str(lc.dir)) or f"/scalelab/{lc.name}/" in groups) \
+                and running(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def namespaces() -> set[str]:
+    run_netns = Path("/run/netns")
+    return set(os.listdir(run_netns)) if run_netns.is_dir() else set()
+
+
+def test_ctrl_c_during_provision_removes_what_it_made_and_destroy_spares_a_strangers_pid():
+    """SIGINT to `invoke provision` once its first namespace exists: every namespace, link,
+    the guard route, mount and sshd it made is gone, and provisioning that name again works.
+    Then that cluster's sshd is ended and its recorded pid handed to a process of ours in the
+    host's namespace (as after a reboot): destroy leaves that process running."""
+    lc = LocalCluster(unique_name())
+    links_before = {ln["ifname"] for ln in localhost.host_links()}
+    guards_before = set(localhost.guard_routes())
+    env = {**os.environ, "SCALELAB_LOG": "WARNING"}
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--cluster", lc.name,
+                             "--nodes", "3"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stranger = None
+    try:
+        wait_until(lambda: proc.poll() is not None or any(
+            n.startswith(f"scalelab-{lc.name}-n") for n in namespaces()), 60,
+            "a namespace of the cluster")
+        assert proc.poll() is None, "provision ended before it could be interrupted"
+        rec = json.loads((lc.dir / "cluster.json").read_text())  # written before any node
+        proc.send_signal(signal.SIGINT)  # by pid: the invoke process this test started
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        assert leftovers(lc.name) == NOTHING, err
+        assert err.strip().splitlines()[-1] == "interrupted", err
+        assert "removing what it created" in err, err
+        links = {ln["ifname"] for ln in localhost.host_links()}
+        assert rec["bridge"] not in links
+        assert not [x for x in links - links_before if x.startswith(("slb", "slv"))]
+        assert set(localhost.guard_routes()) == guards_before
+        assert rec["subnet"] not in sh.run(["ip", "-j", "route", "show", "table", "all"]).stdout
+        assert not processes_of(lc)
+
+        again = invoke("provision", "--cluster", lc.name, "--nodes", "1")
+        assert again.returncode == 0, again.stderr
+        assert on(lc, 0, "hostname") == f"{lc.name}-n0"
+
+        # its sshd ends; the pid recorded for it is now a process of ours outside the node
+        rec = lc.load()
+        node = f"{lc.name}-n0"
+        localhost.end_pids([rec["pids"][node]])
+        stranger = subprocess.Popen(["sleep", "300"])
+        rec["pids"][node] = stranger.pid
+        lc.save(rec)
+        (lc.dir / "nodes" / node / "sshd.pid").write_text(f"{stranger.pid}\n")
+        gone = invoke("destroy", "--cluster", lc.name)
+        assert gone.returncode == 0, gone.stderr
+        assert stranger.poll() is None and running(stranger.pid), "destroy ended a stranger"
+        assert leftovers(lc.name) == NOTHING
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        if stranger is not None:
+            stranger.kill()  # ours, by pid
+            stranger.wait(timeout=10)
+        if lc.dir.exists() or any(leftovers(lc.name).values()):
+            lc.destroy()
+
+
+@pytest.fixture(scope="module")
+def standing():
+    """One node of a cluster the tests below look at and must leave as they found it."""
+    lc = LocalCluster(unique_name())
+    try:
+        lc.provision(1)
+        yield lc
+    finally:
+        lc.destroy()
+
+
+def test_demo_refuses_a_cluster_it_did_not_create(standing):
+    """`invoke demo` on a name that exists: one line, before any provisioning or sweep."""
+    before = (standing.dir / "cluster.json").read_bytes()
+    reports = Path(os.environ["SCALELAB_REPORTS"])
+    reports_before = sorted(reports.rglob("*"))
+    proc = invoke("demo", "--cluster", standing.name, "--nodes", "2", "--sweep", "ci",
+                  timeout=60)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"cluster {standing.name} already exists" in err, err
+    assert f"invoke destroy --cluster {standing.name}" in err and "--cluster NAME" in err, err
+    assert (standing.dir / "cluster.json").read_bytes() == before
+    assert standing.alive() == [True]
+    assert localhost.netns_name(standing.name, 1) not in namespaces()
+    assert sorted(reports.rglob("*")) == reports_before
+
+
+def five_digits(name: str) -> str:
+    """The hex digits bridge names were made of before link ids (sha1, five of them)."""
+    return hashlib.sha1(name.encode()).hexdigest()[:5]
+
+
+def colliding_name(name: str) -> str:
+    """Another valid cluster name whose five digits are name's (about 2**20 tries)."""
+    want = five_digits(name)
+    return next(c for c in (f"b{k}" for k in itertools.count())
+                if c != name and five_digits(c) == want)
+
+
+def test_destroying_another_name_leaves_a_clusters_bridge_alone(standing):
+    """Destroy of a name whose old five-digit bridge name is this cluster's, never created,
+    then with a record naming this cluster's bridge: the bridge, its veth and node stay."""
+    rec = standing.load()
+    node = standing.nodes()[0]
+    other = colliding_name(standing.name)
+
+    def intact() -> None:
+        links = {ln["ifname"]: ln for ln in localhost.host_links()}
+        assert links[rec["bridge"]].get("ifalias") == localhost.link_alias(standing.name)
+        assert localhost.host_veth(rec["link_id"], 0) in links
+        assert on(standing, 0, "hostname") == node.name
+
+    proc = invoke("destroy", "--cluster", other)
+    assert proc.returncode == 1 and f"cluster {other!r} not found" in proc.stderr, proc.stderr
+    intact()
+    # a record of another cluster that names this one's bridge, veth and sshd pid (hand-edited,
+    # or left by names that collided): its destroy removes only what carries its own alias,
+    # and ends only what runs in its own nodes
+    sshd = rec["pids"][node.name]
+    private_dir(cluster_dir(other))
+    save_cluster(other, {"name": other, "target": "local", "subnet": "10.213.254.0/24",
+                         "link_id": rec["link_id"], "bridge": rec["bridge"],
+                         "nodes": [{"name": f"{other}-n0"}], "pids": {f"{other}-n0": sshd},
+                         "cpus_per_node": 1.0, "bandwidth_mbit": None,
+                         "known_hosts": str(cluster_dir(other) / "known_hosts")})
+    proc = invoke("destroy", "--cluster", other)
+    assert proc.returncode == 0, proc.stderr
+    assert not cluster_dir(other).exists()
+    intact()
+    assert standing.load()["pids"][node.name] == sshd and running(sshd)
+    # names within Linux's 15 characters, with 48 bits of the name's hash in the bridge's
+    assert len(rec["bridge"]) <= 15 and len(localhost.host_veth(rec["link_id"], 63)) <= 15
+    assert len(rec["link_id"]) == 12
+
+
+def test_destroy_of_a_name_not_recorded_here_leaves_its_namespace_alone():
+    """A namespace named as a node of a cluster this state directory never made (another
+    SCALELAB_HOME's, or someone's): destroy of that name refuses in one line, and keeps it."""
+    name = unique_name()
+    ns = localhost.netns_name(name, 0)
+    sh.run(["ip", "netns", "add", ns])
+    try:
+        proc = invoke("destroy", "--cluster", name)
+        err = proc.stderr.strip()
+        assert proc.returncode == 1 and len(err.splitlines()) == 1, err
+        assert f"cluster {name} is not recorded in this state directory" in err, err
+        assert ns in namespaces()
+    finally:
+        sh.run(["ip", "netns", "del", ns], check=False)

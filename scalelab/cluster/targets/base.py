@@ -60,7 +60,15 @@ def destroy_unrecorded(cluster: str) -> bool:
     from scalelab.cluster.targets.local import LocalCluster
     from scalelab.cluster.targets.localhost import leftovers
 
-    if any(leftovers(cluster).values()):
+    left = leftovers(cluster)
+    # a provision records the cluster before it makes anything, in a directory of this state
+    # directory: without that directory or links carrying this cluster's alias, namespaces or
+    # cgroups of the same name are another state directory's (or someone's), not to remove
+    if left["state"] or left["links"]:
         LocalCluster(cluster).destroy()
         return True
+    if any(left.values()):
+        found = ", ".join(left["netns"] + left["cgroups"])
+        raise ClusterError(f"cluster {cluster} is not recorded in this state directory, but "
+                           f"{found} exist; destroy it from the SCALELAB_HOME that made it")
     return False

@@ -11,7 +11,13 @@ Each node is
 
 Safety: before anything else a guard route (`unreachable <subnet>` at the lowest priority) is
 installed in the root namespace, so cluster-subnet traffic can never leave through the default
-route, even between teardown steps; it is removed last.
+route, even between teardown steps; it is removed once the cluster's links are gone.
+
+What is the cluster's is proven before it is removed: its bridge and veths carry an alias
+naming the cluster and its state directory (their names, picked free at provision time, are
+in the record), and a process is ended only while it runs in one of the node's network
+namespaces or cgroups, never because a recorded pid says so. Ctrl-C (or SIGTERM, SIGHUP)
+during provision lets the step under way finish, then removes what that call made.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ import ipaddress
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +44,30 @@ from scalelab.cluster.targets.localhost import (
     NODE_IFACE,
     TARGET,
     CpuCgroup,
-    _alive,
+    _alive,  # noqa: F401 (tests import it from here)
     _host_memory_mb,
     _sshd_config,
+    _state,
     bridge_address,
-    bridge_name,
+    bridge_of,
     cgroup_mounts,
+    child_of_this_process,
     end_pids,
+    guard_routes,
+    host_links,
     host_veth,
+    in_netns,
+    link_alias,
     netem_available,
     netns_name,
+    netns_pids,
     node_address,
     node_name,
     node_rates,
+    own_links,
+    pick_link_id,
     pick_subnet,
+    record_link_id,
     require_root,
     shape_loopback,
     shape_node,
@@ -58,6 +78,7 @@ from scalelab.core.state import (
     PROJECT_ROOT,
     check_cluster_name,
     cluster_dir,
+    list_clusters,
     load_cluster,
     private_dir,
     save_cluster,
@@ -91,6 +112,35 @@ def _checked_request(nodes: int | str, cpus_per_node: str | float,
     return nodes, cpus, rate
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _signals_noted() -> Iterator[threading.Event]:
+    """While provisioning, Ctrl-C, SIGTERM and SIGHUP set the event instead of raising: the
+    step under way finishes (a route added but not recorded, or an sshd started but not
+    recorded, could not be undone), the next step raises KeyboardInterrupt, and the undo runs
+    whole, however often the key is pressed. Only the main thread owns signal handlers;
+    elsewhere the event is never set."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        if not stop.is_set():
+            log.warning("%s: stopping after the step under way, then removing what this "
+                        "provision made", signal.Signals(signum).name)
+        stop.set()
+
+    old = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+    try:
+        yield stop
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 # ------------------------------------------------------------------ the target
 
 class LocalCluster:
@@ -103,6 +153,7 @@ class LocalCluster:
         self.known_hosts = self.dir / "known_hosts"
         self.shared = self.dir / "node-shared"  # bind-mounted read-only at /etc/scalelab on nodes
         self._step = ""  # the provisioning step under way, named if it fails
+        self._stop = threading.Event()  # set by a signal during provision
 
     # -- records
 
@@ -124,26 +175,55 @@ class LocalCluster:
     def provision(self, nodes: int, cpus_per_node: str | float = 1.0,
                   bandwidth: str = "native", subnet: str | None = None) -> list[Node]:
         nodes, cpus, rate = _checked_request(nodes, cpus_per_node, bandwidth)
+        with _signals_noted() as stop:
+            self._stop = stop
+            try:
+                return self._provision(nodes, cpus, rate, subnet)
+            finally:
+                self._stop = threading.Event()
+
+    def _provision(self, nodes: int, cpus: float, rate: float | None,
+                   subnet: str | None) -> list[Node]:
         rec, fresh = self._record(nodes, cpus, rate, subnet)
         created: list[int] = []
         self._step = "prepare"
         try:
             self._converge(rec, fresh, nodes, cpus, rate, created)
-        except Exception as exc:
-            log.warning("provision failed at step %s; removing what was created", self._step)
-            for i in reversed(created):
-                self._remove_node(i, rec["pids"].pop(node_name(self.name, i), None),
-                                  best_effort=True)
-                rec["nodes"] = [n for n in rec["nodes"] if self._index(n["name"]) != i]
-            if fresh:
-                self.destroy(best_effort=True)
-            else:
-                self._write_known_hosts(rec)
-                self.save(rec)
+            self._at("done")  # a signal during the last step still undoes this call
+        except BaseException as exc:  # KeyboardInterrupt too: Ctrl-C must not leave a half
+            log.warning("provision %s at step %s; removing what it created",
+                        "interrupted" if self._stop.is_set() else "failed", self._step)
+            self._undo(rec, fresh, created)
+            if self._stop.is_set() or isinstance(exc, KeyboardInterrupt):
+                raise KeyboardInterrupt from exc
             detail = exc.args[0] if exc.args else type(exc).__name__
             raise ProvisionError(f"local provisioning failed at step '{self._step}': {detail}; "
                                  "everything it created was removed") from exc
         return self.nodes(rec)
+
+    def _at(self, step: str) -> None:
+        """Start the next step, or stop here if a signal came during the one before."""
+        if self._stop.is_set():
+            raise KeyboardInterrupt
+        self._step = step
+
+    def _undo(self, rec: dict[str, Any], fresh: bool, created: list[int]) -> None:
+        """Remove what this provision made: the whole cluster if it made the cluster, else the
+        nodes it added (the record and inventory then list the nodes that stay)."""
+        if fresh:
+            # only what this call made: namespaces of the same name that were there before
+            # are not this call's (another state directory's cluster, say)
+            self._teardown(rec, set(created))
+            return
+        for i in reversed(created):
+            name = node_name(self.name, i)
+            self._remove_node(i, rec["pids"].pop(name, None), rec, best_effort=True)
+            rec["nodes"] = [n for n in rec["nodes"] if self._index(n["name"]) != i]
+        try:
+            self._commit(rec)
+        except Exception as exc:  # the record of the nodes kept is saved regardless
+            log.warning("cluster %s: inventory not rewritten after the undo: %s", self.name, exc)
+            self.save(rec)
 
     def _record(self, nodes: int, cpus: float, rate: float | None,
                 subnet: str | None) -> tuple[dict[str, Any], bool]:
@@ -153,8 +233,9 @@ class LocalCluster:
         fresh = rec is None
         if fresh:
             net = pick_subnet(subnet, self.name)
-            rec = {"name": self.name, "target": TARGET, "subnet": str(net),
-                   "bridge": bridge_name(self.name), "cpus_per_node": cpus,
+            lid = pick_link_id(self.name, host_links(), self._link_ids_taken())
+            rec = {"name": self.name, "target": TARGET, "subnet": str(net), "link_id": lid,
+                   "bridge": bridge_of(lid), "cpus_per_node": cpus,
                    "bandwidth_mbit": rate, "nodes": [], "pids": {},
                    "known_hosts": str(self.known_hosts), "ssh_key": str(self.key),
                    "created_at": time.time()}
@@ -167,48 +248,77 @@ class LocalCluster:
             raise InputError(f"subnet {net} is too small for {nodes} nodes")
         return rec, fresh
 
+    def _link_ids_taken(self) -> set[str]:
+        taken = set()
+        for other in list_clusters():
+            try:
+                orec = load_cluster(other)
+                if other != self.name and orec.get("target") == TARGET:
+                    taken.add(record_link_id(orec))
+            except (ClusterError, KeyError):
+                continue
+        return taken
+
     def _converge(self, rec: dict[str, Any], fresh: bool, nodes: int, cpus: float,
                   rate: float | None, created: list[int]) -> None:
         """Bring the host to the record's cluster of that many nodes, step by step (self._step
         names the one under way); created lists the nodes made, for the undo."""
         net = ipaddress.ip_network(rec["subnet"])
         if fresh:
-            self._step = "state directory"
+            self._at("state directory")
             self._init_state()
             self.save(rec)
-            self._step = "guard route"
-            self._add_guard(net)
+            self._at("guard route")
+            if str(net) in guard_routes():
+                raise ClusterError(f"subnet {net} already has scalelab's guard route (another "
+                                   "state directory's cluster?); choose another with --subnet")
+            # recorded before it is added: a provision killed in between is undone by destroy
             rec["guard"] = True
             self.save(rec)
-            self._step = "bridge"
-            self._add_bridge(net)
+            self._add_guard(net)
+            self._at("bridge")
+            self._add_bridge(net, rec["bridge"])
         have = {self._index(n["name"]) for n in rec["nodes"]}
         for i in (i for i in range(nodes) if i not in have):
-            self._step = f"node {node_name(self.name, i)}"
-            node, pid = self._add_node(i, net, cpus, rate)
-            created.append(i)
+            self._at(f"node {node_name(self.name, i)}")
+            ns = netns_name(self.name, i)
+            if (Path("/run/netns") / ns).exists() and \
+                    self._node_paths(node_name(self.name, i))["base"].exists():
+                # this cluster's own, left by a provision killed before it recorded the node
+                self._remove_node(i, None, rec)
+            if (Path("/run/netns") / ns).exists():
+                raise ClusterError(f"network namespace {ns} exists but cluster {self.name} has "
+                                   "no such node here (another state directory's cluster?); "
+                                   "give this cluster another name")
+            created.append(i)  # before any of it exists: the undo finds what there is
+            node, pid = self._add_node(i, net, cpus, rate, rec)
             rec["nodes"].append(node.to_dict())
             rec["pids"][node.name] = pid
             rec["nodes"].sort(key=lambda n: self._index(n["name"]))
-        self._step = "known_hosts"
+        self._at("known_hosts")
         self._write_known_hosts(rec)
-        self._step = "wait for sshd"
+        self._at("wait for sshd")
         for i in created:
             self._wait_ssh(node_address(net, i))
         for n in [n for n in rec["nodes"] if self._index(n["name"]) >= nodes]:
-            self._step = f"remove node {n['name']}"
-            self._remove_node(self._index(n["name"]), rec["pids"].pop(n["name"], None))
+            self._at(f"remove node {n['name']}")
+            self._remove_node(self._index(n["name"]), rec["pids"].pop(n["name"], None), rec)
             rec["nodes"].remove(n)
         if cpus != rec["cpus_per_node"]:
-            self._step = "cpu quota"
+            self._at("cpu quota")
             for n in rec["nodes"]:
                 CpuCgroup.for_node(self.name, n["name"]).set_quota(cpus)
             rec["cpus_per_node"] = cpus
             for n in rec["nodes"]:
                 n["cpus"] = cpus
         if rate != rec["bandwidth_mbit"]:
-            self._step = "link rate"
+            self._at("link rate")
             self._shape_all(rec, rate)
+        self._at("inventory")
+        self._commit(rec)
+
+    def _commit(self, rec: dict[str, Any]) -> None:
+        """Write what the record's nodes need known: host keys, /etc/hosts, facts, inventory."""
         self._write_known_hosts(rec)
         self._write_hosts(rec)
         for n in rec["nodes"]:
@@ -253,9 +363,10 @@ class LocalCluster:
                      "  UserKnownHostsFile /etc/scalelab/known_hosts\n"
                      "  StrictHostKeyChecking yes\n  BatchMode yes\n", mode=0o644)
 
-    def _add_bridge(self, net: ipaddress.IPv4Network) -> None:
-        br = bridge_name(self.name)
+    def _add_bridge(self, net: ipaddress.IPv4Network, br: str) -> None:
         sh.run(["ip", "link", "add", br, "type", "bridge"])
+        # `ip link add` takes no alias; until this is set, the record's name is the proof
+        sh.run(["ip", "link", "set", br, "alias", link_alias(self.name)])
         sh.run(["ip", "addr", "add", f"{bridge_address(net)}/{net.prefixlen}", "dev", br])
         sh.run(["ip", "link", "set", br, "up"])
 
@@ -266,9 +377,10 @@ class LocalCluster:
         return {k: base / k for k in ("upper", "work", "merged", "docker")} | {"base": base}
 
     def _add_node(self, i: int, net: ipaddress.IPv4Network, cpus: float,
-                  rate: float | None) -> tuple[Node, int]:
+                  rate: float | None, rec: dict[str, Any]) -> tuple[Node, int]:
         name = node_name(self.name, i)
-        ns, veth, addr = netns_name(self.name, i), host_veth(self.name, i), node_address(net, i)
+        ns, addr = netns_name(self.name, i), node_address(net, i)
+        veth = host_veth(record_link_id(rec), i)
         paths = self._node_paths(name)
         for p in paths.values():
             private_dir(p)
@@ -302,7 +414,8 @@ class LocalCluster:
         sh.run(["ip", "netns", "add", ns])
         sh.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", NODE_IFACE,
                 "netns", ns])
-        sh.run(["ip", "link", "set", veth, "master", bridge_name(self.name), "up"])
+        sh.run(["ip", "link", "set", veth, "alias", f"{link_alias(self.name)}:n{i}",
+                "master", rec["bridge"], "up"])
         batch = "\n".join([
             "link set lo up",
             f"addr add {addr}/{net.prefixlen} dev {NODE_IFACE}",
@@ -362,6 +475,8 @@ class LocalCluster:
                         return
             except OSError:
                 pass
+            if self._stop.is_set():  # nothing half-made here: waiting may stop at once
+                raise KeyboardInterrupt
             if time.monotonic() > deadline:
                 raise ClusterError(f"sshd on {addr} did not answer within {timeout_s:g} s")
             time.sleep(0.02)
@@ -391,8 +506,11 @@ class LocalCluster:
 
     # -- shaping
 
+    def _veth(self, i: int) -> str:
+        return host_veth(record_link_id(self._loaded()), i)
+
     def _shape_node(self, i: int, rate: float | None, delay_us: float = 0.0) -> None:
-        shape_node(self.name, i, rate, delay_us)
+        shape_node(self.name, i, self._veth(i), rate, delay_us)
 
     def _shape_all(self, rec: dict[str, Any], rate: float | None, delay_us: float = 0.0) -> None:
         for n in rec["nodes"]:
@@ -421,32 +539,50 @@ class LocalCluster:
 
     def link_rates(self, dev: str = NODE_IFACE) -> dict[str, tuple[float | None, float | None]]:
         """Rates read back per node: (to it, from it); dev="lo": (None, between its ranks)."""
-        return {n["name"]: node_rates(self.name, self._index(n["name"]), dev)
-                for n in (self.load() or {"nodes": []})["nodes"]}
+        rec = self.load() or {"nodes": []}
+        return {n["name"]: node_rates(self.name, self._index(n["name"]),
+                                      host_veth(record_link_id(rec), self._index(n["name"])), dev)
+                for n in rec["nodes"]}
 
     # -- teardown
 
-    def _remove_node(self, i: int, pid: int | None, best_effort: bool = False) -> None:
+    def _remove_node(self, i: int, pid: int | None, rec: dict[str, Any] | None,
+                     best_effort: bool = False) -> None:
         name = node_name(self.name, i)
+        ns = netns_name(self.name, i)
         paths = self._node_paths(name)
         try:
             cg = CpuCgroup.for_node(self.name, name)
         except ClusterError:
             cg = None
-        pids = set(cg.subtree_pids() if cg else [])
-        if pid:
-            pids.add(pid)
-        # only processes we started: sshd (by recorded pid) and everything in the node's
-        # cgroups (its engine's containers included)
-        end_pids(sorted(pids))
+        # only the node's processes, by pid: everything in its cgroups (its engine's
+        # containers included) and in its network namespace (sshd, sessions, ranks). A recorded
+        # pid proves nothing by itself: after sshd ended or the machine rebooted it may be
+        # anyone's, so it is ended only while it runs in the node, or is this process's own
+        # child (an sshd this provision started, still on its way into the namespace).
+        def members() -> set[int]:
+            found = set(cg.subtree_pids() if cg else []) | set(netns_pids(ns))
+            if pid and child_of_this_process(pid):
+                found.add(pid)
+            return {p for p in found if _state(p) not in ("X", "Z")}
+
+        if pid and pid not in members() and _state(pid) not in ("X", "Z"):
+            log.info("pid %d recorded for %s is not in its namespace or cgroup; left alone",
+                     pid, name)
+        # again until none is left: a shell still setting the node up forks as it goes
+        deadline = time.monotonic() + 10.0
+        while (live := members()) and time.monotonic() < deadline:
+            end_pids(sorted(live))
         if cg:
-            for _ in range(50):
+            for _ in range(50):  # an ended process may be listed a moment longer
                 if not cg.subtree_pids():
                     break
                 time.sleep(0.02)
             cg.remove()
-        sh.run(["ip", "link", "del", host_veth(self.name, i)], check=False)
-        sh.run(["ip", "netns", "del", netns_name(self.name, i)], check=False)
+        recorded = host_veth(record_link_id(rec), i) if rec and rec.get("bridge") else None
+        for veth in own_links(f"{link_alias(self.name)}:n{i}", recorded, host_links()):
+            sh.run(["ip", "link", "del", veth], check=False)
+        sh.run(["ip", "netns", "del", ns], check=False)
         if paths["base"].exists():
             shutil.rmtree(paths["base"], ignore_errors=best_effort)
 
@@ -459,10 +595,8 @@ class LocalCluster:
             rec = None
         if rec is not None and rec.get("target") != TARGET:
             raise ClusterError(f"cluster {self.name} is a {rec.get('target')} cluster")
-        pids = (rec or {}).get("pids", {})
-        ssh.close_masters(str(self.known_hosts))  # before the nodes' sshd go
         indices = {self._index(n["name"]) for n in (rec or {}).get("nodes", [])}
-        # also whatever a crashed provision left: namespaces and node dirs by naming convention
+        # also whatever a killed provision left: namespaces and node dirs by naming convention
         prefix = f"scalelab-{self.name}-n"
         for line in sh.run(["ip", "netns", "list"], check=False).stdout.splitlines():
             ns = line.split()[0] if line.strip() else ""
@@ -473,24 +607,34 @@ class LocalCluster:
             for d in nodes_dir.iterdir():
                 if d.name.startswith(f"{self.name}-n") and d.name.rsplit("-n", 1)[1].isdigit():
                     indices.add(self._index(d.name))
+        self._teardown(rec, indices)
+
+    def _teardown(self, rec: dict[str, Any] | None, indices: set[int]) -> None:
+        """Remove these nodes, then the cluster's bridge, inventory, guard route and state."""
+        ssh.close_masters(str(self.known_hosts))  # before the nodes' sshd go
+        pids = (rec or {}).get("pids", {})
         for i in sorted(indices, reverse=True):
             name = node_name(self.name, i)
             pid = pids.get(name)
             pidfile = self._node_paths(name)["base"] / "sshd.pid"
             if pid is None and pidfile.exists():
                 pid = int(pidfile.read_text().strip() or 0) or None
-            self._remove_node(i, pid)
-        sh.run(["ip", "link", "del", bridge_name(self.name)], check=False)
+            self._remove_node(i, pid, rec)
+        # the bridge only if it is this cluster's: its alias says so (or, without any alias,
+        # the record names it); never by a name derived again from the cluster's
+        for br in own_links(link_alias(self.name), (rec or {}).get("bridge"), host_links()):
+            sh.run(["ip", "link", "del", br], check=False)
         inventory.remove(self.name)
+        if rec is not None and rec.get("guard"):
+            # once the links are gone, and before the record that says to remove it
+            self._del_guard(ipaddress.ip_network(rec["subnet"]))
         if self.dir.exists():
             shutil.rmtree(self.dir)
-        if rec is not None and rec.get("guard"):
-            # last: until now the guard kept the subnet off the default route
-            self._del_guard(ipaddress.ip_network(rec["subnet"]))
 
     def alive(self) -> list[bool]:
         rec = self.load() or {"nodes": [], "pids": {}}
-        return [bool(rec["pids"].get(n["name"])) and _alive(rec["pids"][n["name"]])
+        return [bool(rec["pids"].get(n["name"]))
+                and in_netns(rec["pids"][n["name"]], netns_name(self.name, self._index(n["name"])))
                 for n in rec["nodes"]]
 
 

@@ -36,21 +36,102 @@ CGROUP_V2 = Path("/sys/fs/cgroup")
 CFS_PERIOD_US = 100_000
 
 
-def short_hash(cluster: str) -> str:
-    """Five hex digits that keep interface names unique per cluster and under 15 chars.
+# A bridge is "slb" and a veth "slv" plus hex digits, within Linux's IFNAMSIZ (15 characters
+# and the NUL): 12 digits (48 bits) for the bridge, 9 of the same (36 bits) and "n<index>" for
+# each node's veth. The digits are picked at provision time so that no link on this machine
+# has either name, and kept in the cluster record: destroy reads them, never re-derives them.
+LINK_ID_DIGITS = 12
+VETH_ID_DIGITS = 9
 
-    >>> short_hash("demo")
-    '89e49'
+
+def link_id(cluster: str, salt: int = 0) -> str:
+    """The hex digits a cluster's links are named by; another salt when these are in use.
+
+    >>> link_id("demo"), link_id("demo", 1)
+    ('2a97516c354b', 'af7ab74a545c')
     """
-    return hashlib.sha1(cluster.encode()).hexdigest()[:5]
+    seed = cluster if salt == 0 else f"{cluster}\0{salt}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:LINK_ID_DIGITS]
 
 
-def bridge_name(cluster: str) -> str:
-    return f"slb{short_hash(cluster)}"
+def bridge_of(lid: str) -> str:
+    """A cluster's bridge, by its link id.
+
+    >>> bridge_of('2a97516c354b')
+    'slb2a97516c354b'
+    """
+    return f"slb{lid}"
 
 
-def host_veth(cluster: str, index: int) -> str:
-    return f"slv{short_hash(cluster)}n{index}"
+def host_veth(lid: str, index: int) -> str:
+    """The host's end of node index's veth (records made before link ids kept 5 digits).
+
+    >>> host_veth('2a97516c354b', 63), host_veth('89e49', 0)
+    ('slv2a97516c3n63', 'slv89e49n0')
+    """
+    return f"slv{lid[:VETH_ID_DIGITS]}n{index}"
+
+
+def record_link_id(rec: dict[str, Any]) -> str:
+    """The link id a cluster record names (older records: their bridge's 5 hex digits).
+
+    >>> record_link_id({"bridge": "slb89e49"}), record_link_id({"link_id": "2a97516c354b"})
+    ('89e49', '2a97516c354b')
+    """
+    return rec.get("link_id") or rec["bridge"].removeprefix("slb")
+
+
+def link_alias(cluster: str) -> str:
+    """The alias every link of this cluster carries (ip link shows it): scalelab's, this
+    cluster's, and this state directory's, so that no other cluster, of this state directory
+    or another one, can be taken for it."""
+    home = hashlib.sha256(str(cluster_dir(cluster)).encode()).hexdigest()[:12]
+    return f"scalelab:{cluster}:{home}"
+
+
+def host_links() -> list[dict[str, Any]]:
+    """Every link in the host's network namespace, as `ip -j link show` gives it."""
+    return json.loads(sh.run(["ip", "-j", "link", "show"]).stdout or "[]")
+
+
+def pick_link_id(cluster: str, links: list[dict[str, Any]], taken: set[str]) -> str:
+    """Link digits for a new cluster: no link on this machine has its bridge's or its veths'
+    names, and no other cluster of this state directory records them (taken).
+
+    >>> pick_link_id("demo", [{"ifname": "slb2a97516c354b"}], set())
+    'af7ab74a545c'
+    """
+    names = [ln["ifname"] for ln in links]
+    for salt in range(64):
+        lid = link_id(cluster, salt)
+        veths = f"slv{lid[:VETH_ID_DIGITS]}n"
+        if bridge_of(lid) in names or any(n.startswith(veths) for n in names) \
+                or any(t[:VETH_ID_DIGITS] == lid[:VETH_ID_DIGITS] for t in taken):
+            continue
+        return lid
+    raise ClusterError(f"no free link name for cluster {cluster}; remove stale slb*/slv* links")
+
+
+def own_links(alias: str, recorded: str | None, links: list[dict[str, Any]]) -> list[str]:
+    """The links that are a cluster's to remove: those carrying its alias, and the one its
+    record names if that carries no alias at all (made by a scalelab before aliases, or by a
+    provision killed between `ip link add` and the alias). A link the record names that
+    carries another alias is another cluster's, and is left alone.
+
+    >>> links = [{"ifname": "slbA", "ifalias": "scalelab:a:1"}, {"ifname": "slbB"},
+    ...          {"ifname": "slbC", "ifalias": "scalelab:c:1"}]
+    >>> own_links("scalelab:a:1", "slbB", links), own_links("scalelab:b:1", "slbC", links)
+    (['slbA', 'slbB'], [])
+    """
+    out = [ln["ifname"] for ln in links if ln.get("ifalias") == alias]
+    named = next((ln for ln in links if ln["ifname"] == recorded), None)
+    if named is not None and recorded not in out:
+        if named.get("ifalias"):
+            log.warning("link %s is named in the record but carries alias %r, not %r; "
+                        "left alone", recorded, named["ifalias"], alias)
+        else:
+            out.append(named["ifname"])
+    return out
 
 
 def netns_name(cluster: str, index: int) -> str:
@@ -170,7 +251,7 @@ def _subnets_in_use() -> list[ipaddress.IPv4Network]:
 
 def pick_subnet(requested: str | None, cluster: str) -> ipaddress.IPv4Network:
     """The requested subnet (checked), or the first free /24 of 10.213.0.0/16."""
-    own = {bridge_name(cluster)}
+    own = set(own_links(link_alias(cluster), None, host_links()))
     if requested:
         try:
             subnet = ipaddress.ip_network(requested, strict=True)
@@ -345,6 +426,45 @@ def _state(pid: int) -> str:
         return "X"
 
 
+def _ns_key(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def netns_pids(ns: str) -> list[int]:
+    """Every process whose network namespace is node ns's: its sshd, the sessions and ranks
+    it started, and anything run in it with `ip netns exec`. None once the namespace is gone
+    (after a reboot, say), so a recorded pid is never taken on trust."""
+    want = _ns_key(f"/run/netns/{ns}")
+    if want is None:
+        return []
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _ns_key(f"/proc/{entry}/ns/net") == want:
+            out.append(int(entry))
+    return sorted(out)
+
+
+def in_netns(pid: int, ns: str) -> bool:
+    """Whether pid (a recorded sshd, say) still runs in node ns's network namespace: the pid
+    may since belong to anyone, once its sshd ended or the machine rebooted."""
+    want = _ns_key(f"/run/netns/{ns}")
+    return want is not None and _ns_key(f"/proc/{pid}/ns/net") == want and _alive(pid)
+
+
+def child_of_this_process(pid: int) -> bool:
+    """Whether pid is this process's own child (an sshd this provision started a moment ago,
+    not yet in its node's namespace)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()
+
+
 def end_pids(pids: list[int], grace_s: float = 2.0) -> None:
     """SIGTERM the given pids, then SIGKILL whatever remains after the grace period."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -376,10 +496,17 @@ def leftovers(cluster: str) -> dict[str, list[str]]:
     prefix = f"scalelab-{cluster}-n"
     out["netns"] = [ln.split()[0] for ln in sh.run(["ip", "netns", "list"]).stdout.splitlines()
                     if ln.strip() and ln.split()[0].startswith(prefix)]
-    links = json.loads(sh.run(["ip", "-j", "link", "show"]).stdout or "[]")
-    h = short_hash(cluster)
-    out["links"] = [ln["ifname"] for ln in links
-                    if ln["ifname"] in (f"slb{h}",) or ln["ifname"].startswith(f"slv{h}n")]
+    # links by this cluster's alias, and those its record names (by their link id)
+    alias = link_alias(cluster)
+    try:
+        rec = load_cluster(cluster)
+        lid = record_link_id(rec) if rec.get("target") == TARGET else None
+    except (ClusterError, KeyError):
+        lid = None
+    out["links"] = [ln["ifname"] for ln in host_links()
+                    if ln.get("ifalias") == alias or ln.get("ifalias", "").startswith(alias + ":n")
+                    or (lid and (ln["ifname"] == bridge_of(lid) or
+                                 ln["ifname"].startswith(host_veth(lid, 0)[:-1])))]
     cg = [p / "scalelab" / cluster for p in cgroup_hierarchies()]
     out["cgroups"] = [str(p) for p in cg if p.exists()]
     mounts = Path("/proc/mounts").read_text().splitlines()
@@ -426,10 +553,11 @@ def _tc(ns: str | None, args: list[str], check: bool) -> str:
                   check=check).stdout
 
 
-def shape_node(cluster: str, i: int, rate: float | None, delay_us: float = 0.0) -> None:
+def shape_node(cluster: str, i: int, veth: str, rate: float | None,
+               delay_us: float = 0.0) -> None:
     """One rate on both ends of node i's veth (None: unshaped); delay_us: what the node's
     packets wait on their way out, one hop's latency each way (tc netem, under the rate)."""
-    for ns, dev, delay in ((None, host_veth(cluster, i), 0.0),
+    for ns, dev, delay in ((None, veth, 0.0),
                            (netns_name(cluster, i), NODE_IFACE, delay_us)):
         steps = netshape.tc_set_args(dev, rate, delay)
         if rate is not None and steps[0][1] != "del":  # nothing of an earlier delay stays
@@ -456,10 +584,11 @@ def shape_loopback(cluster: str, i: int, rate: float | None) -> None:
         _tc(netns_name(cluster, i), args, rate is not None)
 
 
-def node_rates(cluster: str, i: int, dev: str = NODE_IFACE) -> tuple[float | None, float | None]:
+def node_rates(cluster: str, i: int, veth: str,
+               dev: str = NODE_IFACE) -> tuple[float | None, float | None]:
     """The rates read back on node i: (into the node, out of it on dev)."""
     down = None if dev == "lo" else netshape.parse_qdisc_rate(
-        _tc(None, ["-j", "qdisc", "show", "dev", host_veth(cluster, i)], True))
+        _tc(None, ["-j", "qdisc", "show", "dev", veth], True))
     up = netshape.parse_qdisc_rate(_tc(netns_name(cluster, i),
                                        ["-j", "qdisc", "show", "dev", dev], True))
     return down, up
