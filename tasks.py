@@ -554,12 +554,22 @@ def report(c, sweep="latest", compare="", out="", example=False):
 def demo(c, nodes="8", sweep="demo", keep=False, cluster="demo"):
     """The main job on the local default: provision, check, bench, report, destroy."""
     from scalelab import report as reports
+    from scalelab.core import lock
+    from scalelab.core.state import check_cluster_name
+
+    with lock.hold(check_cluster_name(cluster)):  # held from the check to the destroy
+        sweep_dir = _demo(cluster, nodes, sweep, keep)
+    for path in reports.build([sweep_dir]):
+        print(f"report: {path}")
+
+
+def _demo(cluster: str, nodes: str, sweep: str, keep: bool):
     from scalelab.cluster import provisioning
-    from scalelab.core.state import check_cluster_name, list_clusters, reports_dir
+    from scalelab.core.state import list_clusters, reports_dir
     from scalelab.sweep import spec as sweepfile
 
     # the demo destroys its cluster at the end: never one it did not create
-    if check_cluster_name(cluster) in list_clusters():
+    if cluster in list_clusters():
         raise Exit(f"error: cluster {cluster} already exists and the demo destroys the cluster it "
                    f"runs on; remove it first (invoke destroy --cluster {cluster}) or give the "
                    "demo another name (invoke demo --cluster NAME)", code=1)
@@ -579,8 +589,7 @@ def demo(c, nodes="8", sweep="demo", keep=False, cluster="demo"):
         if not keep:
             provisioning.destroy(cluster)
             print(f"destroyed {cluster}")
-    for path in reports.build([sweep_dir]):
-        print(f"report: {path}")
+    return sweep_dir
 
 
 @task(help={"k": "only tests matching this pytest -k expression (lint is skipped)",
