@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import stat
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -242,20 +244,49 @@ class TestSiteOnALocalCluster:
                                   or a == f"{lc.nodes()[0].private_address}:2049"
                                   for a in local_ends), local_ends
 
-    def test_jupyterlab_answers_with_the_token_and_refuses_without(self, cluster):
+    def test_jupyterlab_answers_through_an_ssh_tunnel_only(self, cluster):
+        """JupyterLab listens on the head's loopback only (plain HTTP never leaves the node):
+        the cluster address refuses the connection, and the tunnel command configure gives
+        (README) reaches it, answering with the token and refusing without."""
         lc, _, _ = cluster
         head = lc.nodes()[0]
         token_file = lc.dir / "jupyter_token"
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         token = token_file.read_text().strip()
-        url = f"http://{head.private_address}:8888/api/status"
-        req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            assert resp.status == 200
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(url, timeout=10)
-        assert refused.value.code == 403
-        assert _listening(lc, 0, 8888) == [f"{head.private_address}:8888"]
+        assert _listening(lc, 0, 8888) == ["127.0.0.1:8888"]
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://{head.private_address}:8888/api/status", timeout=10)
+        tunnel = cfg.jupyter_tunnel(lc.name)
+        assert tunnel == f"ssh -N -L 8888:127.0.0.1:8888 root@{head.address}"
+        # the user's ssh would find the key and the host key in ~/.ssh; the test names them
+        local = _free_port()
+        argv = tunnel.split()
+        argv[argv.index("-L") + 1] = f"{local}:127.0.0.1:8888"
+        argv[1:1] = ["-F", "none", "-i", str(lc.key), "-o", "IdentitiesOnly=yes",
+                     "-o", f"UserKnownHostsFile={lc.load()['known_hosts']}",
+                     "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                     "-o", "ExitOnForwardFailure=yes"]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        try:
+            url = f"http://127.0.0.1:{local}/api/status"
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+                    with urllib.request.urlopen(req, timeout=10) as resp:
+                        assert resp.status == 200
+                    break
+                except urllib.error.URLError:
+                    assert proc.poll() is None, proc.stderr.read()
+                    assert time.monotonic() < deadline
+                    time.sleep(0.3)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=10)
+            assert refused.value.code == 403
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
         assert token not in on(lc, 0, "ps -eo args").stdout
 
     def test_real_host_paths_run_in_check_mode_and_change_nothing(self, cluster):
@@ -346,6 +377,12 @@ class TestSiteOnALocalCluster:
                 text = path.read_text(errors="replace")
                 assert key_body not in text, path
                 assert token not in text, path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _listening(lc, i: int, port: int) -> list[str]:

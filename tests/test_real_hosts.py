@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -92,6 +93,53 @@ def _holds(upper: Path, secret: str) -> list[str]:
     return hits
 
 
+# The hosts' own bookkeeping of the test's logins and of their daemons, which changes whoever
+# logs in: not something configure added. Paths relative to the host's root.
+HOST_NOISE = ("var/log/",)
+# What the launchers leave of the benches' runs (torchrun's per-run log folders, horovodrun's
+# cache of its host checks): not the roles' doing, and not yet cleaned up after a run.
+RUN_LEFTOVERS = ("tmp/torchelastic_", f"home/{USER}/.horovod")
+# What destroy keeps on the hosts on purpose (configure.KEPT_ON_HOSTS, the README): the
+# training stack. Everything else configure added or changed must be gone after destroy.
+KEPT_PATHS = ("opt/scalelab",)
+
+
+def _layer(upper: Path) -> dict[str, tuple]:
+    """What a host's own layer holds, path -> (kind, mode, owner, content hash or link):
+    directories count by their existence, mode and owner only (their times change with any
+    entry)."""
+    out: dict[str, tuple] = {}
+    for path in sorted(upper.rglob("*")):
+        rel = str(path.relative_to(upper))
+        st = path.lstat()
+        if path.is_symlink():
+            what: tuple = ("link", os.readlink(path))
+        elif path.is_dir():
+            try:  # the lower layer is the machine's own root
+                lower = Path("/", rel).lstat()
+            except OSError:
+                lower = None
+            if lower is not None and (lower.st_mode, lower.st_uid, lower.st_gid) == (
+                    st.st_mode, st.st_uid, st.st_gid):
+                continue  # copied up unchanged, so that an entry below it could change
+            what = ("dir",)
+        elif path.is_file():
+            what = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+        else:  # overlayfs whiteouts (a file of the lower layer removed) and the like
+            what = ("other", st.st_rdev)
+        out[rel] = (*what, oct(st.st_mode & 0o7777), st.st_uid, st.st_gid)
+    return out
+
+
+def _left_behind(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """Paths added, changed or removed since `before`, leaving out what destroy keeps on
+    purpose and the host's own bookkeeping."""
+    changed = [p for p in sorted(set(before) | set(after)) if before.get(p) != after.get(p)]
+    return [p for p in changed
+            if not any(p == k or p.startswith(k + "/") for k in KEPT_PATHS)
+            and not any(p.startswith(n) or p + "/" == n for n in HOST_NOISE + RUN_LEFTOVERS)]
+
+
 def _as_testbed(hosts, machines: list[Node], user_pub: str) -> list[Node]:
     """Hand the machines over as a testbed does: an account for the user with passwordless
     sudo and the user's key, and SSH to every machine but the first (the bastion) only from
@@ -140,6 +188,9 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
     everything = _as_testbed(hosts, hosts.nodes(), user_pub)
     bastion, machines = everything[0], everything[1:]
     found_files = {m.name: _host_files(hosts, m) for m in machines}
+    # every file of the hosts' own layers as the testbed handed them over
+    layers = {m.name: hosts.dir / "nodes" / m.name / "upper" for m in machines}
+    found_layers = {name: _layer(upper) for name, upper in layers.items()}
     # listed without names: scalelab labels them until configure reads the names the machines
     # call themselves (their hostnames), which it takes; it renames no host
     names = [m.name for m in machines]
@@ -153,7 +204,10 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
     state = Path(os.environ["SCALELAB_HOME"]) / "clusters" / lab
     reports = Path(os.environ["SCALELAB_REPORTS"])
     assert not Path("/opt/scalelab").exists()
-    try:
+    kh0 = str(hosts.known_hosts)
+    known_hosts = state / "known_hosts"
+
+    def provision() -> None:
         proc = invoke("provision", "--target", "static", "--cluster", lab, "--nodes", "2",
                       "--var-file", str(var_file), timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -161,8 +215,6 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         # Pin the host keys as the README says: scan, compare with the fingerprint known out
         # of band (here: the key files of the machines' own sshd), append. The hosts behind
         # the bastion are scanned from it.
-        known_hosts = state / "known_hosts"
-        kh0 = str(hosts.known_hosts)
         for m in [bastion, *machines]:
             scan = ssh.run(bastion, kh0, f"ssh-keyscan -t ed25519 {m.address}",
                            timeout=30).stdout
@@ -174,6 +226,37 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         lab_nodes = [Node.from_dict(n) for n in rec["nodes"]]
         assert {n.bastion for n in lab_nodes} == {f"{USER}@{bastion.address}"}
         assert {n.ssh_user for n in lab_nodes} == {USER}
+
+    try:
+        provision()
+        # A first configure that fails half-way: the second host's /opt/scalelab is taken by a
+        # file of someone else's, so the pytorch role fails there after common trusted the
+        # cluster's key on both hosts. destroy must still take the key back everywhere.
+        _on(machines[1], kh0, "echo someone-elses > /opt/scalelab")
+        proc = invoke("configure", "--cluster", lab, "--tags", TAGS, "--bundle",
+                      str(bundle_dir), timeout=1800)
+        assert proc.returncode != 0
+        assert proc.stderr.splitlines()[-1].startswith(
+            f"error: configure {lab} (site.yml) failed: "), proc.stderr[-2000:]
+        assert machines[1].name in proc.stderr and machines[0].name not in proc.stderr
+        rec = json.loads((state / "cluster.json").read_text())
+        assert "configured_at" not in rec and rec["hosts_touched"]["since"]
+        trust = (state / "id_trust.pub").read_text().strip()
+        for m in machines:  # the key was authorised on both before the failure
+            assert trust in _on(m, kh0, f"cat {HOME}/.ssh/authorized_keys")
+        proc = invoke("destroy", "--cluster", lab, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert not state.exists()
+        for m in machines:  # no trust key authorised, no private half in ~/.ssh
+            assert _host_files(hosts, m) == found_files[m.name]
+        left = {name: _left_behind(found_layers[name], _layer(upper))
+                for name, upper in layers.items()}
+        assert left == {name: [] for name in layers}
+        # the hosts' admin clears what destroy kept (and the file in the way), and the user
+        # starts over
+        for m in machines:
+            _on(m, kh0, "rm -rf /opt/scalelab")
+        provision()
 
         # Before configure: no training stack on the hosts, and bench refuses the cluster.
         for m in machines:
@@ -282,3 +365,8 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
     # and takes back what configure added to the hosts' shared files: they are as found
     for m in machines:
         assert _host_files(hosts, m) == found_files[m.name]
+    # Hosts as found, the audit: every path configure and the benches added to or changed in
+    # a host's own layer is gone after destroy, but for what destroy keeps on purpose.
+    left = {name: _left_behind(found_layers[name], _layer(upper))
+            for name, upper in layers.items()}
+    assert left == {name: [] for name in layers}

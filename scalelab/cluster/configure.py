@@ -395,6 +395,8 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
     nodes = nodes_of(rec)
     if playbook == SITE:
         nodes, limit = _before_site(cluster, rec, nodes, check, limit)
+        if not check:
+            mark_touched(cluster, image_meta)
 
     state = cluster_dir(cluster)
     private = private_dir(state / "ansible")
@@ -441,6 +443,29 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
             done["image"]["archive"] = str(Path(image).expanduser().resolve())
             save_cluster(cluster, done)
     return result
+
+
+def mark_touched(cluster: str, image_meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Record, before Ansible first changes a host, that configure touched the cluster's hosts
+    (``hosts_touched``: since when, and the training image tags it may load): destroy runs
+    forget for such a cluster on hosts scalelab did not make, whether that configure finished,
+    failed or was killed. Returns the record."""
+    rec = load_cluster(cluster)
+    touched = dict(rec.get("hosts_touched") or {})
+    touched.setdefault("since", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    tag = (image_meta or {}).get("tag")
+    if tag and tag not in touched.setdefault("image_tags", []):
+        touched["image_tags"].append(tag)
+    if touched != rec.get("hosts_touched"):
+        rec["hosts_touched"] = touched
+        save_cluster(cluster, rec)
+    return rec
+
+
+def touched(rec: Mapping[str, Any]) -> bool:
+    """Whether a configure may have changed the cluster's hosts (forget then has work to do):
+    one started since scalelab records it, or one finished before that."""
+    return bool(rec.get("hosts_touched") or rec.get("configured_at"))
 
 
 def _offline_inputs(cluster: str, rec: dict[str, Any], tags: Sequence[str] | str | None,
@@ -504,12 +529,53 @@ def verify(cluster: str, tags: Sequence[str] | str | None = None,
 
 
 FORGET = "forget.yml"
-# what configure leaves on hosts scalelab did not make, on purpose (destroy lists it)
-KEPT_ON_HOSTS = ("/opt/scalelab (the training stack: venv and workloads)",)
+# What configure leaves on hosts scalelab did not make, on purpose, and why (destroy prints
+# each; the README lists them). Everything else playbooks/forget.yml takes back.
+KEPT_ON_HOSTS = (
+    "/opt/scalelab (the training stack: venv, workloads, Horovod's build; others may run "
+    "from it; remove it with sudo rm -rf /opt/scalelab when no one does)",
+    "Debian packages configure installed where they were missing (base tools such as "
+    "iperf3, rsync, python3-venv; nfs-common or nfs-kernel-server with nfs; docker.io with "
+    "Docker; chrony where common_time_sync was set; Slurm, munge and MariaDB with --tags "
+    "slurm): others may use them by now and apt would take their dependants too; "
+    "/var/log/apt/history.log lists them",
+    "the services of those packages, running and enabled (the NFS server, with no export of "
+    "scalelab's; Docker, with its iptables chains and FORWARD policy; chrony): stopping them "
+    "would stop others' work; Docker's daemon.json is as the host had it, which the engine "
+    "reads at its next restart",
+    "the shared directory /srv/scalelab on the head node where it holds data (datasets, "
+    "results, the Horovod wheel cache): scalelab never deletes data; its export and mounts "
+    "are gone",
+    "with --tags slurm only: Slurm's and munge's configuration and key, and the accounting "
+    "database: a Slurm cluster was asked for; take it down with the host's admins",
+)
 
 
 def forget(cluster: str, timeout_s: float = 600.0) -> ConfigureResult:
-    """Take back what configure added to the hosts of a cluster scalelab did not make (the
-    trust key and its authorisation, SSH client config, pinned host keys, /etc/hosts);
-    playbooks/forget.yml. ConfigureError names the hosts it could not reach."""
-    return run(cluster, playbook=FORGET, timeout_s=timeout_s)
+    """Take back what configure added to the hosts of a cluster scalelab did not make
+    (playbooks/forget.yml: JupyterLab, the share and its export, Docker's settings and the
+    training image, the trust key and its authorisation, SSH client config, pinned host keys,
+    /etc/hosts); what stays is KEPT_ON_HOSTS. ConfigureError names the hosts it could not
+    reach."""
+    rec = load_cluster(cluster)
+    images = list((rec.get("hosts_touched") or {}).get("image_tags") or [])
+    recorded = (rec.get("image") or {}).get("tag")
+    if recorded and recorded not in images:
+        images.append(recorded)
+    return run(cluster, playbook=FORGET, timeout_s=timeout_s,
+               extravars={"docker_nvidia_forget_images": images})
+
+
+def jupyter_tunnel(cluster: str, port: int = 8888) -> str:
+    """The command that opens a cluster's JupyterLab on the controller: an SSH tunnel to the
+    loopback address the head node serves it on (it never listens on a network), through
+    the bastion where there is one; then http://127.0.0.1:PORT/lab with the token of
+    .scalelab/clusters/NAME/jupyter_token."""
+    rec = load_cluster(cluster)
+    head = next((n for n in nodes_of(rec) if n.role == "head"), None)
+    if head is None:
+        raise InputError(f"cluster {cluster} has no head node to serve JupyterLab")
+    hop = f"-J {head.bastion} " if head.bastion else ""
+    port_opt = f"-p {head.ssh_port} " if head.ssh_port not in (22, None) else ""
+    return (f"ssh -N {hop}{port_opt}-L {int(port)}:127.0.0.1:{int(port)} "
+            f"{head.ssh_user}@{head.address}")
