@@ -96,9 +96,10 @@ def _holds(upper: Path, secret: str) -> list[str]:
 # The hosts' own bookkeeping of the test's logins and of their daemons, which changes whoever
 # logs in: not something configure added. Paths relative to the host's root.
 HOST_NOISE = ("var/log/",)
-# What the launchers leave of the benches' runs (torchrun's per-run log folders, horovodrun's
-# cache of its host checks): not the roles' doing, and not yet cleaned up after a run.
-RUN_LEFTOVERS = ("tmp/torchelastic_", f"home/{USER}/.horovod")
+# What the benches' runs leave (torchrun's per-run log folders, torch's compile cache,
+# horovodrun's cache of its host checks): not the roles' doing, and not yet cleaned up after
+# a run.
+RUN_LEFTOVERS = ("tmp/torchelastic_", f"tmp/torchinductor_{USER}", f"home/{USER}/.horovod")
 # What destroy keeps on the hosts on purpose (configure.KEPT_ON_HOSTS, the README): the
 # training stack. Everything else configure added or changed must be gone after destroy.
 KEPT_PATHS = ("opt/scalelab",)
