@@ -1,8 +1,8 @@
 """Run under horovodrun -np 2: the workload's Horovod helpers on a channels_last model.
 
-Each rank starts from its own weights and input. After resnet._broadcast_parameters every rank
+Each rank starts from its own weights and input. After engines.broadcast_parameters every rank
 holds rank 0's weights, still channels_last; after one step of hvd.DistributedOptimizer with
-resnet._contiguous(compression) each gradient is the mean of the ranks' own gradients. Without
+engines.contiguous(compression) each gradient is the mean of the ranks' own gradients. Without
 the wrapper Horovod refuses the same gradients. Prints CHECKED <compression> per check passed.
 """
 
@@ -12,7 +12,7 @@ import horovod.torch as hvd
 import torch
 
 sys.path.insert(0, sys.argv[1])
-import resnet  # noqa: E402
+import engines  # noqa: E402
 
 hvd.init()
 rank = hvd.rank()
@@ -25,7 +25,7 @@ def model_of(seed: int) -> torch.nn.Module:
 
 
 model = model_of(100 + rank)
-resnet._broadcast_parameters(hvd, model)
+engines.broadcast_parameters(hvd, model)
 weight = model[0].weight
 assert weight.is_contiguous(memory_format=last) and not weight.is_contiguous()
 assert torch.equal(weight, model_of(100)[0].weight), "rank 0's weights did not arrive"
@@ -41,7 +41,7 @@ for name, comp, tol in (("none", hvd.Compression.none, 1e-6), ("fp16", hvd.Compr
     opt = hvd.DistributedOptimizer(torch.optim.SGD(fresh.parameters(), lr=0.0),
                                    named_parameters=[(f"{name}.{k}", v) for k, v in
                                                      fresh.named_parameters()],
-                                   compression=resnet._contiguous(comp), op=hvd.Average)
+                                   compression=engines.contiguous(comp), op=hvd.Average)
     fresh(x).square().sum().backward()
     opt.synchronize()
     grad = fresh[0].weight.grad
