@@ -87,21 +87,18 @@ def destroy(c, cluster="demo", all_clusters=False, state_lost=False):
     if state_lost and all_clusters:
         raise Exit("error: --state-lost is for one cluster: give --cluster NAME, not "
                    "--all-clusters", code=1)
-    from scalelab.cluster import provisioning
     from scalelab.core import lock
     from scalelab.core.state import list_clusters, reports_dir
 
-    names = list_clusters() if all_clusters else [cluster]
-    for name in names:
+    for name in list_clusters() if all_clusters else [cluster]:
         with lock.hold(name):
             if state_lost:
                 from scalelab.cluster.targets.tf import accept_lost_state
 
                 accept_lost_state(name)
-            if name in list_clusters():  # what a killed sweep left, while its records last
-                for line in lifecycle.settle(reports_dir(), name):
-                    print(f"{name}: {line}")
-            kept = provisioning.destroy(name)
+            done, kept = lifecycle.destroy(reports_dir(), name)
+        for line in done:
+            print(f"{name}: {line}")
         print(f"destroyed {name}")
         for what in kept:
             print(f"  kept on its hosts, on purpose: {what}")
@@ -160,15 +157,7 @@ def check(c, cluster="demo", links=False, seconds="1"):
     with lock.hold(cluster):  # no sweep's rates or iperf3 ports beside these
         results = linkprobe.check_links(nodes, load_cluster(cluster)["known_hosts"],
                                         seconds=secs, progress=show)
-    # kept: a sweep started later carries them, and its report shows them per pair
-    import datetime as dt
-    import json
-
-    from scalelab.core.state import cluster_dir, write_atomic
-
-    kept = cluster_dir(cluster) / linkprobe.LINKS_FILE
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    write_atomic(kept, json.dumps(linkprobe.links_doc(results, secs, stamp), indent=1) + "\n")
+    kept = linkprobe.keep(cluster, results, secs)
     print(f"pair rates kept in {kept}: the next sweep's report shows them")
     slow = linkprobe.slow_pairs(results)
     for _, why in slow:
@@ -183,16 +172,10 @@ def check(c, cluster="demo", links=False, seconds="1"):
 @friendly
 def shape(c, cluster="demo", bandwidth="native"):
     """Change the link rate of every node without reprovisioning."""
-    from scalelab.cluster import provisioning
-    from scalelab.core import lock
     from scalelab.core.state import reports_dir
-    from scalelab.core.units import parse_rate_mbit
 
-    parse_rate_mbit(bandwidth)  # a bad rate is refused before anything is touched
-    with lock.hold(cluster):
-        for line in lifecycle.settle(reports_dir(), cluster):  # a killed sweep's leftovers
-            print(f"{cluster}: {line}")
-        provisioning.set_bandwidth(cluster, bandwidth)
+    for line in lifecycle.reshape(reports_dir(), cluster, bandwidth):
+        print(f"{cluster}: {line}")
     print(f"{cluster}: bandwidth {bandwidth}")
 
 
@@ -481,41 +464,11 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
             output="", channels_last=False):
     """Measure a device profile on this machine (per-layer forward/backward times) for --accelerator."""
     import subprocess
-    from pathlib import Path
 
-    from scalelab.core.errors import InputError, suggest
     from scalelab.model import accel
-    from scalelab.model.models import MODELS
 
-    if model not in MODELS:
-        raise InputError(f"unknown model {model!r}{suggest(model, list(MODELS))}; known: "
-                         f"{', '.join(MODELS)}")
-    if precision not in ("fp32", "amp"):
-        raise InputError(f"--precision {precision!r}: use fp32 or amp")
-    if device not in ("auto", "cpu", "cuda"):
-        raise InputError(f"--device {device!r}: use cuda, cpu or auto")
-    for name, value in (("batch-size", batch_size), ("steps", steps)):
-        if not str(value).isdigit() or int(value) < 1:
-            raise InputError(f"--{name} {value!r}: give a whole number >= 1")
-    import torch
-
-    has_cuda = torch.cuda.is_available()
-    if device == "cuda" and not has_cuda:
-        raise InputError(f"--device cuda but this machine's torch {torch.__version__} sees no "
-                         "GPU; run invoke profile on the GPU node (or --device cpu to profile "
-                         "this CPU)")
-    device = device if device != "auto" else ("cuda" if has_cuda else "cpu")
-    # the file name says what was measured: a CPU profile never passes for a GPU's
-    what = accel.device_slug(torch.cuda.get_device_name() if device == "cuda" else "cpu")
-    out = Path(output or accel.PROFILES_DIR /
-               f"measured-{what}-{model}-{precision}-b{batch_size}.json")
-    if not out.parent.is_dir():
-        raise InputError(f"--output {output}: directory {out.parent} does not exist")
-    tmp = out.with_name(f".{out.name}.tmp")
-    cmd = [sys.executable, str(accel.ROOT / "bench" / "workloads" / "devprofile.py"), "--model", model,
-           "--batch-size", str(batch_size), "--precision", precision, "--device", device,
-           "--steps", str(steps), "--output", str(tmp)] + (["--channels-last"] if channels_last
-                                                            else [])
+    cmd, tmp, out, what = accel.profile_command(model, batch_size, precision, device, steps,
+                                                output, channels_last)
     proc = subprocess.run(cmd)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)

@@ -238,3 +238,44 @@ def device_slug(name: str) -> str:
     """
     text = re.sub(r"^nvidia\s+", "", name.strip().lower())
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "device"
+
+
+def profile_command(model: str, batch_size: str | int, precision: str, device: str,
+                    steps: str | int, output: str,
+                    channels_last: bool) -> tuple[list[str], Path, Path, str]:
+    """What `invoke profile` runs on this machine: the devprofile.py command, the temporary
+    file it writes, the file it becomes and the device measured; InputError for what cannot
+    be profiled here, before anything runs."""
+    import sys
+
+    from scalelab.core.errors import suggest
+    from scalelab.model.models import MODELS
+
+    if model not in MODELS:
+        raise InputError(f"unknown model {model!r}{suggest(model, list(MODELS))}; known: "
+                         f"{', '.join(MODELS)}")
+    if precision not in ("fp32", "amp"):
+        raise InputError(f"--precision {precision!r}: use fp32 or amp")
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"--device {device!r}: use cuda, cpu or auto")
+    for name, value in (("batch-size", batch_size), ("steps", steps)):
+        if not str(value).isdigit() or int(value) < 1:
+            raise InputError(f"--{name} {value!r}: give a whole number >= 1")
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise InputError(f"--device cuda but this machine's torch {torch.__version__} sees no "
+                         "GPU; run invoke profile on the GPU node (or --device cpu to profile "
+                         "this CPU)")
+    device = device if device != "auto" else ("cuda" if has_cuda else "cpu")
+    # the file name says what was measured: a CPU profile never passes for a GPU's
+    what = device_slug(torch.cuda.get_device_name() if device == "cuda" else "cpu")
+    out = Path(output or PROFILES_DIR / f"measured-{what}-{model}-{precision}-b{batch_size}.json")
+    if not out.parent.is_dir():
+        raise InputError(f"--output {output}: directory {out.parent} does not exist")
+    tmp = out.with_name(f".{out.name}.tmp")
+    cmd = [sys.executable, str(ROOT / "bench" / "workloads" / "devprofile.py"), "--model", model,
+           "--batch-size", str(batch_size), "--precision", precision, "--device", device,
+           "--steps", str(steps), "--output", str(tmp)]
+    return cmd + (["--channels-last"] if channels_last else []), tmp, out, what

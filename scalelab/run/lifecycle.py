@@ -433,6 +433,29 @@ def settle(reports_root: Path, cluster: str) -> list[str]:
     return done
 
 
+def destroy(reports_root: Path, cluster: str) -> tuple[list[str], list[str]]:
+    """Destroy a cluster under its lock, after putting back what a killed sweep left while its
+    records last (settle); what settle did, and what stays on the hosts on purpose."""
+    from scalelab.cluster import provisioning
+    from scalelab.core.state import list_clusters
+
+    with lock.hold(cluster):
+        done = settle(reports_root, cluster) if cluster in list_clusters() else []
+        return done, provisioning.destroy(cluster)
+
+
+def reshape(reports_root: Path, cluster: str, bandwidth: str) -> list[str]:
+    """invoke shape: one rate on every link, after what a killed sweep left is put back."""
+    from scalelab.cluster import provisioning
+    from scalelab.core.units import parse_rate_mbit
+
+    parse_rate_mbit(bandwidth)  # a bad rate is refused before anything is touched
+    with lock.hold(cluster):
+        done = settle(reports_root, cluster)
+        provisioning.set_bandwidth(cluster, bandwidth)
+    return done
+
+
 def prepare_resume(reports_root: Path, sweep_id: str,
                    retry_failed: bool = False) -> tuple[Path, Prepared]:
     """The runs of an earlier sweep that its store lacks (or that were interrupted; with

@@ -347,6 +347,19 @@ def links_doc(results: list[Measurement], seconds: float, measured_at: str) -> d
                        "error": m.error} for m in results]}
 
 
+def keep(cluster: str, results: list[Measurement], seconds: float) -> Any:
+    """Keep the pairs of `invoke check --links` in the cluster's directory (a sweep started
+    later carries them, and its report shows them per pair); the file's path."""
+    import datetime as dt
+
+    from scalelab.core.state import cluster_dir, write_atomic
+
+    kept = cluster_dir(cluster) / LINKS_FILE
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    write_atomic(kept, json.dumps(links_doc(results, seconds, stamp), indent=1) + "\n")
+    return kept
+
+
 def measurements(doc: dict[str, Any]) -> list[Measurement]:
     """links_doc's pairs back as Measurements (a malformed entry is left out)."""
     out = []
