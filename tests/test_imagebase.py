@@ -1,4 +1,4 @@
-"""The layers of a vendor's image applied as an overlay would apply them (imagebase.
+"""The layers of a vendor's image applied as an overlay would apply them (layers.
 unpack_layers), on archives made here: whiteouts, an opaque directory, an entry replacing a link
 (never written through it), a hard link over an existing path, an entry under an absolute link
 (resolved inside the image's root, never the controller's). Layers that reach outside the tree
@@ -27,6 +27,7 @@ from conftest import needs_root
 
 from scalelab.cluster import imagebase
 from scalelab.cluster.image import ImageError
+from scalelab.cluster.layers import unpack_layers
 
 
 def _entry(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, kind: bytes = b"0",
@@ -86,7 +87,7 @@ def test_layers_apply_as_an_overlay_and_nothing_leaves_the_tree(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     try:
-        skipped = imagebase.unpack_layers(base, entry["Layers"], root)
+        skipped = unpack_layers(base, entry["Layers"], root)
         assert not (Path("/run") / outside).exists()
     finally:
         if (Path("/run") / outside).exists():
@@ -107,7 +108,7 @@ def test_an_unreadable_layer_is_one_line_naming_the_archive(tmp_path):
     base = _archive(tmp_path, [bad])
     entry, _ = imagebase.archive_parts(base)
     with pytest.raises(ImageError, match=r"a layer could not be read .*plain or gzip layers"):
-        imagebase.unpack_layers(base, entry["Layers"], tmp_path)
+        unpack_layers(base, entry["Layers"], tmp_path)
 
 
 def _sentinel(tmp_path: Path) -> tuple[Path, tuple]:
@@ -201,7 +202,7 @@ def test_a_whiteout_of_dotdot_removes_nothing_outside(tmp_path):
                                                            (".wh...", b"")])])
     entry, _ = imagebase.archive_parts(base)
     with pytest.raises(ImageError, match=r"entry '\.wh\.\.\.' whites out '\.\.'"):
-        imagebase.unpack_layers(base, entry["Layers"], build / "root")
+        unpack_layers(base, entry["Layers"], build / "root")
     assert (build / "keep").read_text() == "the controller's"
 
 
