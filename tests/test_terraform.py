@@ -25,7 +25,7 @@ from conftest import invoke, unique_name
 
 from scalelab.cluster import inventory
 from scalelab.cluster.nodes import Node, nodes_from_outputs
-from scalelab.cluster.targets import TERRAFORM_TARGETS, tf, tfmodule
+from scalelab.cluster.targets import TERRAFORM_TARGETS, tf, tfmodule, tfstatus
 from scalelab.cluster.terraform import (
     Terraform,
     TerraformError,
@@ -153,10 +153,10 @@ def test_static_end_to_end(static_cluster, static_var_file, tmp_path):
 
     assert _terraform_used(rec) == {"terraform": {"binary": "terraform", "version": version}}
 
-    st = tf.status(name)
+    st = tfstatus.status(name)
     assert st.outputs_match and st.status == "ready" and st.resources == []
     # documentation addresses are never probed
-    assert tf.alive(name, recs) == [False, False, False]
+    assert tfstatus.alive(name, recs) == [False, False, False]
 
     # resize: the head plus the first worker in list order
     recs2 = tf.provision(name, "static", 2, static_var_file())
@@ -179,7 +179,7 @@ def test_static_default_names_and_bastion(static_cluster, static_var_file):
     assert [(n.name, n.role) for n in recs] == [(f"{name}-n1", "head"), (f"{name}-n0", "worker")]
     # labels only, until configure reads the hosts' own names; status still matches them
     assert [n.extra.get("label") for n in recs] == [n.name for n in recs]
-    assert tf.status(name).outputs_match
+    assert tfstatus.status(name).outputs_match
     assert load_cluster(name)["bastion"] == "ubuntu@203.0.113.9"
     # every node goes through the bastion, in Ansible's inventory as in scalelab's own SSH,
     # and the hop pins the bastion's host key in the cluster's known_hosts
@@ -322,7 +322,7 @@ def test_a_failed_plan_keeps_the_state_another_provision_of_the_cluster_wrote(st
         rec = load_cluster(name)
         assert rec["status"] == "ready" and len(rec["nodes"]) == 3
         assert inventory.read(inventory_dir() / f"{name}.yml") == first["nodes"]
-        assert tf.status(name).outputs_match
+        assert tfstatus.status(name).outputs_match
         msg = assert_one_line(ei.value)
         assert "Error acquiring the state lock" in msg and "wait for the other Terraform run" in msg
         assert f"kept {work} and the cluster's record" in msg

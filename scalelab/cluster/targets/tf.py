@@ -1,4 +1,4 @@
-"""Lifecycle of the Terraform-managed targets (static, openstack, aws): provision, destroy, status.
+"""Lifecycle of the Terraform-managed targets (static, openstack, aws): provision and destroy.
 
 Nothing is copied into the repository. For cluster NAME, the module terraform/<target>/*.tf and
 the operator's var-file are copied into the gitignored state dir
@@ -16,40 +16,52 @@ Terraform's state is the one record of what exists in a cloud, so it is handled 
 failed provision removes only what that very call made, never a working directory that holds
 a state; destroy refuses to run without the state (unless told it is lost), pushes back a state
 Terraform could not save (errored.tfstate), and calls a cluster destroyed only when Terraform's
-state lists nothing.
+state lists nothing. The working directory and that state: scalelab.cluster.targets.tfstate;
+a cluster as it stands (status, whether its nodes answer): scalelab.cluster.targets.tfstatus.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import json
 import logging
 import os
 import re
 import shutil
-import socket
-import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scalelab.cluster import inventory
-from scalelab.cluster.nodes import Node, nodes_from_outputs, nodes_of
-from scalelab.cluster.targets import TERRAFORM_TARGETS
+from scalelab.cluster.nodes import Node, nodes_from_outputs
 from scalelab.cluster.targets.interface import SshReachable
 from scalelab.cluster.targets.tfmodule import (
     PLAN_FILE,
     Plan,
     bastion_of,
-    contract_outputs,
     dry_run,
     plugin_cache_dir,
     prepare,
     target_module,
 )
+from scalelab.cluster.targets.tfstate import (
+    ERRORED_FILE,
+    STATE_FILE,
+    Made,
+    check_destroyed,
+    claim_workdir,
+    has_state,
+    make_dir,
+    missing_state,
+    push_errored,
+    remove_made,
+    restore,
+    snapshot,
+    stage,
+    state_files,
+    state_serial,
+    unsaved_note,
+)
+from scalelab.cluster.targets.tfstatus import alive, terraform_record
 from scalelab.cluster.terraform import (
     BINARY_ENV,
     Terraform,
@@ -62,19 +74,12 @@ from scalelab.core.errors import ClusterError, InputError, ProvisionError
 from scalelab.core.state import (
     check_cluster_name,
     cluster_dir,
-    load_cluster,
-    private_dir,
     save_cluster,
     write_atomic,
 )
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "terraform.tfstate"
-BACKUP_FILE = STATE_FILE + ".backup"  # the state before Terraform's last write
-# Where Terraform (in its working directory) puts a state it could not save in STATE_FILE.
-ERRORED_FILE = "errored.tfstate"
-LOCK_INFO = ".terraform.tfstate.lock.info"  # present while a Terraform run holds the state
 # Terraform's own words for an apply that changed nothing: its plan could not be read, the
 # state changed since the plan, or another run holds the state's lock.
 _APPLIED_NOTHING = re.compile(r'Saved plan is stale|Failed to load ".*" as a plan file|'
@@ -82,12 +87,9 @@ _APPLIED_NOTHING = re.compile(r'Saved plan is stale|Failed to load ".*" as a pla
 # node-to-node SSH (mpirun, horovodrun) uses a key pair made for the cluster, never the user's
 # login key: configure authorises it on the nodes, destroy removes it from hosts it did not make
 TRUST_KEY_NAME = "id_trust"
-# RFC 5737 documentation ranges: never routed, so never probed either.
-_DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24",
-                                               "203.0.113.0/24")]
 
 
-# ---------------------------------------------------------------- keys, staging, the record
+# ---------------------------------------------------------------- keys and the record
 
 
 def generate_key(path: Path, comment: str) -> str:
@@ -104,35 +106,6 @@ def generate_key(path: Path, comment: str) -> str:
     write_atomic(path, private, mode=0o600)
     write_atomic(path.with_name(path.name + ".pub"), line + "\n", mode=0o600)
     return line
-
-
-def _snapshot(workdir: Path) -> dict[str, str]:
-    """The staged module and var-file of an existing cluster, to put back if an update fails."""
-    if not workdir.is_dir():
-        return {}
-    return {p.name: p.read_text() for p in sorted(workdir.iterdir())
-            if p.is_file() and (p.suffix == ".tf" or p.name.startswith("operator.tfvars"))}
-
-
-def _restore(workdir: Path, files: dict[str, str]) -> None:
-    for p in list(workdir.glob("*.tf")) + list(workdir.glob("operator.tfvars*")):
-        p.unlink()
-    for name, text in files.items():
-        write_atomic(workdir / name, text, mode=0o600)
-
-
-def _stage(plan: Plan) -> None:
-    """Copy the module's .tf files and the var-file into the working dir (0700/0600)."""
-    private_dir(plan.workdir)
-    for old in plan.workdir.glob("*.tf"):
-        old.unlink()
-    for tf in sorted(plan.module.glob("*.tf")):
-        write_atomic(plan.workdir / tf.name, tf.read_text(), mode=0o600)
-    for old in plan.workdir.glob("operator.tfvars*"):
-        old.unlink()
-    if plan.var_file and plan.var_file_copy:
-        write_atomic(plan.workdir / plan.var_file_copy, plan.var_file.read_text(), mode=0o600)
-    plan.plugin_cache.mkdir(parents=True, exist_ok=True)
 
 
 def _record(plan: Plan, status: str, nodes: list[Node], bastion: str | None,
@@ -171,108 +144,6 @@ def _now() -> str:
 # ---------------------------------------------------------------- Terraform's state on disk
 
 
-def state_serial(workdir: Path, name: str = STATE_FILE) -> tuple[str, int] | None:
-    """(lineage, serial) of a state file in workdir; None where there is none (no file, an
-    empty one, or one that is not a state). Terraform writes its local state after each
-    resource, so an apply that leaves this unchanged made nothing."""
-    try:
-        doc = json.loads((workdir / name).read_text() or "null")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or not doc.get("lineage"):
-        return None
-    return str(doc["lineage"]), int(doc.get("serial") or 0)
-
-
-def state_files(workdir: Path) -> list[str]:
-    """The files in workdir that say a Terraform state lives there or a run holds it."""
-    return [n for n in (STATE_FILE, BACKUP_FILE, ERRORED_FILE, LOCK_INFO)
-            if (workdir / n).exists()]
-
-
-def _has_state(workdir: Path) -> bool:
-    """Whether there is a state for Terraform to work from (errored.tfstate counts: it is
-    pushed back first)."""
-    state = workdir / STATE_FILE
-    return (workdir / ERRORED_FILE).is_file() or (state.is_file() and state.stat().st_size > 0)
-
-
-def _push_errored(tf: Terraform, workdir: Path) -> None:
-    """Put back the state Terraform could not save last time (it left it in errored.tfstate), so
-    that what it does next starts from what it really made, not from the older state file.
-
-    Terraform keeps the serial it had in errored.tfstate, so a plain push is refused as "the
-    same serial"; it is forced once lineage and serial show it is this state, no older."""
-    errored = workdir / ERRORED_FILE
-    theirs, ours = state_serial(workdir, ERRORED_FILE), state_serial(workdir)
-    if theirs is None or (ours is not None and (ours[0] != theirs[0] or ours[1] > theirs[1])):
-        raise TerraformError(f"{errored} is not the latest version of {workdir / STATE_FILE} "
-                             f"(lineage and serial {theirs} against {ours}); keep the one that "
-                             "lists what exists as terraform.tfstate, and remove the other")
-    log.warning("%s holds the state Terraform could not save last time; pushing it back",
-                errored)
-    tf.state_push(ERRORED_FILE, force=True)
-    errored.unlink()
-
-
-def _check_destroyed(tf: Terraform, workdir: Path) -> None:
-    """Terraform's own word that nothing is left: its state lists no resource and was saved.
-    Data sources (data.*) are only reads, and cost nothing."""
-    if (workdir / ERRORED_FILE).exists():
-        raise TerraformError("Terraform could not save its state after destroying")
-    left = [a for a in tf.state_list() if not (a.startswith("data.") or ".data." in a)]
-    if left:
-        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
-        raise TerraformError(f"Terraform's state still lists {len(left)} resource(s): "
-                             f"{', '.join(left[:3])}{more}")
-
-
-def _unsaved(workdir: Path) -> str:
-    """What to say when Terraform could not save its state (an empty string when it could)."""
-    if not (workdir / ERRORED_FILE).exists():
-        return ""
-    return (f"; Terraform could not save its state, and what it knows is in "
-            f"{workdir / ERRORED_FILE}: fix the cause (a full or read-only disk), and the next "
-            "provision or destroy of this cluster pushes it back first")
-
-
-@dataclass
-class _Made:
-    """What one provision call made itself: the only things its failure may remove."""
-
-    cluster_dir: bool = False
-    workdir: bool = False
-    files: list[Path] = field(default_factory=list)
-
-
-def _make_dir(path: Path) -> bool:
-    """Create a 0700 directory; whether this call made it (mkdir is atomic: of two calls
-    racing for one directory, only one is told it did)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=0o700)
-        made = True
-    except FileExistsError:
-        made = False
-    os.chmod(path, 0o700)
-    return made
-
-
-def _remove_made(plan: Plan, made: _Made) -> None:
-    """Remove what this call made. Its working directory goes only while no Terraform run
-    holds it (the lock file); the cluster directory only when nothing else is left in it."""
-    for path in made.files:
-        path.unlink(missing_ok=True)
-    if made.workdir and not (plan.workdir / LOCK_INFO).exists():
-        shutil.rmtree(plan.workdir, ignore_errors=True)
-    if made.cluster_dir:
-        try:
-            os.rmdir(cluster_dir(plan.cluster))
-        except OSError:
-            log.info("kept %s: it holds files this provision did not make",
-                     cluster_dir(plan.cluster))
-
-
 # ---------------------------------------------------------------- provision
 
 
@@ -293,7 +164,7 @@ def provision(cluster: str, target: str, nodes: int | str, var_file: str | Path 
         log.warning("%s: no credentials found in the environment; %s", target,
                     mod.CREDENTIALS_HINT)
     version = _binary_version(plan, target)
-    made = _Made()
+    made = Made()
     tf = Terraform(plan.workdir, binary=plan.binary, env=plan.env())
     _stage_and_plan(plan, tf, version, made)
 
@@ -340,40 +211,24 @@ def _save_applying(plan: Plan, version: str) -> None:
                                        (plan.existing or {}).get("bastion"), version))
 
 
-def _claim_workdir(plan: Plan, made: _Made) -> None:
-    """A new cluster's working directory is made by this call, or the call stops here: one
-    that is there without a record belongs to another provision of the same name still
-    running, or to one whose record was lost, and its state may be all that says what exists."""
-    made.workdir = _make_dir(plan.workdir)
-    if made.workdir:
-        return
-    held = state_files(plan.workdir)
-    what = f"holds a Terraform state ({', '.join(held)})" if held else "exists"
-    raise ClusterError(
-        f"cluster {plan.cluster} has no record, but its Terraform working directory "
-        f"{plan.workdir} {what}: another provision of {plan.cluster} may be running; wait for "
-        f"it, or if none is, check what the state lists (terraform -chdir={plan.workdir} state "
-        "list), delete those resources, and remove that directory")
-
-
-def _stage_and_plan(plan: Plan, tf: Terraform, version: str, made: _Made) -> None:
+def _stage_and_plan(plan: Plan, tf: Terraform, version: str, made: Made) -> None:
     """Stage the module and plan: nothing exists in the cloud yet, so a failure only undoes
     local files (what this call made, or an existing cluster's as they were), and never a
     working directory that holds a state."""
     cluster, cdir = plan.cluster, cluster_dir(plan.cluster)
-    if plan.existing and not _has_state(plan.workdir) \
+    if plan.existing and not has_state(plan.workdir) \
             and (plan.existing.get("terraform") or {}).get("applied", True):
         raise ClusterError(f"cannot provision {cluster}: its Terraform state "
                            f"{plan.workdir / STATE_FILE} is missing or empty, and Terraform "
                            "would make everything a second time; put the state file back, or "
                            "delete what the cluster made yourself, run invoke destroy --cluster "
                            f"{cluster} --state-lost, and provision it anew")
-    before = _snapshot(plan.workdir) if plan.existing else {}
+    before = snapshot(plan.workdir) if plan.existing else {}
     step = "stage"
     try:
-        made.cluster_dir = _make_dir(cdir)
+        made.cluster_dir = make_dir(cdir)
         if not plan.existing:
-            _claim_workdir(plan, made)
+            claim_workdir(plan, made)
             if not (cdir / "cluster.json").exists():
                 made.files.append(cdir / "cluster.json")
         if plan.generates_key and not plan.key_path.is_file():
@@ -384,7 +239,7 @@ def _stage_and_plan(plan: Plan, tf: Terraform, version: str, made: _Made) -> Non
         if not known_hosts.exists():
             made.files.append(known_hosts)
             write_atomic(known_hosts, "", mode=0o600)
-        _stage(plan)
+        stage(plan)
         status = plan.existing.get("status", "ready") if plan.existing else "provisioning"
         applied = bool(((plan.existing or {}).get("terraform") or {}).get("applied", True)) \
             if plan.existing else False
@@ -394,13 +249,13 @@ def _stage_and_plan(plan: Plan, tf: Terraform, version: str, made: _Made) -> Non
         tf.init()
         if (plan.workdir / ERRORED_FILE).exists():
             step = "push"
-            _push_errored(tf, plan.workdir)
+            push_errored(tf, plan.workdir)
         step = "plan"
         tf.plan(PLAN_FILE, var_file=plan.var_file_copy, variables=plan.variables)
     except BaseException as exc:
         kept = ""
         if plan.existing:
-            _restore(plan.workdir, before)
+            restore(plan.workdir, before)
             save_cluster(cluster, plan.existing)
         elif made.workdir and state_files(plan.workdir):
             # another provision of this cluster wrote a state here meanwhile (or holds it)
@@ -409,7 +264,7 @@ def _stage_and_plan(plan: Plan, tf: Terraform, version: str, made: _Made) -> Non
                     f"({', '.join(state_files(plan.workdir))}); see invoke status --cluster "
                     f"{cluster}")
         else:
-            _remove_made(plan, made)
+            remove_made(plan, made)
         if isinstance(exc, TerraformError):
             if "Error acquiring the state lock" in (exc.stderr or ""):
                 fix = f"wait for the other Terraform run on {cluster} to end"
@@ -456,13 +311,13 @@ def _check_nodes(recs: list[Node], want: int, target: str) -> None:
 
 
 def _after_failed_apply(plan: Plan, tf: Terraform, exc: BaseException, keep_on_failure: bool,
-                        made: _Made, before: tuple[str, int] | None) -> None:
+                        made: Made, before: tuple[str, int] | None) -> None:
     """Say what a failed apply left, and undo it where that is safe: Terraform is asked, and a
     working directory holding a state is never removed unless Terraform says it lists nothing."""
     cluster, workdir = plan.cluster, plan.workdir
     reason = str(exc) or type(exc).__name__
     cause = exc if isinstance(exc, Exception) else None
-    unsaved = _unsaved(workdir)
+    unsaved = unsaved_note(workdir)
     stderr = getattr(exc, "stderr", "") or ""
     # Terraform saves its local state after each resource it makes: an unchanged state (and no
     # errored.tfstate) means it made nothing, as do its own words for a plan it did not apply
@@ -494,7 +349,7 @@ def _after_failed_apply(plan: Plan, tf: Terraform, exc: BaseException, keep_on_f
                            f"(--keep-on-failure), state in {workdir}; remove it with: "
                            f"invoke destroy --cluster {cluster}{unsaved}") from None
     if nothing:
-        _remove_made(plan, made)
+        remove_made(plan, made)
         if isinstance(exc, KeyboardInterrupt):
             raise exc
         raise ProvisionError(f"provisioning {cluster} failed: {reason}; Terraform applied none "
@@ -502,17 +357,17 @@ def _after_failed_apply(plan: Plan, tf: Terraform, exc: BaseException, keep_on_f
     log.warning("provisioning %s failed; destroying what was created", cluster)
     try:
         if unsaved:
-            _push_errored(tf, workdir)
+            push_errored(tf, workdir)
         tf.destroy(var_file=plan.var_file_copy, variables=plan.variables)
-        _check_destroyed(tf, workdir)
+        check_destroyed(tf, workdir)
     except TerraformError as derr:
         failed()
         raise ProvisionError(f"provisioning {cluster} failed: {reason}; destroying what it "
                              f"created failed too ({derr}); state kept in {workdir}: retry "
-                             f"with invoke destroy --cluster {cluster}{_unsaved(workdir)}") \
+                             f"with invoke destroy --cluster {cluster}{unsaved_note(workdir)}") \
             from None
     # Terraform's state lists nothing: the working directory this call made may go
-    _remove_made(plan, made)
+    remove_made(plan, made)
     inventory.remove(cluster)
     if isinstance(exc, KeyboardInterrupt):
         raise exc
@@ -520,35 +375,16 @@ def _after_failed_apply(plan: Plan, tf: Terraform, exc: BaseException, keep_on_f
                          "destroyed") from None
 
 
-# ---------------------------------------------------------------- destroy and status
-
-
-def _terraform_record(cluster: str) -> tuple[dict[str, Any], Path]:
-    rec = load_cluster(cluster)
-    if rec.get("target") not in TERRAFORM_TARGETS:
-        raise ClusterError(f"cluster {cluster} has target {rec.get('target')}, which Terraform "
-                           "does not manage")
-    return rec, cluster_dir(cluster) / "terraform"
+# ---------------------------------------------------------------- destroy
 
 
 def accept_lost_state(cluster: str) -> None:
     """Record that the cluster's Terraform state is lost and what it made was deleted by hand,
     so that destroy removes the rest without Terraform (while the state file is missing)."""
     check_cluster_name(cluster)
-    rec, _ = _terraform_record(cluster)
+    rec, _ = terraform_record(cluster)
     rec["terraform"] = {**(rec.get("terraform") or {}), "state_lost_at": _now()}
     save_cluster(cluster, rec)
-
-
-def _missing_state(cluster: str, workdir: Path) -> str:
-    backup = workdir / BACKUP_FILE
-    older = (f" ({backup} holds the state before Terraform's last change)"
-             if backup.is_file() else "")
-    return (f"cannot destroy {cluster}: its Terraform state {workdir / STATE_FILE} is missing "
-            "or empty, so Terraform cannot tell what to delete; Terraform destroyed nothing and "
-            f"the record is kept: put the state file back{older} and rerun, or delete what the "
-            "cluster made yourself (in the cloud console; a static cluster makes nothing there) "
-            f"and run invoke destroy --cluster {cluster} --state-lost")
 
 
 def destroy(cluster: str) -> None:
@@ -556,9 +392,9 @@ def destroy(cluster: str) -> None:
     and inventory. Refused, with the record kept, while Terraform cannot say the cluster's
     resources are gone."""
     check_cluster_name(cluster)
-    rec, workdir = _terraform_record(cluster)
+    rec, workdir = terraform_record(cluster)
     meta = rec.get("terraform") or {}
-    if _has_state(workdir):
+    if has_state(workdir):
         # the binary that applied the state, where it still is: another may read it otherwise
         used = meta.get("binary")
         binary = used if used and os.sep in used and os.access(used, os.X_OK) else None
@@ -567,17 +403,17 @@ def destroy(cluster: str) -> None:
         try:
             tf.init()
             if (workdir / ERRORED_FILE).exists():
-                _push_errored(tf, workdir)
+                push_errored(tf, workdir)
             tf.destroy(var_file=meta.get("var_file"), variables=meta.get("variables") or {})
-            _check_destroyed(tf, workdir)
+            check_destroyed(tf, workdir)
         except TerraformError as exc:
             raise TerraformError(f"destroying {cluster} failed: {str(exc).rstrip('.')}; the "
                                  f"record and the state are kept in {workdir}: fix the cause "
                                  f"and rerun invoke destroy --cluster {cluster}"
-                                 f"{_unsaved(workdir)}",
+                                 f"{unsaved_note(workdir)}",
                                  stderr=exc.stderr) from None
     elif meta.get("applied", True) and not meta.get("state_lost_at"):
-        raise ClusterError(_missing_state(cluster, workdir))
+        raise ClusterError(missing_state(cluster, workdir))
     else:
         log.warning("%s: no Terraform state (%s), so Terraform is not run; removing the record",
                     cluster, "lost, as told" if meta.get("state_lost_at")
@@ -592,87 +428,6 @@ def destroy(cluster: str) -> None:
                            f"not remove {cluster_dir(cluster)}: {exc}; remove it by hand") \
             from None
     log.info("destroyed %s cluster %s", rec.get("target"), cluster)
-
-
-@dataclass
-class TfStatus:
-    """What Terraform knows about a cluster (from local state: no cloud call)."""
-
-    name: str
-    target: str
-    status: str  # provisioning | ready | failed
-    nodes: list[Node]
-    resources: list[str] = field(default_factory=list)
-    outputs_match: bool = False  # terraform output agrees with cluster.json's nodes
-    bastion: str | None = None
-    workdir: Path | None = None
-    error: str = ""
-
-
-def status(cluster: str) -> TfStatus:
-    """Resources in the state and whether the recorded nodes still match terraform output."""
-    rec, workdir = _terraform_record(cluster)
-    nodes = nodes_of(rec)
-    info = TfStatus(name=cluster, target=rec["target"], status=rec.get("status", "?"),
-                    nodes=nodes, bastion=rec.get("bastion"), workdir=workdir,
-                    error=rec.get("error", ""))
-    if not (workdir / STATE_FILE).exists():
-        return info
-    tf = Terraform(workdir)
-    info.resources = tf.state_list()
-    outputs = tf.output()
-    try:
-        now = nodes_from_outputs(outputs, rec["target"], rec.get("ssh_key", ""))
-    except (InputError, KeyError):
-        return info
-    # the contract's fields, by the names Terraform knows (a static host listed without a name
-    # may have taken its hostname since: its label is kept in extra)
-    known = [dataclasses.replace(n, name=n.extra.get("label", n.name)) for n in nodes]
-    recorded = (rec.get("bastion") or "").rpartition("@")[2] or None  # user@address
-    info.outputs_match = (contract_outputs(now) == contract_outputs(known)
-                          and bastion_of(outputs) == recorded)
-    return info
-
-
-def alive(cluster: str, nodes: list[Node], timeout_s: float = 3.0) -> list[bool]:
-    """Whether each node's sshd answers. Direct nodes: a TCP probe for the SSH banner; nodes
-    behind a bastion: `ssh -J` with the cluster's key and pinned host keys (so False until the
-    host keys are recorded). Documentation addresses (RFC 5737) are never probed."""
-    rec = load_cluster(cluster)
-    bastion = rec.get("bastion")
-    known_hosts = rec.get("known_hosts", "")
-
-    def probe(n: Node) -> bool:
-        try:
-            if any(ipaddress.ip_address(n.address) in net for net in _DOC_NETS):
-                return False
-        except ValueError:
-            pass
-        if bastion:
-            return _ssh_probe(n, bastion, known_hosts, timeout_s)
-        try:
-            with socket.create_connection((n.address, n.ssh_port), timeout=timeout_s) as s:
-                s.settimeout(timeout_s)
-                return s.recv(4).startswith(b"SSH")
-        except OSError:
-            return False
-
-    if not nodes:
-        return []
-    with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
-        return list(pool.map(probe, nodes))
-
-
-def _ssh_probe(n: Node, bastion: str, known_hosts: str, timeout_s: float) -> bool:
-    from scalelab.cluster import ssh
-
-    hop = n if n.bastion else dataclasses.replace(n, bastion=bastion)
-    argv = [*ssh.ssh_args(hop, known_hosts, max(1, int(timeout_s))), "true"]
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=timeout_s * 4,
-                              stdin=subprocess.DEVNULL).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
 
 
 # ---------------------------------------------------------------- the Target interface
