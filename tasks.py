@@ -361,21 +361,21 @@ def _run_with_bar(prep, go):
 def configure(c, cluster="demo", tags="", check=False, verify=False, bundle="", image=""):
     """Run playbooks/site.yml on a cluster through ansible-runner, record the node facts."""
     from scalelab.cluster import configure as cfg
+    from scalelab.core import lock
+    from scalelab.core.state import cluster_dir, load_cluster
 
     def show(p) -> None:
-        line = cfg.format_progress(p)
-        if line:
+        if line := cfg.format_progress(p):
             print(line, flush=True)
-
-    from scalelab.core import lock
 
     with lock.hold(cluster):
         result = cfg.run(cluster, tags=tags or None, check=check, progress=show,
                          bundle=bundle or None, image=image or None)
     print(f"{cluster}: configured in {result.duration_s:.0f} s, {result.changed} changes")
+    if (cluster_dir(cluster) / "jupyter_token").exists():  # it listens on the head's loopback
+        print(f"JupyterLab: {cfg.jupyter_tunnel(cluster)}, then http://127.0.0.1:8888/lab with "
+              f"the token in {cluster_dir(cluster) / 'jupyter_token'}")
     if not check:
-        from scalelab.core.state import load_cluster
-
         for n in load_cluster(cluster)["nodes"]:
             f = n.get("facts") or {}
             gpu = f", {f['gpus']} x {f['gpu_model']}" if f.get("gpus") else ""

@@ -18,12 +18,14 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, bench_exit, invoke, needs_root, needs_sshd, unique_name
+from conftest import ROOT, bench_exit, invoke, needs_root, needs_sshd, unique_name, wait_until
 
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
@@ -96,10 +98,6 @@ def _holds(upper: Path, secret: str) -> list[str]:
 # The hosts' own bookkeeping of the test's logins and of their daemons, which changes whoever
 # logs in: not something configure added. Paths relative to the host's root.
 HOST_NOISE = ("var/log/",)
-# What the benches' runs leave (torchrun's per-run log folders, torch's compile cache,
-# horovodrun's cache of its host checks): not the roles' doing, and not yet cleaned up after
-# a run.
-RUN_LEFTOVERS = ("tmp/torchelastic_", f"tmp/torchinductor_{USER}", f"home/{USER}/.horovod")
 # What destroy keeps on the hosts on purpose (configure.KEPT_ON_HOSTS, the README): the
 # training stack. Everything else configure added or changed must be gone after destroy.
 KEPT_PATHS = ("opt/scalelab",)
@@ -138,7 +136,7 @@ def _left_behind(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]
     changed = [p for p in sorted(set(before) | set(after)) if before.get(p) != after.get(p)]
     return [p for p in changed
             if not any(p == k or p.startswith(k + "/") for k in KEPT_PATHS)
-            and not any(p.startswith(n) or p + "/" == n for n in HOST_NOISE + RUN_LEFTOVERS)]
+            and not any(p.startswith(n) or p + "/" == n for n in HOST_NOISE)]
 
 
 def _as_testbed(hosts, machines: list[Node], user_pub: str) -> list[Node]:
@@ -352,7 +350,36 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert (sweep_dir / "index.html").exists()
         assert "static" in (sweep_dir / "index.html").read_text()
+
+        # The sweep's controller killed outright (SIGKILL) mid-run: the hosts stay shaped and
+        # the ranks train on. destroy puts the links back and ends the ranks from the notes the
+        # sweep wrote before it changed anything, before those notes go with the records.
+        killed = subprocess.Popen(
+            [sys.executable, "-m", "invoke", "bench", "--cluster", lab, "--nodes", "2",
+             "--batch-size", "8", "--model", "resnet20", "--steps", "2000", "--repeats", "1",
+             "--bandwidth", "100mbit", "--no-report"], cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_until(lambda: all("resnet.py" in _on(m, kh0, f"ps -u {USER} -o args= || true")
+                                   for m in machines), 300, "both hosts' ranks to train")
+            shaped = _qdiscs(machines, kh0)
+            os.kill(killed.pid, signal.SIGKILL)
+            killed.wait(timeout=30)
+        finally:
+            if killed.poll() is None:
+                os.kill(killed.pid, signal.SIGKILL)
+                killed.wait(timeout=30)
+        assert shaped != before and _qdiscs(machines, kh0) == shaped  # left shaped
+        assert all("resnet.py" in _on(m, kh0, f"ps -u {USER} -o args= || true")
+                   for m in machines)
         proc = invoke("destroy", "--cluster", lab, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"{lab}: ended " in proc.stdout and "links restored from 100" in proc.stdout, \
+            proc.stdout
+        assert _qdiscs(machines, kh0) == before
+        for m in machines:
+            left = _on(m, kh0, f"ps -u {USER} -o pid=,comm=,args=").splitlines()
+            assert [p for p in left if p.split()[1] != "sshd"] == [], left
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "kept on its hosts, on purpose: /opt/scalelab" in proc.stdout
         assert not os.path.exists(ssh.mux_dir(str(known_hosts)))

@@ -71,9 +71,11 @@ def _destroy(cluster: str) -> list[str]:
         raise
     caps = base.capabilities(rec)
     kept: list[str] = []
-    if not caps.owns_hosts and caps.configurable and rec.get("configured_at"):
-        from scalelab.cluster import configure
+    from scalelab.cluster import configure
 
+    # any configure that started, finished or not (configure.mark_touched records it before
+    # Ansible first changes a host)
+    if not caps.owns_hosts and caps.configurable and configure.touched(rec):
         # before the cluster's state goes: the trust key's public half is matched by it
         configure.forget(cluster)
         kept = list(configure.KEPT_ON_HOSTS)

@@ -234,7 +234,7 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     ...       Node("c-n1", "10.0.0.11", "10.0.0.11", "worker", "local", cpus=1.0, iface="eth0")]
     >>> argv = horovodrun_commands(ns, 1, "resnet.py", [], rt, 29500)[0].argv
     >>> argv[:2], argv[3], " ".join(argv[4:])
-    (['sh', '-c'], 'scalelab-pinned-ssh', '/v/bin/horovodrun --gloo -np 2 -H 10.0.0.10:1,10.0.0.11:1 --network-interfaces eth0 --gloo-timeout-seconds 60 /v/bin/python /w/bench/workloads/resnet.py')
+    (['sh', '-c'], 'scalelab-pinned-ssh', '/v/bin/horovodrun --gloo -np 2 -H 10.0.0.10:1,10.0.0.11:1 --network-interfaces eth0 --disable-cache --gloo-timeout-seconds 60 /v/bin/python /w/bench/workloads/resnet.py')
     """
     hosts = ",".join(f"{n.private_address}:{procs_per_node}" for n in nodes)
     bindir = rt.python.rsplit("/", 1)[0]
@@ -245,8 +245,9 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
         # one node: horovodrun runs everything over loopback and refuses a named interface;
         # several: every node's own name, since its ranks all get this one environment
         argv += ["--network-interfaces", ",".join(ifaces)]
-    argv += ["--gloo-timeout-seconds", "60", rt.python, f"{rt.workdir}/{WORKLOADS}/{script}",
-             *args]
+    # --disable-cache: no ~/.horovod of its host checks left in the login user's home
+    argv += ["--disable-cache", "--gloo-timeout-seconds", "60", rt.python,
+             f"{rt.workdir}/{WORKLOADS}/{script}", *args]
     env = rank_env(nodes[0], procs_per_node, fabric, device, [n.iface for n in nodes])
     env["PATH"] = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     return [RankCommand(nodes[0], ssh.with_pinned_ssh(argv), env)]
@@ -284,6 +285,9 @@ def horovod_node_commands(nodes: list[Node], procs_per_node: int, script: str, a
     return out
 
 
+RUN_TMP = "tmp"  # under the workdir: the ranks' TMPDIR where it exists (workloads role)
+
+
 def remote_line(cmd: RankCommand, workdir: str) -> str:
     """The shell line sent over SSH: a new session that reports its process-group id first.
 
@@ -291,9 +295,13 @@ def remote_line(cmd: RankCommand, workdir: str) -> str:
     of the launch carries it from its first instruction: a driver killed right after the
     launch can still find and end them by the token alone (reap_line).
 
+    The ranks' temporary files (torchrun's logs, torch's compile cache) go to the workdir's
+    tmp/ where configure made one (the workloads role, on hosts scalelab did not create), so
+    that what runs leave stays inside what destroy keeps on purpose, not in the host's /tmp.
+
     >>> remote_line(RankCommand(Node("n", "a", "a", "head", "static"), ["python3", "x.py"],
     ...             {"SCALELAB_LAUNCH": "ab12", "OMP_NUM_THREADS": "4"}), "/w")
-    "cd /w && exec env SCALELAB_LAUNCH=ab12 setsid -w sh -c 'echo SCALELAB_PGID $$ >&2; exec env OMP_NUM_THREADS=4 python3 x.py'"
+    "cd /w && { [ -d tmp ] && [ -w tmp ] && export TMPDIR=/w/tmp; true; } && exec env SCALELAB_LAUNCH=ab12 setsid -w sh -c 'echo SCALELAB_PGID $$ >&2; exec env OMP_NUM_THREADS=4 python3 x.py'"
     """
     token = cmd.env.get(TOKEN_VAR, "")
     rest = {k: v for k, v in cmd.env.items() if k != TOKEN_VAR}
@@ -301,4 +309,7 @@ def remote_line(cmd: RankCommand, workdir: str) -> str:
     inner = f"echo SCALELAB_PGID $$ >&2; exec env {env} {shlex.join(cmd.argv)}" if env else \
         f"echo SCALELAB_PGID $$ >&2; exec {shlex.join(cmd.argv)}"
     tag = f"env {TOKEN_VAR}={shlex.quote(token)} " if token else ""
-    return f"cd {shlex.quote(workdir)} && exec {tag}setsid -w sh -c {shlex.quote(inner)}"
+    tmp = shlex.quote(f"{workdir.rstrip('/')}/{RUN_TMP}")
+    keep_tmp = f"{{ [ -d {RUN_TMP} ] && [ -w {RUN_TMP} ] && export TMPDIR={tmp}; true; }}"
+    return (f"cd {shlex.quote(workdir)} && {keep_tmp} && exec {tag}setsid -w sh -c "
+            f"{shlex.quote(inner)}")

@@ -205,7 +205,7 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
                "-H", "__HOSTS__"]
         if nodes[0].iface and len(nodes) > 1:
             hvd += ["--network-interfaces", nodes[0].iface]
-        hvd += ["--gloo-timeout-seconds", "60", rt.python, script_path, *args]
+        hvd += ["--disable-cache", "--gloo-timeout-seconds", "60", rt.python, script_path, *args]
         # horovodrun finds the venv's python and itself first; the site's own PATH (Slurm in
         # /opt or from a module) stays behind them
         inner = (f'PATH={shlex.quote(bindir)}:"$PATH"; export PATH; {hosts}; '

@@ -125,6 +125,8 @@ def _record(plan: Plan, status: str, nodes: list[Node], bastion: str | None,
         "bastion": bastion,
         "created_at": previous.get("created_at") or _now(),
         "updated_at": _now(),
+        # a configure touched the hosts (finished or not): destroy must still forget them
+        **({"hosts_touched": previous["hosts_touched"]} if previous.get("hosts_touched") else {}),
         "terraform": {
             "workdir": str(plan.workdir),
             "var_file": plan.var_file_copy,
