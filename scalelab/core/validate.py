@@ -85,6 +85,21 @@ def login_name(value: Any, field: str, where: str, fix: str,
     return text
 
 
+def var_file_user(values: Any, target: str, var_file: Any, of_what: str) -> None:
+    """A cloud target's var-file ssh_user, where it gives one: the nodes' login user (every SSH
+    destination and Ansible's ansible_user), checked before anything is created.
+
+    >>> var_file_user({"ssh_user": "-x"}, "aws", "v.json", "AMI")
+    Traceback (most recent call last):
+    ...
+    scalelab.core.errors.InputError: aws: var-file v.json: ssh_user '-x' is not a user name (it starts with '-', so ssh would read it as an option); give the login user of the AMI, e.g. ubuntu
+    """
+    if "ssh_user" in values:
+        login_name(values["ssh_user"], "ssh_user",
+                   f"{target}: var-file {var_file}" if var_file else target,
+                   f"give the login user of the {of_what}, e.g. ubuntu")
+
+
 def host(value: Any, field: str, where: str, fix: str,
          error: type[ScalelabError] = InputError) -> str:
     """A host name, IPv4 or IPv6 address: where an SSH connection or a rank goes.

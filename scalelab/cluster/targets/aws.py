@@ -43,7 +43,4 @@ def preflight(values: Mapping[str, Any], nodes: int, var_file: Path | None,
     """terraform/aws validates its own variables; ssh_user becomes the nodes' login user
     (every SSH destination and Ansible's ansible_user), so it is checked here, before anything
     is created."""
-    if "ssh_user" in values:
-        validate.login_name(values["ssh_user"], "ssh_user",
-                            f"aws: var-file {var_file}" if var_file else "aws",
-                            "give the login user of the AMI, e.g. ubuntu")
+    validate.var_file_user(values, "aws", var_file, "AMI")
