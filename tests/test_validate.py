@@ -70,19 +70,6 @@ def test_a_node_record_edited_to_hold_an_option_or_a_shell_word_is_refused(field
         Node(**{k: v for k, v in {**good, field: value}.items()})
 
 
-def test_the_slurm_login_user_and_static_var_files_share_the_one_check():
-    """One function for a login user, wherever it enters: the slurm target's var-file, the
-    static, AWS and OpenStack var-files, node records."""
-    import inspect
-
-    from scalelab.cluster.targets import aws, openstack, slurm, static
-
-    for mod in (slurm, static, aws, openstack):
-        src = inspect.getsource(mod)
-        assert "validate.login_name(" in src, mod.__name__
-        assert "[A-Za-z0-9_]" not in src, f"{mod.__name__} keeps a pattern of its own"
-
-
 # ------------------------------------------------------------------ the user's ~/.ssh/config
 
 HOSTILE_CONFIG = "Host *\n ForwardAgent yes\n ForwardX11 yes\n ProxyCommand false %h\n"
