@@ -66,5 +66,11 @@ def test_state_directories_of_their_own_never_share_a_lock(tmp_path, monkeypatch
         with lock.hold("lab"):
             pass
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+    # a killed holder's file stays until the next command on that cluster takes it over
+    monkeypatch.setenv("SCALELAB_HOME", str(tmp_path / "a"))
+    assert lock.lock_path("lab").exists()
+    with lock.hold("lab"):
+        pass
+    assert not lock.lock_path("lab").exists()
