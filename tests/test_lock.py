@@ -15,17 +15,17 @@ from conftest import ROOT
 from scalelab.core import lock
 
 HOLDER = textwrap.dedent("""
-    import sys, time
+    import sys
     from scalelab.core import lock
     with lock.hold(sys.argv[1]):
         print("held", flush=True)
-        time.sleep(120)
+        sys.stdin.read()  # held until the test ends this process (or closes its input)
 """)
 
 
 def _holder(cluster: str, env: dict[str, str]) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, cluster], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
 

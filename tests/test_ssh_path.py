@@ -99,7 +99,6 @@ def _no_agent_reaches_a_node(lc, tmp_path) -> None:
     import shutil
     import subprocess
     import sys
-    import time
 
     from test_validate import fake_home, in_fake_home
 
@@ -133,9 +132,7 @@ def _no_agent_reaches_a_node(lc, tmp_path) -> None:
         ssh.close_masters(str(kh))
         agent.terminate()
         agent.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while os.path.exists(sock) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: not os.path.exists(sock), 5, "the agent's socket to go")
 
 
 def _horovods_ssh_checks_the_pinned_keys(lc) -> None:

@@ -15,13 +15,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import invoke, unique_name
+from conftest import invoke, unique_name, wait_until
 
 from scalelab.cluster import inventory
 from scalelab.cluster.nodes import Node, nodes_from_outputs
@@ -285,10 +284,9 @@ def terraform_holding_the_state(work: Path, name: str, nodes: int = 3):
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "CHECKPOINT_DISABLE": "1"})
     try:
-        deadline = time.monotonic() + 30
-        while not (work / ".terraform.tfstate.lock.info").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "console took no lock"
-            time.sleep(0.05)
+        wait_until(lambda: (work / ".terraform.tfstate.lock.info").exists()
+                   or proc.poll() is not None, 30, "terraform console to take the state's lock")
+        assert proc.poll() is None, "terraform console ended without taking the lock"
         yield proc
     finally:
         proc.stdin.close()

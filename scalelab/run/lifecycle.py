@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import facts, ssh
+from scalelab.cluster import facts, netshape, provisioning, ssh
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.cluster.targets import base as targets
 from scalelab.core import lock
 from scalelab.core.errors import ClusterError, InputError, ScalelabError
-from scalelab.core.state import cluster_dir, load_cluster
-from scalelab.core.units import format_rate
+from scalelab.core.state import cluster_dir, list_clusters, load_cluster
+from scalelab.core.units import format_rate, parse_rate_mbit
 from scalelab.results import store
 from scalelab.run import reap
-from scalelab.run.driver import INFLIGHT, Progress, execute, scalelab_commit, utcnow
+from scalelab.run.driver import INFLIGHT, SHAPED, Progress, execute, scalelab_commit, utcnow
+from scalelab.run.shaping import UNSET, Shaper
 from scalelab.run.warmstart import WARM
 from scalelab.sweep import planner, starts
 
@@ -403,10 +404,6 @@ def settle(reports_root: Path, cluster: str) -> list[str]:
     cluster's state goes, so nothing a crash left outlives the records that say how to undo it.
     Lines saying what it did; ClusterError if links of hosts scalelab did not make could not be
     restored (the records stay, so it can be tried again)."""
-    from scalelab.cluster import netshape
-    from scalelab.run.driver import SHAPED
-    from scalelab.run.shaping import UNSET, Shaper
-
     rec = load_cluster(cluster)
     done = []
     ended = end_abandoned(reports_root, cluster)
@@ -436,9 +433,6 @@ def settle(reports_root: Path, cluster: str) -> list[str]:
 def destroy(reports_root: Path, cluster: str) -> tuple[list[str], list[str]]:
     """Destroy a cluster under its lock, after putting back what a killed sweep left while its
     records last (settle); what settle did, and what stays on the hosts on purpose."""
-    from scalelab.cluster import provisioning
-    from scalelab.core.state import list_clusters
-
     with lock.hold(cluster):
         done = settle(reports_root, cluster) if cluster in list_clusters() else []
         return done, provisioning.destroy(cluster)
@@ -446,9 +440,6 @@ def destroy(reports_root: Path, cluster: str) -> tuple[list[str], list[str]]:
 
 def reshape(reports_root: Path, cluster: str, bandwidth: str) -> list[str]:
     """invoke shape: one rate on every link, after what a killed sweep left is put back."""
-    from scalelab.cluster import provisioning
-    from scalelab.core.units import parse_rate_mbit
-
     parse_rate_mbit(bandwidth)  # a bad rate is refused before anything is touched
     with lock.hold(cluster):
         done = settle(reports_root, cluster)
