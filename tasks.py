@@ -7,6 +7,7 @@ Run `invoke --list` for the tasks and `invoke --help TASK` for each one's option
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scalelab.cluster.targets.base import DEFAULT_TARGET  # noqa: E402
 from scalelab.core.errors import ScalelabError  # noqa: E402
 from scalelab.run import lifecycle  # noqa: E402
+from scalelab.sweep import sweepfile  # noqa: E402
 
 
 def _setup_logging() -> None:
@@ -187,81 +189,38 @@ def _print_nodes(result) -> None:
 
 # ---------------------------------------------------------------- bench / report / configure
 
-@task(help={
+# bench's own options; every other option is a sweep setting (scalelab.sweep.settings)
+_BENCH_HELP = {
     "cluster": "cluster to run on (see invoke status)",
-    "nodes": "node counts to sweep: 4, 1-10, 1,2,4,8 or 1-16:2",
-    "batch_size": "per-worker batch sizes, e.g. 32,64,96 (weak scaling: each rank keeps its batch)",
-    "global_batch_size": "global batch sizes split evenly over each run's ranks, e.g. 256 "
-                         "(strong scaling; beside or instead of --batch-size)",
-    "bandwidth": "link rates to sweep, e.g. 1gbit,10gbit (native = unshaped)",
-    "procs_per_node": "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8",
-    "model": "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
-    "engine": "ddp (torchrun; on the local target ranks are forked from a per-node server that has torch imported) or horovod (horovodrun)",
-    "precision": "precisions to sweep: fp32 (TF32 off), tf32, amp (fp16 with loss scaling), "
-                 "bf16, or several, e.g. fp32,amp; tf32 and amp need GPUs",
-    "device": "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
-    "fabric": "tcp, rdma or auto (default: rdma where every node has an active RDMA port and "
-              "no rate is shaped; a shaped rate is always tcp)",
-    "fabric_profile": "what an allreduce achieves on the fabric: ethernet-tcp or rdma (shaped "
-                      "links carry its share of the line rate, sourced in bench/fabrics/, and "
-                      "the model uses it) or ideal (the default: the line rate as tc gives it)",
-    "intra_link": "with --accelerator and --procs-per-node 2 or more on a local cluster: the "
-                  "path between the GPUs of one node, pcie3, pcie4, nvlink-v100 or a rate "
-                  "such as 64gbit (each node's loopback is shaped to it and the model takes "
-                  "it; default: unshaped, taken as free)",
-    "channels_last": "NHWC memory format (faster convolutions on tensor cores); the same as "
-                     "--memory-format channels_last",
-    "memory_format": "memory formats to sweep: contiguous (NCHW, the default), channels_last "
-                     "(NHWC), or contiguous,channels_last",
-    "loader_workers": "real data (a sweep file's data: key): DataLoader workers per rank (default 2)",
-    "pin_memory": "real data: on, off or auto (on when the ranks train on GPUs)",
-    "allreduce_sizes": "allreduce probe message sizes, e.g. 4K,64K,1M,16M,256M (the default: "
-                       "NCCL reaches its bus bandwidth only near 256M)",
-    "repeats": "repeats of every configuration (3 gives a 95% confidence interval)",
-    "steps": "timed training steps per run (after warm-up)",
-    "accelerator": "emulate this GPU on every rank (v100, a100, h100, or a profile .json from "
-                   "invoke profile): real gradients over the real links, compute from the "
-                   "profile",
-    "dilation": "time dilation k with --accelerator (a number >= 1, or auto: the smallest k "
-                "the host keeps up with)",
-    "sweep": "sweep file: a path or a name under bench/sweeps/ (demo, slices, ci); options override it",
+    "sweep": "sweep file: a path or a name under bench/sweeps/ (demo, slices, ci); options "
+             "override it",
     "dry_run": "print every planned run, the count and an estimated duration; run nothing",
     "resume": "sweep id (or latest) to complete: runs only what its store lacks",
     "retry_failed": "with --resume: run failed and timed-out runs again too",
     "report": "write the HTML report when the sweep ends",
-    "launcher": "ssh (ranks started over SSH) or slurm (every run a Slurm job on the head "
-                "node's Slurm; set it up with invoke configure --tags slurm)",
-    "partition": "with --launcher slurm: the partition (default: the cluster's default one)",
-    "timeout": "seconds a run may take, launch to exit, before it is ended (and its Slurm "
-               "job cancelled)",
-    "warm_start": "on nodes that share one host's cores, fork ranks from warm-start servers "
-                  "with torch imported (default); --no-warm-start: every rank starts its own "
-                  "interpreter",
-    "price_per_node_hour": "what a node-hour costs (any currency): the report adds the cost "
-                           "per million images across node count x link rate",
-    "runtime": "host (ranks on the nodes) or container (every rank in a container of the "
-               "training image: invoke image, then invoke configure --image)",
-    "bucket_cap_mb": "DDP gradient bucket sizes in MB to sweep, e.g. 10,25,50 (default 25, "
-                     "torch's own)",
-    "fusion_threshold_mb": "Horovod fusion thresholds in MB to sweep, e.g. 32,128 "
-                           "(HOROVOD_FUSION_THRESHOLD; default 128, Horovod's own)",
-    "cycle_time_ms": "Horovod cycle times in ms to sweep, e.g. 1,5 (HOROVOD_CYCLE_TIME; "
-                     "default 1, Horovod's own)",
-    "compression": "gradient compression to sweep: none, fp16 or none,fp16 (DDP: the fp16 "
-                   "compress hook's cast; Horovod: hvd.Compression.fp16)",
-}, auto_shortflags=False)  # 35 options outrun the letters: invoke would print --=STRING
+}
+
+
+def with_setting_options(fn):
+    """Give a task one option per sweep setting of the settings table (its help there):
+    invoke reads a task's signature, so the signature is made from the table."""
+    sig = inspect.signature(fn)
+    own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                               default=s.switch if s.switch is not None else "")
+             for name, s in sweepfile.OPTIONS.items()]
+    fn.__signature__ = sig.replace(parameters=own + extra)
+    return fn
+
+
+@task(help={**_BENCH_HELP, **{name: s.help for name, s in sweepfile.OPTIONS.items()}},
+      auto_shortflags=False)  # 35 options outrun the letters: invoke would print --=STRING
 @friendly
-def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", bandwidth="",
-          procs_per_node="",
-          model="", engine="", precision="", repeats="", steps="", sweep="", dry_run=False,
-          resume="", retry_failed=False, report=True, accelerator="", dilation="",
-          launcher="", partition="", timeout="", device="", fabric="", fabric_profile="",
-          intra_link="", channels_last=False,
-          memory_format="", loader_workers="", pin_memory="", allreduce_sizes="", runtime="", warm_start=True,
-          price_per_node_hour="", bucket_cap_mb="", fusion_threshold_mb="", cycle_time_ms="",
-          compression=""):
+@with_setting_options
+def bench(c, cluster="demo", sweep="", dry_run=False, resume="", retry_failed=False,
+          report=True, **settings):
     """Sweep nodes x batch size x bandwidth x procs per node over ResNet training."""
-    asked = {k: v for k, v in locals().items() if k != "c"}
+    asked = {"cluster": cluster, "sweep": sweep, **settings}
     import datetime as dt
     import threading
 
@@ -304,9 +263,6 @@ def bench(c, cluster="demo", nodes="", batch_size="", global_batch_size="", band
                    f"--resume {sweep_dir.name} --retry-failed runs them again", code=1)
 
 
-# bench's options that are not the sweep's, and those the sweep names otherwise
-_BENCH_ONLY = ("cluster", "dry_run", "resume", "retry_failed", "report")
-_SPEC_NAMES = {"timeout": "timeout_s", "sweep": "sweep_file"}
 # what the reference experiment may fill in when a command line names nodes but no batch
 _REFERENCE_FILLS = ("bandwidth", "precision", "device", "accelerator", "batch_size", "model",
                     "engine", "repeats", "steps")
@@ -316,10 +272,11 @@ def _bench_spec(cluster: str, asked: dict):
     """The sweep bench's options ask for: an option not given is None (the sweep file's or
     the default); no options at all is the demo sweep; nodes without a batch is the reference
     experiment, as this cluster can run it (the mission's own invoke bench --nodes 1-10)."""
-    from scalelab.sweep import spec as sweepfile
-
-    opts = {_SPEC_NAMES.get(k, k): (v or None) for k, v in asked.items() if k not in _BENCH_ONLY}
-    opts["warm_start"] = None if asked["warm_start"] else False
+    opts = {s.key: (asked[name] or None) for name, s in sweepfile.OPTIONS.items()}
+    # a switch left at its default is not given (the sweep file's value or the default holds)
+    opts.update({s.key: None if asked[name] == s.switch else asked[name]
+                 for name, s in sweepfile.OPTIONS.items() if s.switch is not None})
+    opts["sweep_file"] = asked["sweep"] or None
     if not (asked["sweep"] or asked["nodes"]):
         opts["sweep_file"] = "demo"
     elif not (asked["sweep"] or asked["batch_size"] or asked["global_batch_size"]):
@@ -519,7 +476,7 @@ def demo(c, nodes="8", sweep="demo", keep=False, cluster="demo"):
 def _demo(cluster: str, nodes: str, sweep: str, keep: bool):
     from scalelab.cluster import provisioning
     from scalelab.core.state import list_clusters, reports_dir
-    from scalelab.sweep import spec as sweepfile
+    from scalelab.sweep import sweepfile
 
     # the demo destroys its cluster at the end: never one it did not create
     if cluster in list_clusters():

@@ -571,7 +571,7 @@ def test_every_task_has_bad_input_cases():
                       "allreduce_sizes", "data", "description", "repeats"]),
                      st.text(max_size=40))))
 def test_any_sweep_file_is_a_spec_or_one_input_error(tmp_path_factory, content):
-    from scalelab.sweep import spec as sweepfile
+    from scalelab.sweep import sweepfile
 
     path = tmp_path_factory.mktemp("anyfile") / "s.yml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())

@@ -24,7 +24,7 @@ from scalelab.cluster.targets.base import Runtime
 from scalelab.cluster.targets.local import runtime_paths
 from scalelab.core.errors import InputError
 from scalelab.run import commands, launch, lifecycle
-from scalelab.sweep import spec as sweepfile
+from scalelab.sweep import sweepfile
 
 CUDA_TORCH = {"version": "2.13.0+cu128", "cuda": "12.8", "cuda_available": True, "devices": 8,
               "nccl": "2.27.3"}

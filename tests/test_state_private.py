@@ -10,7 +10,7 @@ from pathlib import Path
 
 from scalelab.core import state
 from scalelab.run import lifecycle
-from scalelab.sweep import spec as sweepfile
+from scalelab.sweep import sweepfile
 
 
 def _mode(path: Path) -> int:

@@ -28,7 +28,7 @@ from scalelab.results.store import (
     update_latest,
 )
 from scalelab.sweep.planner import plan
-from scalelab.sweep.spec import spec_from_options, spec_to_dict
+from scalelab.sweep.sweepfile import spec_from_options, spec_to_dict
 
 SID = "20261121-153000-ab12"
 NODES = [Node(f"demo-n{i}", f"10.9.0.{i}", f"10.9.0.{i}", "head" if i == 0 else "worker",

@@ -125,8 +125,7 @@ def test_slices_dry_run_on_ten_gpu_hosts_plans_everything_with_a_gpu_estimate(tm
     """The reference experiment on a static cluster of 10 GPU hosts, facts as configure records
     them: every run planned, nothing refused, the ETA from GPU step times."""
     from scalelab.cluster.nodes import Node
-    from scalelab.sweep import estimate, planner
-    from scalelab.sweep import spec as sweepfile
+    from scalelab.sweep import estimate, planner, sweepfile
 
     name = unique_name("g")
     state = tmp_path / "state"

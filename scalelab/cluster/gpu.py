@@ -82,7 +82,7 @@ def resolve(spec: Any, used: list[Node], shaped: bool) -> Placement:
     Placement(device='cuda', fabric='tcp', procs_per_node=[8])
     """
     ppn_given = list(spec.procs_per_node) if spec.procs_per_node else None
-    if getattr(spec, "accelerator", None):
+    if spec.accelerator:
         # emulated devices: the ranks wait on the host as the profile says; tcp over veth
         _refuse_fabric(spec.fabric, used, shaped, "cpu")
         return Placement("cpu", "tcp", ppn_given or [1])

@@ -21,7 +21,9 @@ from scalelab.core.errors import ScalelabError
 from scalelab.core.state import write_atomic
 from scalelab.core.units import format_rate
 from scalelab.model import analysis
-from scalelab.results.store import SWEEP_FILE, TIMELINE_KEYS, read_runs
+from scalelab.model.comm import comm_label
+from scalelab.results.store import SWEEP_FILE, TIMELINE_KEYS, read_records
+from scalelab.sweep.settings import SETTINGS, Setting, series_label, upgrade_params
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,9 @@ CSV_COLUMNS = [
     # edge; empty: the node's loopback unshaped, which the model takes as free
     "intra_link", "intra_mbit",
 ]
+# the settings declared since (scalelab.sweep.settings, Setting.column), after those above
+SETTING_COLUMNS = {st.column: st for st in SETTINGS if st.column}
+CSV_COLUMNS += [c for c in SETTING_COLUMNS if c not in CSV_COLUMNS]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s",
@@ -115,13 +120,14 @@ def load_sweep(sweep_dir: Path | str) -> dict[str, Any]:
 
 
 def load_runs(sweep_dir: Path | str) -> list[dict[str, Any]]:
-    """Raw records of a sweep, last record per run id, read by the store of record itself
+    """The records of a sweep, last record per run id, upgraded to this store version by the
+    store of record itself
     (a torn last line from a crash is skipped with a warning there); [] when no run has
     finished yet."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise ReportError(f"sweep directory {sweep_dir} does not exist")
-    return list(read_runs(sweep_dir).values())
+    return read_records(sweep_dir)
 
 
 # ---------------------------------------------------------------------------- frames
@@ -161,30 +167,11 @@ def _scaling(p: dict[str, Any]) -> dict[str, Any]:
     return {"scaling": "weak", "batch_size": per_worker, "batch_per_worker": per_worker}
 
 
-def _comm_params(p: dict[str, Any]) -> dict[str, Any]:
-    """A train run's communication settings; a run from before they were params ran at its
-    engine's defaults."""
-    from scalelab.model.comm import COMM_DEFAULTS, COMM_ENGINE, COMM_KEYS
-
-    out: dict[str, Any] = {}
-    for key in COMM_KEYS:
-        value = p[key] if key in p else (COMM_DEFAULTS[key] if p.get("engine") in
-                                          COMM_ENGINE[key] else None)
-        out[key] = str(value or "") if key == "compression" else _num(value)
-    out["comm_setting"] = comm_setting(out)
-    return out
-
-
-def comm_setting(values: dict[str, Any]) -> str:
-    """The settings that differ from the engine's defaults, as one label ("" when none): a
-    series key, so runs with other settings are never averaged together (comm.comm_label).
-
-    >>> comm_setting({"bucket_cap_mb": 50.0, "compression": "fp16"})
-    'bucket 50 MB, fp16'
-    """
-    from scalelab.model.comm import comm_label
-
-    return comm_label(values)
+def _cell(setting: Setting, value: Any) -> Any:
+    """A setting's results.csv cell: a number (NaN where the run has none) or text ("")."""
+    if setting.numeric:
+        return _num(value)
+    return "" if value is None else str(value)
 
 
 def plan_min_nodes(meta: dict[str, Any]) -> dict[str, int]:
@@ -213,6 +200,7 @@ RUN_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world
                "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
                "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile",
                "intra_link", "intra_mbit", "hop_delay_us"]
+RUN_COLUMNS += [c for c in SETTING_COLUMNS if c not in RUN_COLUMNS]
 # each rank's figures as to_frame reads them: short name -> the record's key
 RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step_time_p95_s",
                "compute": "compute_time_mean_s", "comm": "comm_time_mean_s",
@@ -258,7 +246,7 @@ def to_frame(records: Sequence[dict[str, Any]],
 
 def _run_row(rec: dict[str, Any]) -> dict[str, Any]:
     """One train record's own columns (RUN_COLUMNS), its ranks' figures aside."""
-    p = _params(rec)
+    p = upgrade_params(_params(rec))
     nodes = _num(p.get("nodes"))
     ppn = _num(p.get("procs_per_node"))
     ws = _num(p.get("world_size"))
@@ -300,14 +288,12 @@ def _run_row(rec: dict[str, Any]) -> dict[str, Any]:
         "gpu_model": ", ".join(n for n in placed.get("device_names") or [] if n != "cpu"),
         "gpu_mem_peak_mb": _num(placed.get("gpu_mem_peak_mb")),
         "link_mbit_single_stream": _num(rec.get("link_mbit_single_stream")),
-        "runtime": str(p.get("runtime") or "host"),
         "image_id": str((env.get("image") or {}).get("id") or "")
         if isinstance(env.get("image"), dict) else "",
-        **_comm_params(p),
+        **{c: _cell(st, p.get(st.record)) for c, st in SETTING_COLUMNS.items()},
+        "comm_setting": ", ".join(x for x in (comm_label(p), series_label(p)) if x),
         "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
         **_scaling(p),
-        "fabric_profile": str(p.get("fabric_profile") or "ideal"),
-        "intra_link": str(p.get("intra_link") or ""),
         "intra_mbit": _num(p.get("intra_mbit")),
         # the per-hop delay the links added (real time; a fabric profile's latency times k)
         "hop_delay_us": _num(env.get("hop_delay_us")),

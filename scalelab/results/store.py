@@ -43,16 +43,15 @@ from typing import Any
 
 from scalelab.core.errors import ScalelabError
 from scalelab.core.state import write_atomic
-from scalelab.model.comm import COMM_DEFAULTS, COMM_ENGINE, COMM_KEYS
-from scalelab.sweep.planner import (
-    EMULATION_KEYS,
-    FABRIC_KEYS,
-    INTRA_KEYS,
+from scalelab.sweep.planner import RunPlan
+from scalelab.sweep.settings import (
     KINDS,
     PARAM_KEYS,
-    PLACEMENT_KEYS,
-    SCALING_KEYS,
-    RunPlan,
+    RECORD,
+    STORE_VERSION,
+    Planned,
+    store_version_of,
+    upgrade_params,
 )
 
 log = logging.getLogger(__name__)
@@ -71,21 +70,7 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
                  "env", "timeline", "accelerator", "slurm", "placement",
                  "link_mbit_single_stream", "comm", "ssh")
-# a run's "ssh" (optional): the SSH connections the controller opened for it (setting and
-# measuring the rate, staging, launch, reaping: "opened") and the commands that rode a
-# connection already open ("shared", multiplexed; scalelab.cluster.ssh.connections)
-# a train run's "comm" (optional): the communication settings its workload used, as it
-# reported them: bucket_cap_mb, fusion_threshold_mb, cycle_time_ms, compression, comm_dtype
-# link_mbit_measured is iperf3 with several parallel streams (4, for 3 s) since the probe was
-# made like the collective; "link_mbit_single_stream" (optional) is one stream beside it
-# a run's "placement" (optional): what its ranks really ran on, from the ranks themselves:
-# device (cuda|cpu), backend (nccl, gloo, horovod-nccl, ...), transport (nccl-socket, nccl-ib,
-# nccl-roce, gloo-tcp, with +p2p/+shm where ranks of one node met locally), device_names
-# (one per distinct GPU model or cpu), gpu_mem_peak_mb (the largest of any rank; None on CPUs)
-# a run started as a Slurm job also has "slurm" (optional): job_id, job_name, state and
-# exit_code as sacct gave them, nodelist, partition, elapsed_s, sacct_wait_s
-# an emulated accelerator's run also has "accelerator" (optional): the profile's device,
-# source (measured|derived), provenance and profile_{fwd,bwd,optimizer,step}_s
+# what each measured field holds: docs/dev/CONTRACTS.md (the one place it is written)
 # a training run's "timeline" (optional): where its wall time went, in this order, adding up to
 # duration_s (scalelab.run.driver.timeline works them out)
 TIMELINE_KEYS = ("launch_s", "import_s", "rendezvous_s", "setup_s", "warmup_s", "timed_s",
@@ -149,7 +134,7 @@ def create_sweep(reports_root: Path, sweep_id: str, meta: dict[str, Any]) -> Pat
         raise StoreError(f"sweep {sweep_id}: manifest lacks {', '.join(missing)}")
     if meta.get("sweep_id", sweep_id) != sweep_id:
         raise StoreError(f"sweep {sweep_id}: manifest says sweep_id {meta['sweep_id']!r}")
-    record = {"sweep_id": sweep_id, **meta}
+    record = {"sweep_id": sweep_id, "schema_version": STORE_VERSION, **meta}
     record.setdefault("finished_at", None)
     record.setdefault("software", {})
     text = _dump(record, f"sweep {sweep_id} manifest", indent=2) + "\n"
@@ -495,10 +480,43 @@ def read_runs(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     return runs
 
 
+def store_version(sweep_dir: Path) -> int:
+    """The schema version of a sweep's store: sweep.json's "schema_version", or for a store
+    written before versions were (1-8) the oldest its records' params say
+    (settings.store_version_of). A store newer than this scalelab is refused."""
+    path = Path(sweep_dir) / SWEEP_FILE
+    meta: Any = {}
+    with suppress(OSError, ValueError):
+        meta = json.loads(path.read_text())
+    version = meta.get("schema_version") if isinstance(meta, dict) else None
+    if version is None:
+        params = [r.get("params") for r in read_runs(Path(sweep_dir)).values()]
+        return min((store_version_of(p) for p in params if isinstance(p, dict)), default=1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StoreError(f"{path}: schema_version {version!r} is not a store version")
+    if version > STORE_VERSION:
+        raise StoreError(f"{path}: the store is of version {version}, newer than this "
+                         f"scalelab reads ({STORE_VERSION}); update scalelab to report it")
+    return version
+
+
+def upgraded(record: dict[str, Any]) -> dict[str, Any]:
+    """A record of any store version as this version writes it: its params complete
+    (settings.upgrade_params: what the older store ran at for each key it lacks)."""
+    params = record.get("params")
+    return {**record, "params": upgrade_params(params if isinstance(params, dict) else {})}
+
+
+def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The last record of each run, upgraded to this store version: what readers see."""
+    store_version(sweep_dir)  # refuses a store newer than this scalelab
+    return [upgraded(r) for r in read_runs(sweep_dir).values()]
+
+
 def same_params(stored: Any, planned: dict[str, Any]) -> bool:
-    """Whether a stored run's params are the planned ones: a store from before emulated
-    accelerators lacks their keys (None), and a dilation the plan left to the driver (None)
-    is recorded as the k it chose.
+    """Whether a stored run's params are the planned ones: a key the store's version did not
+    record is what that version ran at (settings.Setting.before; for some, the plan's), and a
+    dilation the plan left to the driver (None) is recorded as the k it chose.
 
     >>> same_params({"nodes": 2}, {"nodes": 2, "accelerator": None, "dilation": None})
     True
@@ -515,28 +533,14 @@ def same_params(stored: Any, planned: dict[str, Any]) -> bool:
     """
     if not isinstance(stored, dict):
         return False
-    stored = {**dict.fromkeys(EMULATION_KEYS), **stored}
-    # a run recorded before placement was: it ran as planned now (cpu, tcp, NCHW)
-    stored = {**{k: planned[k] for k in PLACEMENT_KEYS if k in planned}, **stored}
+    for r in RECORD:
+        if r.key in stored or r.key not in planned:
+            continue
+        as_planned = r.setting is not None and isinstance(r.setting.before, Planned)
+        stored = {**stored, r.key: planned[r.key] if as_planned else r.old_value(stored)}
     if planned.get("dilation") is None:
         stored = {**stored, "dilation": None}
-    # a run recorded before communication settings were axes ran at its engine's defaults
-    stored = {**{k: _comm_default(k, stored) for k in COMM_KEYS if k in planned}, **stored}
-    # a run recorded before strong scaling had a batch per worker
-    stored = {**{k: None for k in SCALING_KEYS if k in planned}, **stored}
-    # a run recorded before fabric profiles ran on the ideal fabric
-    stored = {**{k: "ideal" for k in FABRIC_KEYS if k in planned}, **stored}
-    # and before intra-node paths with the node's loopback unshaped
-    stored = {**{k: None for k in INTRA_KEYS if k in planned}, **stored}
     return stored == planned
-
-
-def _comm_default(key: str, params: dict[str, Any]) -> Any:
-    """The setting a run from before the communication axes ran at: its engine's default,
-    None for a setting its engine lacks and for allreduce probes (no batch size)."""
-    if params.get("batch_size") is None and "batch_size" in params:
-        return None
-    return COMM_DEFAULTS[key] if params.get("engine") in COMM_ENGINE[key] else None
 
 
 def missing_runs(sweep_dir: Path, plan: Sequence[RunPlan],

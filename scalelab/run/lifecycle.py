@@ -4,6 +4,7 @@ and finished; what a killed driver left behind is ended first."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -79,7 +80,7 @@ def reference_fill(cluster: str, given: dict[str, Any]) -> tuple[dict[str, Any],
     at their own rate where the target cannot shape them, fp32 where no GPU computes (amp needs
     one). Returns the options to add (over the reference file) and the one line that says so.
     """
-    from scalelab.sweep import spec as sweepfile
+    from scalelab.sweep import sweepfile
 
     rec = load_cluster(cluster)
     caps = targets.capabilities(rec)
@@ -116,7 +117,7 @@ def prepare(cluster: str, spec) -> Prepared:
     caps = targets.capabilities(rec)
     allowed = target.launchers(rec)
     if spec.launcher is None:
-        spec.launcher = allowed[0]
+        spec = dataclasses.replace(spec, launcher=allowed[0])
     elif spec.launcher not in allowed:
         raise InputError(f"cluster {cluster} can only start runs with --launcher "
                          f"{' or '.join(allowed)}; it has no SSH to its compute nodes")
@@ -126,7 +127,7 @@ def prepare(cluster: str, spec) -> Prepared:
     check_intra_link(cluster, spec, caps, len(nodes))
     runs = planner.plan(spec, nodes, caps.shape_links, cluster=cluster)
     shaped = sorted({r.params["bandwidth_mbit"] for r in runs} - {None})
-    profile = getattr(spec, "fabric_profile", "ideal")
+    profile = spec.fabric_profile
     if profile != "ideal" and not caps.shares_host_cpus:
         raise InputError(f"--fabric-profile {profile}: a fabric profile stands for a network "
                          f"on emulated links; cluster {cluster}'s nodes are real hosts whose "
@@ -143,7 +144,7 @@ def prepare(cluster: str, spec) -> Prepared:
     hint = layout_hint(runs)
     if hint:
         log.info("%s", hint)
-    if getattr(spec, "runtime", "host") == "container" and runs:
+    if spec.runtime == "container" and runs:
         check_container_runtime(cluster, rec, spec, runs, nodes)
     if spec.launcher == "slurm" and runs:
         from scalelab.cluster import slurmctl
@@ -161,7 +162,7 @@ def prepare(cluster: str, spec) -> Prepared:
 def check_intra_link(cluster: str, spec, caps, size: int, runs: list | None = None) -> None:
     """--intra-link shapes the path between emulated GPUs of one node, on nodes whose loopback
     is their own: one line otherwise (the ranks per node once runs are planned)."""
-    link = getattr(spec, "intra_link", None)
+    link = spec.intra_link
     if not link:
         return
     if not spec.accelerator:
@@ -278,7 +279,7 @@ def check_slurm_containers(cluster: str, img: dict[str, Any], runs: list, used: 
 
 
 def sweep_meta(prep: Prepared, sweep_id: str) -> dict[str, Any]:
-    from scalelab.sweep import spec as sweepfile
+    from scalelab.sweep import sweepfile
 
     rec = load_cluster(prep.cluster)
     return {
@@ -451,8 +452,7 @@ def prepare_resume(reports_root: Path, sweep_id: str,
                    retry_failed: bool = False) -> tuple[Path, Prepared]:
     """The runs of an earlier sweep that its store lacks (or that were interrupted; with
     retry_failed, also those that failed or timed out)."""
-    from scalelab.sweep import estimate
-    from scalelab.sweep import spec as sweepfile
+    from scalelab.sweep import estimate, sweepfile
 
     stored = store.load_sweep(reports_root, sweep_id)
     sweep_dir, meta = stored.path, stored.meta
@@ -493,11 +493,11 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
     try:
         with store.hold_sweep(sweep_dir):
             counts = execute(cluster, sweep_dir, runs, spec.timeout_s, on_progress, stop,
-                             netprobe=getattr(spec, "netprobe", True),
-                             launcher=getattr(spec, "launcher", None) or "ssh",
-                             partition=getattr(spec, "partition", None),
-                             runtime=getattr(spec, "runtime", "host"),
-                             warm_start=getattr(spec, "warm_start", True))
+                             netprobe=spec.netprobe,
+                             launcher=spec.launcher or "ssh",
+                             partition=spec.partition,
+                             runtime=spec.runtime,
+                             warm_start=spec.warm_start)
             store.finish_sweep(sweep_dir, utcnow())
         ended = True
         return counts

@@ -10,8 +10,8 @@ Vocabulary:
   repeat       the same configuration run again, 0-based in run ids and records.
 
 Order of runs (plan()):
-  bandwidth -> repeat -> nodes -> procs_per_node -> batch size -> communication settings
-  (bucket_cap_mb, fusion_threshold_mb, cycle_time_ms, compression: comm_axes).
+  bandwidth -> repeat -> nodes -> procs_per_node -> batch size -> the variant axes
+  (precision, memory format, communication settings: scalelab.sweep.settings.VARIANTS).
   Bandwidth is outermost because changing it reshapes every link (tc on every node, and a
   netprobe to confirm it), so each rate is set once. Repeats are interleaved inside a
   bandwidth group rather than run back to back: back-to-back repeats share whatever
@@ -23,7 +23,7 @@ Order of runs (plan()):
   Single-process runs are kept in every bandwidth group although the link is idle there:
   they are each group's baseline and a control for drift between groups.
 
->>> from scalelab.sweep.spec import spec_from_options
+>>> from scalelab.sweep.sweepfile import spec_from_options
 >>> cluster = [Node(f"demo-n{i}", f"10.0.0.{i}", f"10.0.0.{i}", "head" if i == 0 else "worker",
 ...                 "local", cpus=1.0) for i in range(3)]
 >>> spec = spec_from_options(nodes="1-2", batch_size="32", bandwidth="1gbit", repeats=2,
@@ -41,124 +41,31 @@ import math
 import re
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from scalelab.cluster import gpu
 from scalelab.cluster.nodes import Node, sort_nodes
 from scalelab.core.errors import InputError
 from scalelab.core.units import format_rate
 from scalelab.model import fabric
-from scalelab.model.comm import (
-    COMM_DEFAULTS,
-    COMM_ENGINE,
-    COMM_KEYS,
-    COMM_TAGS,
-    comm_label,
-)
+from scalelab.model.comm import comm_label
 from scalelab.model.models import MODELS
 from scalelab.sweep import memory, starts
+from scalelab.sweep.settings import (
+    PARAM_KEYS,
+    SETTINGS,
+    VARIANTS,
+    SweepSpec,
+    check_engine,
+    variant_record,
+    variant_tag,
+    variant_values,
+)
+from scalelab.sweep.sweepfile import check_emulation
 
 log = logging.getLogger(__name__)
-
-
-
-ENGINES = ("ddp", "horovod")
-LAUNCHERS = ("ssh", "slurm")
-RUNTIMES = ("host", "container")  # where ranks run: on the node, or in the training image
-# fp32: true FP32 (TF32 off, which Ampere and Hopper convolutions use by default); tf32: TF32
-# on; amp: fp16 autocast with loss scaling on GPUs (bfloat16 on CPUs); bf16: bfloat16 autocast
-PRECISIONS = ("fp32", "tf32", "amp", "bf16")
-# the convolutions' memory layout: torch's default (NCHW), or NHWC (faster on tensor cores)
-MEMORY_FORMATS = ("contiguous", "channels_last")
-DEVICES = ("auto", "cuda", "cpu")  # auto: cuda on nodes with GPUs, never CPU there
-FABRICS = ("auto", "tcp", "rdma")  # auto: rdma where every node has an active port, unshaped
-KINDS = ("train", "allreduce")
-SYNTHETIC = "synthetic"
-
-# the keys of runs.jsonl "params" (docs/dev/CONTRACTS.md), in contract order
-PARAM_KEYS = ("nodes", "procs_per_node", "world_size", "model", "engine", "precision",
-              "batch_size", "bandwidth_mbit", "repeat", "steps", "warmup", "image_size", "data")
-# appended to every run's params since emulated accelerators (null when computing for real);
-# a store written before them lacks these keys and is still read
-EMULATION_KEYS = ("accelerator", "dilation")
-# appended since GPU placement was recorded: the device and fabric the runs used (resolved
-# from the nodes' facts, never auto), the memory format and the runtime (host, or a container of
-# the training image); a store without them is still read
-PLACEMENT_KEYS = ("device", "fabric", "channels_last", "loader_workers", "pin_memory",
-                  "runtime")
-# appended since strong scaling: the global batch a train run splits over its ranks (its
-# batch_size is then that batch / world size); None for a run with a fixed batch per worker
-# (weak scaling) and for allreduce probes. A store without the key scaled weakly
-SCALING_KEYS = ("global_batch_size",)
-# appended since fabric profiles: the profile (bench/fabrics/) whose collective share the run's
-# emulated links carried and its model uses; "ideal" is the line rate as tc gives it. A store
-# without the key ran on the ideal fabric
-FABRIC_KEYS = ("fabric_profile",)
-# appended since intra-node paths: the path between the ranks of one node as stated (a name of
-# fabric.INTRA_LINKS or a rate) and its Mbit/s; None: the node's loopback, unshaped, which the
-# model takes as free. A store without the keys left it unshaped
-INTRA_KEYS = ("intra_link", "intra_mbit")
-
-
-@dataclass
-class SweepSpec:
-    """The axes and fixed settings of a sweep, validated and in canonical units."""
-
-    nodes: list[int]
-    batch_sizes: list[int]  # per worker: weak scaling (may be empty when global ones are given)
-    bandwidths: list[float | None] = field(default_factory=lambda: [None])  # Mbit/s, None=native
-    # None: the GPUs torch sees per node on GPU nodes, 1 elsewhere (scalelab.cluster.gpu.resolve)
-    procs_per_node: list[int] | None = None
-    model: str = "resnet50"
-    engine: str = "ddp"
-    # axes like batch_size: every precision x memory format is run (the first is the one a
-    # single-valued sweep has always had)
-    precisions: list[str] = field(default_factory=lambda: ["fp32"])
-    memory_formats: list[str] = field(default_factory=lambda: ["contiguous"])
-    repeats: int = 3  # enough for a confidence interval; sweep files for quick looks say 1
-    steps: int = 30
-    warmup: int = 5
-    image_size: int | None = None  # None = the model's default (MODELS)
-    data: str = SYNTHETIC  # or an absolute dataset path on the nodes
-    timeout_s: float = 900.0  # per run, launch to exit
-    allreduce_probe: bool = True  # one allreduce probe per (bandwidth, nodes, procs_per_node)
-    netprobe: bool = True  # measure each link rate once it is set (link_mbit_measured)
-    # on nodes that share one host's cores: ranks started directly are forked from a warm-start
-    # server with torch imported (scalelab.run.warmstart); off: every rank starts its interpreter
-    warm_start: bool = True
-    allreduce_sizes: list[int] = field(
-        # up to 256 MB: NCCL reaches its bus bandwidth only with messages this large
-        default_factory=lambda: [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20])
-    allreduce_iters: int = 10  # timed allreduces per size (params "steps" of a probe)
-    description: str = ""
-    accelerator: str | None = None  # emulate this device (a name in bench/profiles or a file)
-    dilation: float | None = None  # time dilation k with an accelerator; None = pick per rate
-    launcher: str | None = None  # ssh: ranks over SSH; slurm: each run a Slurm job; None:
-    # the cluster's default (ssh where scalelab reaches the nodes, slurm behind a login host)
-    partition: str | None = None  # slurm: the partition (None: the cluster's default one)
-    device: str = "auto"  # cuda | cpu | auto (cuda on nodes with GPUs)
-    fabric: str = "auto"  # tcp | rdma | auto (tcp whenever a rate is shaped)
-    loader_workers: int = 2  # real data: DataLoader worker processes per rank
-    pin_memory: str = "auto"  # real data: on | off | auto (on when the ranks train on GPUs)
-    runtime: str = "host"  # host: ranks on the nodes; container: in the training image
-    # what an allreduce achieves on the fabric (bench/fabrics/): shaped links carry its share
-    # of the line rate and the model uses it; ideal: the line rate as tc gives it
-    fabric_profile: str = "ideal"
-    # the path between the ranks of one node: a name of fabric.INTRA_LINKS or a rate (emulated
-    # GPUs, nodes whose loopback is their own); None: unshaped, taken as free by the model
-    intra_link: str | None = None
-    # what a node-hour costs (any currency): the report then tables the cost per million
-    # images across node count x link rate
-    price_per_node_hour: float | None = None
-    # communication settings, axes like batch_size (None: the engine's default, COMM_DEFAULTS)
-    bucket_cap_mb: list[float] | None = None  # DDP
-    fusion_threshold_mb: list[float] | None = None  # Horovod (HOROVOD_FUSION_THRESHOLD, MB)
-    cycle_time_ms: list[float] | None = None  # Horovod (HOROVOD_CYCLE_TIME)
-    compression: list[str] | None = None  # none | fp16 gradient compression
-    # strong scaling: global batches, each split evenly over the ranks of every run (beside or
-    # instead of batch_sizes; each run is one or the other and is reported as what it is)
-    global_batch_sizes: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -266,100 +173,6 @@ def check_global_batches(spec: SweepSpec, worlds: Sequence[int]) -> None:
                     f" divides, e.g. {fit}, or drop the node counts that do not divide it")
 
 
-def _num_tag(value: float) -> str:
-    return f"{value:g}".replace(".", "p")
-
-
-def comm_axes(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Every combination of the communication settings a run of spec's engine takes, in axis
-    order; settings of the other engine are None. One combination (the defaults) where no
-    axis is given.
-
-    >>> from scalelab.sweep.spec import spec_from_options
-    >>> [c["bucket_cap_mb"] for c in comm_axes(spec_from_options(nodes=1, batch_size=32,
-    ...                                                            bucket_cap_mb="10,50"))]
-    [10.0, 50.0]
-    >>> comm_axes(spec_from_options(nodes=1, batch_size=32, engine="horovod"))
-    [{'bucket_cap_mb': None, 'fusion_threshold_mb': 128.0, 'cycle_time_ms': 1.0, 'compression': 'none'}]
-    """
-    check_comm(spec)
-    combos: list[dict[str, Any]] = [{}]
-    for key in COMM_KEYS:
-        if spec.engine not in COMM_ENGINE[key]:
-            values: list[Any] = [None]
-        else:
-            values = list(getattr(spec, key) or [COMM_DEFAULTS[key]])
-        combos = [{**c, key: v} for c in combos for v in values]
-    return combos
-
-
-def variants(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Every precision x memory format x communication settings a train run of spec takes:
-    params "precision", "channels_last" and the COMM_KEYS, in axis order.
-
-    >>> from scalelab.sweep.spec import spec_from_options
-    >>> [(v["precision"], v["channels_last"]) for v in variants(spec_from_options(
-    ...     nodes=1, batch_size=32, precision="fp32,bf16", memory_format="contiguous,channels_last"))]
-    [('fp32', False), ('fp32', True), ('bf16', False), ('bf16', True)]
-    """
-    return [{"precision": prec, "channels_last": fmt == "channels_last", **comm}
-            for prec in spec.precisions for fmt in spec.memory_formats
-            for comm in comm_axes(spec)]
-
-
-def variant_tag(spec: SweepSpec, v: dict[str, Any]) -> str:
-    """The run-id segment of a run's precision, memory format and communication settings:
-    precision and memory format only where their axis has several values (a sweep of one
-    precision keeps the run ids it always had), then comm_tag.
-
-    >>> from scalelab.sweep.spec import spec_from_options
-    >>> s = spec_from_options(nodes=1, batch_size=32, precision="fp32,amp",
-    ...                       memory_format="channels_last", bucket_cap_mb="50")
-    >>> [variant_tag(s, v) for v in variants(s)]
-    ['fp32-bk50', 'amp-bk50']
-    """
-    parts = [v["precision"]] if len(spec.precisions) > 1 else []
-    if len(spec.memory_formats) > 1:
-        parts.append("nhwc" if v["channels_last"] else "nchw")
-    comm = comm_tag(spec, {k: v.get(k) for k in COMM_KEYS})
-    return "-".join(parts + ([comm] if comm else []))
-
-
-def comm_tag(spec: SweepSpec, comm: dict[str, Any]) -> str:
-    """The run-id segment of a run's communication settings: one part per setting whose axis
-    has several values or whose value is not the default; "" at the defaults, so run ids stay
-    those of sweeps from before these axes.
-
-    >>> from scalelab.sweep.spec import spec_from_options
-    >>> s = spec_from_options(nodes=1, batch_size=32, bucket_cap_mb="25,50", compression="fp16")
-    >>> [comm_tag(s, c) for c in comm_axes(s)]
-    ['bk25-fp16', 'bk50-fp16']
-    >>> comm_tag(spec_from_options(nodes=1, batch_size=32), comm_axes(
-    ...     spec_from_options(nodes=1, batch_size=32))[0])
-    ''
-    """
-    parts = []
-    for key in COMM_KEYS:
-        value = comm.get(key)
-        if value is None:
-            continue
-        axis = getattr(spec, key) or []
-        if len(axis) <= 1 and value == COMM_DEFAULTS[key]:
-            continue
-        parts.append(str(value) if key == "compression" else COMM_TAGS[key] + _num_tag(value))
-    return "-".join(parts)
-
-
-def check_comm(spec: SweepSpec) -> None:
-    """A communication setting the sweep's engine does not have is refused (InputError)."""
-    for key in COMM_KEYS:
-        if getattr(spec, key) and spec.engine not in COMM_ENGINE[key]:
-            other = "horovod" if spec.engine == "ddp" else "ddp"
-            raise InputError(f"--{key.replace('_', '-')} is a setting of --engine {other}; "
-                             f"this sweep's engine is {spec.engine}: drop it or use --engine "
-                             f"{other}")
-
-
 def allreduce_run_id(nodes: int, ppn: int, mbit: float | None) -> str:
     """Id of an allreduce probe; one per (nodes, procs_per_node, bandwidth).
 
@@ -418,8 +231,6 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
     cluster names the cluster in error messages; can_shape says whether the target can put
     a rate on links (tc). Raises InputError with one line that says the fix.
     """
-    from scalelab.cluster import gpu
-
     used = _check_cluster(spec, cluster_nodes, can_shape, cluster)
     placed = gpu.resolve(spec, used, shaped=any(b is not None for b in spec.bandwidths))
     spec = dataclasses.replace(spec, procs_per_node=placed.procs_per_node)
@@ -453,72 +264,55 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                         raise InputError(f"--global-batch-size {g} gives each of {n * ppn} "
                                          f"ranks {g // (n * ppn)} ({n} nodes x {ppn}); "
                                          f"{exc}") from None
-    combos = variants(spec)  # refuses another engine's settings
+    check_engine(spec)
+    combos = variant_values(spec)
     intra = fabric.intra_link(spec.intra_link)
+    # the fixed settings as every run records them: the spec's, with the device and fabric
+    # resolved from the nodes and the intra-node path's rate
+    recorded = {**fixed_record(spec), "device": placed.device, "fabric": placed.fabric,
+                "intra_mbit": intra[1] if intra else None}
     runs: list[RunPlan] = []
     for mbit in spec.bandwidths:
         for repeat in range(spec.repeats):
             for n in spec.nodes:
                 names = tuple(node.name for node in used[:n])
                 for ppn in spec.procs_per_node:
-                    common = {"nodes": n, "procs_per_node": ppn, "world_size": n * ppn,
-                              "model": spec.model, "engine": spec.engine,
-                              "accelerator": spec.accelerator,
-                              "dilation": spec.dilation, "device": placed.device,
-                              "fabric": placed.fabric,
-                              "loader_workers": spec.loader_workers,
-                              "pin_memory": spec.pin_memory, "runtime": spec.runtime,
-                              "fabric_profile": spec.fabric_profile,
-                              "intra_link": spec.intra_link,
-                              "intra_mbit": intra[1] if intra else None}
+                    common = {**recorded, "nodes": n, "procs_per_node": ppn,
+                              "world_size": n * ppn}
                     if spec.allreduce_probe and repeat == 0 and n * ppn > 1:
                         # a probe reduces fp32 tensors; it carries the sweep's first
                         # precision because the emulation picks a rate's dilation from the
                         # first run at it (amp's casts cost passes), and the probe is first
-                        params = {**common, **dict.fromkeys(COMM_KEYS),
+                        params = {**common, **dict.fromkeys(v.record for v in VARIANTS),
                                   "precision": spec.precisions[0],
-                                  "channels_last": False, "batch_size": None, "bandwidth_mbit": mbit,
-                                  "repeat": 0, "steps": spec.allreduce_iters, "warmup": 1,
+                                  "channels_last": False, "batch_size": None,
+                                  "bandwidth_mbit": mbit, "repeat": 0,
+                                  "steps": spec.allreduce_iters, "warmup": 1,
                                   "image_size": None, "data": None,
                                   "global_batch_size": None}
                         runs.append(RunPlan("allreduce", allreduce_run_id(n, ppn, mbit),
                                             _ordered(params), names, spec.timeout_s,
                                             tuple(spec.allreduce_sizes)))
                     for batch, global_batch in batches(spec, n * ppn):
-                        for var in combos:
-                            params = {**common, **var, "batch_size": batch,
+                        for combo in combos:
+                            params = {**common, **variant_record(combo), "batch_size": batch,
                                       "bandwidth_mbit": mbit, "repeat": repeat,
-                                      "steps": spec.steps, "warmup": spec.warmup,
-                                      "image_size": image, "data": spec.data,
-                                      "global_batch_size": global_batch}
+                                      "image_size": image, "global_batch_size": global_batch}
                             rid = train_run_id(n, ppn, batch, mbit, repeat,
-                                               variant_tag(spec, var), global_batch)
+                                               variant_tag(spec, combo), global_batch)
                             runs.append(RunPlan("train", rid, _ordered(params), names,
                                                 spec.timeout_s))
     return runs
 
 
+def fixed_record(spec: SweepSpec) -> dict[str, Any]:
+    """The settings every run of spec records as they are (not variant axes)."""
+    return {st.record: getattr(spec, st.field) for st in SETTINGS
+            if st.record and not st.variant}
+
+
 def _ordered(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params[k]
-            for k in PARAM_KEYS + EMULATION_KEYS + PLACEMENT_KEYS + COMM_KEYS + SCALING_KEYS
-            + FABRIC_KEYS + INTRA_KEYS}
-
-
-def check_emulation(spec: SweepSpec, image_size: int,
-                    per_worker: Sequence[int] | None = None) -> None:
-    """An emulated accelerator must have a usable profile for every batch size per worker (the
-    spec's, or per_worker: those the plan's global batches split into), with real (synthetic)
-    input only: InputError otherwise, before anything runs."""
-    from scalelab.model import accel
-
-    if spec.data != SYNTHETIC:
-        raise InputError(f"--accelerator {spec.accelerator} emulates compute and reads no data: "
-                         "leave data synthetic")
-    for precision in spec.precisions:
-        for batch in spec.batch_sizes if per_worker is None else per_worker:
-            for fmt in spec.memory_formats:
-                accel.resolve(spec.accelerator, spec.model, precision, batch, image_size,
-                              channels_last=fmt == "channels_last")
+    return {k: params[k] for k in PARAM_KEYS}
 
 
 # ------------------------------------------------------------------------------ text

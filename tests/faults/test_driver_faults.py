@@ -166,7 +166,7 @@ def test_ctrl_c_mid_run_marks_it_interrupted_and_cleans_up(fcluster, reports, tm
 def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkeypatch, fault):
     """SIGINT lands between two nodes' tc changes: shaping finishes, no run starts, every
     link goes back to the cluster's rate, and KeyboardInterrupt comes out at the end."""
-    from scalelab.sweep import spec as sweepfile
+    from scalelab.sweep import sweepfile
 
     lc = fcluster(3, bandwidth="1gbit")
     real = LocalCluster._shape_node

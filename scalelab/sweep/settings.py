@@ -1,0 +1,419 @@
+"""Every setting of a sweep, declared once.
+
+An entry of SETTINGS is all scalelab knows about a setting: its sweep-file key (the bench
+option is the key with dashes), how its value is parsed, its default and help, whether it is a
+variant axis (every value planned as its own runs), the runs.jsonl params key it is recorded
+under, the run-id segment of a variant value, the results.csv column, and what a store written
+before the setting existed reads as. From the table come SweepSpec, the sweep-file keys, the
+options and help of invoke bench, the recorded params (RunParams), the run-id tags of variant
+axes, the CSV columns of settings and the upgrade of older stores.
+
+Adding a variant axis is one entry here (with `since` = the next STORE_VERSION) and its use
+where the workload reads it; tests/test_settings.py adds a made-up one and follows it through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab.core.errors import InputError
+from scalelab.model.comm import COMM_DEFAULTS, COMPRESSIONS
+from scalelab.model.models import MODELS
+from scalelab.sweep import values as v
+from scalelab.sweep.values import SYNTHETIC
+
+ENGINES = ("ddp", "horovod")
+LAUNCHERS = ("ssh", "slurm")
+RUNTIMES = ("host", "container")  # where ranks run: on the node, or in the training image
+# fp32: true FP32 (TF32 off, which Ampere and Hopper convolutions use by default); tf32: TF32
+# on; amp: fp16 autocast with loss scaling on GPUs (bfloat16 on CPUs); bf16: bfloat16 autocast
+PRECISIONS = ("fp32", "tf32", "amp", "bf16")
+# the convolutions' memory layout: torch's default (NCHW), or NHWC (faster on tensor cores)
+MEMORY_FORMATS = ("contiguous", "channels_last")
+DEVICES = ("auto", "cuda", "cpu")  # auto: cuda on nodes with GPUs, never CPU there
+FABRICS = ("auto", "tcp", "rdma")  # auto: rdma where every node has an active port, unshaped
+PIN_MEMORY = ("auto", "on", "off")
+KINDS = ("train", "allreduce")
+
+
+
+class Planned:
+    """A store from before the setting was recorded ran it as the plan says now (resume
+    compares it so); read alone, such a record holds `value`."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Planned({self.value!r})"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a sweep (see the module doc)."""
+
+    key: str  # the sweep-file key; the bench option is --key-with-dashes (or --cli)
+    field: str  # the SweepSpec attribute
+    type: Any  # its annotation
+    parse: Callable[[Any, str], Any]  # (value, label naming where it came from) -> value
+    default: Any  # a list default is copied per spec
+    help: str = ""  # invoke bench --help; "" for keys of sweep files only
+    cli: str | None = None  # the bench option where it is not the key ("timeout")
+    switch: bool | None = None  # a bench switch with this default (True: --no-x turns it off)
+    # a variant axis: every value is planned as its own train runs, the product in table order
+    variant: bool = False
+    engines: tuple[str, ...] = ()  # a variant only these engines have: others record None
+    single: Any = None  # the value planned when a variant is not given
+    tag: Callable[[Any], str] | None = None  # a variant value's run-id segment
+    # tag a lone value too where it is not `single` (run ids of the defaults stay unchanged)
+    tag_lone: bool = False
+    series: bool = True  # a variant value that is not `before` names its own series
+    record: str | None = None  # the runs.jsonl params key (None: not recorded per run)
+    to_record: Callable[[Any], Any] | None = None  # the spec value -> the recorded one
+    column: str | None = None  # its results.csv column (the record key's value)
+    since: int = 1  # the store version that first recorded it
+    # what a store older than `since` reads as: a value, a function of the other params, or
+    # Planned (resume takes the plan's)
+    before: Any = None
+    alias_of: str | None = None  # a key that sets another key's field (never written back)
+
+    @property
+    def numeric(self) -> bool:
+        """Whether its values are numbers (a results.csv column of numbers, NaN for none)."""
+        return any(t in str(self.type) for t in ("int", "float"))
+
+    @property
+    def option(self) -> str:
+        """The bench option's name (a Python identifier, as invoke takes it)."""
+        return self.cli or self.key
+
+    def values(self, spec: Any) -> list[Any]:
+        """A variant's values in a sweep of spec ([None] where its engine lacks it)."""
+        if self.engines and spec.engine not in self.engines:
+            return [None]
+        return list(getattr(spec, self.field) or [self.single])
+
+    def recorded(self, value: Any) -> Any:
+        return self.to_record(value) if self.to_record else value
+
+    def old_value(self, params: Mapping[str, Any]) -> Any:
+        """What a record from before this setting holds for it."""
+        if isinstance(self.before, Planned):
+            return self.before.value
+        return self.before(params) if callable(self.before) else self.before
+
+
+def _num_tag(value: float) -> str:
+    return f"{value:g}".replace(".", "p")
+
+
+def _comm_before(key: str, engines: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Any]:
+    """A run from before the communication axes ran at its engine's default; an allreduce
+    probe (no batch size) and a run of an engine without the setting have none."""
+
+    def before(params: Mapping[str, Any]) -> Any:
+        if "batch_size" in params and params.get("batch_size") is None:
+            return None
+        return COMM_DEFAULTS[key] if params.get("engine") in engines else None
+    return before
+
+
+def _comm(key: str, tag: str, engines: tuple[str, ...], example: str, help: str) -> Setting:
+    return Setting(key, key, "list[float] | None",
+                   lambda x, w: v.positive_list(x, w, example), None, help, variant=True,
+                   engines=engines, single=COMM_DEFAULTS[key],
+                   tag=lambda x: tag + _num_tag(x), tag_lone=True, series=False, record=key,
+                   column=key, since=5, before=_comm_before(key, engines))
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("nodes", "nodes", "list[int]", lambda x, w: v.int_list(x, w), dataclasses.MISSING,
+            "node counts to sweep: 4, 1-10, 1,2,4,8 or 1-16:2"),
+    Setting("batch_size", "batch_sizes", "list[int]", lambda x, w: v.int_list(x, w),
+            dataclasses.MISSING,
+            "per-worker batch sizes, e.g. 32,64,96 (weak scaling: each rank keeps its batch)"),
+    # strong scaling: global batches split over each run's ranks (beside or instead of
+    # batch_size); each run is one or the other and is reported as what it is
+    Setting("global_batch_size", "global_batch_sizes", "list[int] | None",
+            lambda x, w: v.int_list(x, w), None,
+            "global batch sizes split evenly over each run's ranks, e.g. 256 (strong scaling; "
+            "beside or instead of --batch-size)"),
+    Setting("bandwidth", "bandwidths", "list[float | None]", v.rates, [None],
+            "link rates to sweep, e.g. 1gbit,10gbit (native = unshaped)"),
+    # None: the GPUs torch sees per node on GPU nodes, 1 elsewhere (scalelab.cluster.gpu)
+    Setting("procs_per_node", "procs_per_node", "list[int] | None",
+            lambda x, w: v.int_list(x, w), None,
+            "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8"),
+    Setting("model", "model", "str", lambda x, w: v.choice(x, w, list(MODELS)), "resnet50",
+            "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
+            record="model"),
+    Setting("engine", "engine", "str", lambda x, w: v.choice(x, w, ENGINES), "ddp",
+            "ddp (torchrun; on the local target ranks are forked from a per-node server that "
+            "has torch imported) or horovod (horovodrun)", record="engine"),
+    Setting("precision", "precisions", "list[str]",
+            lambda x, w: v.choice_list(x, w, PRECISIONS), ["fp32"],
+            "precisions to sweep: fp32 (TF32 off), tf32, amp (fp16 with loss scaling), "
+            "bf16, or several, e.g. fp32,amp; tf32 and amp need GPUs",
+            variant=True, single="fp32", tag=str, series=False, record="precision"),
+    Setting("repeats", "repeats", "int", lambda x, w: v.one_int(x, w, 1), 3,
+            "repeats of every configuration (3 gives a 95% confidence interval)"),
+    Setting("steps", "steps", "int", lambda x, w: v.one_int(x, w, 1), 30,
+            "timed training steps per run (after warm-up)", record="steps"),
+    Setting("warmup", "warmup", "int", lambda x, w: v.one_int(x, w, 0), 5, record="warmup"),
+    # None: the model's own (MODELS); recorded as the size the run used
+    Setting("image_size", "image_size", "int | None", lambda x, w: v.one_int(x, w, 8), None,
+            record="image_size"),
+    Setting("data", "data", "str", v.data, SYNTHETIC, record="data"),
+    Setting("timeout_s", "timeout_s", "float", v.seconds, 900.0,
+            "seconds a run may take, launch to exit, before it is ended (and its Slurm job "
+            "cancelled)", cli="timeout"),
+    Setting("allreduce_probe", "allreduce_probe", "bool", v.flag, True),
+    Setting("netprobe", "netprobe", "bool", v.flag, True),
+    # on nodes that share one host's cores: ranks are forked from a warm-start server with
+    # torch imported (scalelab.run.warmstart); off: every rank starts its interpreter
+    Setting("warm_start", "warm_start", "bool", v.flag, True,
+            "on nodes that share one host's cores, fork ranks from warm-start servers with "
+            "torch imported (default); --no-warm-start: every rank starts its own interpreter",
+            switch=True),
+    # up to 256 MB: NCCL reaches its bus bandwidth only with messages this large
+    Setting("allreduce_sizes", "allreduce_sizes", "list[int]", v.sizes,
+            [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20],
+            "allreduce probe message sizes, e.g. 4K,64K,1M,16M,256M (the default: NCCL "
+            "reaches its bus bandwidth only near 256M)"),
+    Setting("allreduce_iters", "allreduce_iters", "int", lambda x, w: v.one_int(x, w, 1), 10),
+    Setting("description", "description", "str", lambda x, w: str(x).strip(), ""),
+    Setting("accelerator", "accelerator", "str | None", v.accelerator, None,
+            "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "
+            "profile): real gradients over the real links, compute from the profile",
+            record="accelerator", column="accelerator", since=2, before=None),
+    # None: the driver picks k per link rate and records the k it chose
+    Setting("dilation", "dilation", "float | None", v.dilation, None,
+            "time dilation k with --accelerator (a number >= 1, or auto: the smallest k the "
+            "host keeps up with)", record="dilation", since=2, before=None),
+    # None: the cluster's default (ssh where scalelab reaches the nodes, slurm behind a login)
+    Setting("launcher", "launcher", "str | None", lambda x, w: v.choice(x, w, LAUNCHERS), None,
+            "ssh (ranks started over SSH) or slurm (every run a Slurm job on the head node's "
+            "Slurm; set it up with invoke configure --tags slurm)"),
+    Setting("partition", "partition", "str | None", v.partition, None,
+            "with --launcher slurm: the partition (default: the cluster's default one)"),
+    # recorded resolved from the nodes' facts (never auto)
+    Setting("device", "device", "str", lambda x, w: v.choice(x, w, DEVICES), "auto",
+            "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
+            record="device", since=3, before=Planned("cpu")),
+    Setting("fabric", "fabric", "str", lambda x, w: v.choice(x, w, FABRICS), "auto",
+            "tcp, rdma or auto (default: rdma where every node has an active RDMA port and no "
+            "rate is shaped; a shaped rate is always tcp)",
+            record="fabric", since=3, before=Planned("tcp")),
+    Setting("fabric_profile", "fabric_profile", "str", v.fabric_profile, "ideal",
+            "what an allreduce achieves on the fabric: ethernet-tcp or rdma (shaped links "
+            "carry its share of the line rate, sourced in bench/fabrics/, and the model uses "
+            "it) or ideal (the default: the line rate as tc gives it)",
+            record="fabric_profile", column="fabric_profile", since=7, before="ideal"),
+    # None: each node's loopback unshaped, which the model takes as free
+    Setting("intra_link", "intra_link", "str | None", v.intra_link, None,
+            "with --accelerator and --procs-per-node 2 or more on a local cluster: the path "
+            "between the GPUs of one node, pcie3, pcie4, nvlink-v100 or a rate such as 64gbit "
+            "(each node's loopback is shaped to it and the model takes it; default: unshaped, "
+            "taken as free)", record="intra_link", column="intra_link", since=8, before=None),
+    Setting("memory_format", "memory_formats", "list[str]",
+            lambda x, w: v.choice_list(x, w, MEMORY_FORMATS), ["contiguous"],
+            "memory formats to sweep: contiguous (NCHW, the default), channels_last (NHWC), or "
+            "contiguous,channels_last", variant=True, single="contiguous",
+            tag=lambda x: "nhwc" if x == "channels_last" else "nchw", series=False,
+            record="channels_last", to_record=lambda x: x == "channels_last", since=3,
+            before=False),
+    # the switch of before memory_format became an axis: true is memory_format channels_last
+    Setting("channels_last", "memory_formats", "list[str]",
+            lambda x, w: ["channels_last" if v.flag(x, w) else "contiguous"], None,
+            "NHWC memory format (faster convolutions on tensor cores); the same as "
+            "--memory-format channels_last", switch=False, alias_of="memory_format"),
+    Setting("loader_workers", "loader_workers", "int", lambda x, w: v.one_int(x, w, 0), 2,
+            "real data (a sweep file's data: key): DataLoader workers per rank (default 2)",
+            record="loader_workers", since=3, before=Planned(2)),
+    Setting("pin_memory", "pin_memory", "str", lambda x, w: v.choice(x, w, PIN_MEMORY), "auto",
+            "real data: on, off or auto (on when the ranks train on GPUs)",
+            record="pin_memory", since=3, before=Planned("auto")),
+    Setting("runtime", "runtime", "str", lambda x, w: v.choice(x, w, RUNTIMES), "host",
+            "host (ranks on the nodes) or container (every rank in a container of the "
+            "training image: invoke image, then invoke configure --image)",
+            record="runtime", column="runtime", since=4, before=Planned("host")),
+    # the report then tables the cost per million images across node count x link rate
+    Setting("price_per_node_hour", "price_per_node_hour", "float | None", v.price, None,
+            "what a node-hour costs (any currency): the report adds the cost per million "
+            "images across node count x link rate"),
+    # communication settings: each engine has its own (an engine without one records None)
+    _comm("bucket_cap_mb", "bk", ("ddp",), "25,50",
+          "DDP gradient bucket sizes in MB to sweep, e.g. 10,25,50 (default 25, torch's own)"),
+    _comm("fusion_threshold_mb", "fu", ("horovod",), "64,128",
+          "Horovod fusion thresholds in MB to sweep, e.g. 32,128 (HOROVOD_FUSION_THRESHOLD; "
+          "default 128, Horovod's own)"),
+    _comm("cycle_time_ms", "ct", ("horovod",), "1,5",
+          "Horovod cycle times in ms to sweep, e.g. 1,5 (HOROVOD_CYCLE_TIME; default 1, "
+          "Horovod's own)"),
+    dataclasses.replace(
+        _comm("compression", "", ENGINES, "", ""), type="list[str] | None",
+        parse=lambda x, w: v.choice_list(x, w, COMPRESSIONS), tag=str,
+        help="gradient compression to sweep: none, fp16 or none,fp16 (DDP: the fp16 compress "
+             "hook's cast; Horovod: hvd.Compression.fp16)"),
+)
+
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+# The store's schema version. 1-8 were never written down: a store without "schema_version"
+# in sweep.json is read as the version its params' keys say (store_version_of). 9 is the first
+# that says its version; a setting declared with a later `since` makes that the version.
+STORE_VERSION = max([9, *(s.since for s in SETTINGS)])
+SWEEP_KEYS = tuple(BY_KEY)
+VARIANTS = tuple(s for s in SETTINGS if s.variant)
+
+# params keys the planner fills from a run's layout rather than from one setting: the layout
+# (nodes x procs per node, the batch of each rank or the global one, the link rate, the
+# repeat) and the intra-node path's rate; with the store version that added each and what an
+# older store reads as
+LAYOUT_RECORD: tuple[tuple[str, int, Any], ...] = (
+    ("nodes", 1, None), ("procs_per_node", 1, None), ("world_size", 1, None),
+    ("batch_size", 1, None), ("bandwidth_mbit", 1, None), ("repeat", 1, None),
+    ("global_batch_size", 6, None), ("intra_mbit", 8, None))
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One key of a run's params: the store version that added it and what an older store
+    reads as (see Setting.before)."""
+
+    key: str
+    since: int
+    before: Any
+    setting: Setting | None = None
+
+    def old_value(self, params: Mapping[str, Any]) -> Any:
+        if self.setting is not None:
+            return self.setting.old_value(params)
+        return self.before
+
+
+def _record_schema() -> tuple[Recorded, ...]:
+    keys = [Recorded(k, since, before) for k, since, before in LAYOUT_RECORD]
+    keys += [Recorded(s.record, s.since, s.before, s) for s in SETTINGS if s.record]
+    return tuple(sorted(keys, key=lambda r: r.since))  # stable: the table's order per version
+
+
+RECORD = _record_schema()
+PARAM_KEYS = tuple(r.key for r in RECORD)  # a run's params, in the order they are written
+
+
+def _spec_field(s: Setting) -> tuple[str, Any, Any]:
+    if s.default is dataclasses.MISSING:
+        return (s.field, s.type, dataclasses.field())
+    if isinstance(s.default, list):
+        return (s.field, s.type, dataclasses.field(default_factory=lambda d=s.default: list(d)))
+    return (s.field, s.type, dataclasses.field(default=s.default))
+
+
+def _spec_class() -> type:
+    fields = [_spec_field(s) for s in SETTINGS if not s.alias_of]
+    fields.sort(key=lambda f: f[2].default is not dataclasses.MISSING
+                or f[2].default_factory is not dataclasses.MISSING)  # required ones first
+    cls = dataclasses.make_dataclass(
+        "SweepSpec", fields, frozen=True, namespace={
+            "__doc__": "The axes and fixed settings of a sweep, validated and in canonical "
+                       "units: one attribute per entry of scalelab.sweep.settings.SETTINGS."})
+    cls.__module__ = __name__
+    return cls
+
+
+SweepSpec: Any = _spec_class()
+
+
+def _params_class() -> type:
+    cls = dataclasses.make_dataclass(
+        "RunParams", [(r.key, Any) for r in RECORD], frozen=True, namespace={
+            "__doc__": "A run's params as runs.jsonl holds them (PARAM_KEYS; RunParams.of "
+                       "reads a record of any store version).",
+            "of": classmethod(lambda cls, p: cls(**upgrade_params(p))),
+            "as_dict": lambda self: dataclasses.asdict(self)})
+    cls.__module__ = __name__
+    return cls
+
+
+def upgrade_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's params as this version writes them: each key an older store lacks is what
+    that store ran at (Setting.before), in PARAM_KEYS order; keys of no setting are dropped.
+
+    >>> p = upgrade_params({"nodes": 2, "engine": "ddp", "batch_size": 32})
+    >>> p["bucket_cap_mb"], p["fusion_threshold_mb"], p["fabric_profile"], p["runtime"]
+    (25.0, None, 'ideal', 'host')
+    """
+    return {r.key: params[r.key] if r.key in params else r.old_value(params) for r in RECORD}
+
+
+RunParams: Any = _params_class()
+
+
+def store_version_of(params: Mapping[str, Any]) -> int:
+    """The store version whose runs recorded exactly these params keys (a store from before
+    versions were written): the newest version whose keys are all there.
+
+    >>> store_version_of({"nodes": 1}), store_version_of({"nodes": 1, "fabric_profile": "x",
+    ...                                                  "accelerator": None})
+    (1, 7)
+    """
+    present = {r.since for r in RECORD if r.key in params}
+    return max(present | {1})
+
+
+def variant_values(spec: Any) -> list[dict[str, Any]]:
+    """Every combination of the variant axes a train run of spec takes, {key: value}, the
+    product in table order (the first axis outermost)."""
+    combos: list[dict[str, Any]] = [{}]
+    for s in VARIANTS:
+        combos = [{**c, s.key: x} for c in combos for x in s.values(spec)]
+    return combos
+
+
+def variant_tag(spec: Any, combo: Mapping[str, Any]) -> str:
+    """The run-id segment of one combination: a value where its axis has several, or (tag_lone)
+    where a lone one is not the default; "" where neither, so run ids stay those of sweeps from
+    before an axis."""
+    parts = []
+    for s in VARIANTS:
+        x = combo.get(s.key)
+        if x is None or s.tag is None:
+            continue
+        several = len(getattr(spec, s.field) or []) > 1
+        if several or (s.tag_lone and x != s.single):
+            parts.append(s.tag(x))
+    return "-".join(parts)
+
+
+def variant_record(combo: Mapping[str, Any]) -> dict[str, Any]:
+    """A combination as params (each axis under its record key, as recorded)."""
+    return {BY_KEY[k].record: BY_KEY[k].recorded(x) for k, x in combo.items()
+            if BY_KEY[k].record}
+
+
+def series_label(params: Mapping[str, Any]) -> str:
+    """The variant settings of a run that name their own series (Setting.series) where they
+    differ from what runs before them had: "key value" each, or "" for none."""
+    parts = []
+    for s in VARIANTS:
+        if not (s.series and s.record):
+            continue
+        x = params.get(s.record)
+        if x is not None and x != s.old_value(params) and not (isinstance(x, float)
+                                                               and math.isnan(x)):
+            parts.append(f"{s.key.replace('_', ' ')} {x}")
+    return ", ".join(parts)
+
+
+def check_engine(spec: Any) -> None:
+    """A variant setting the sweep's engine does not have is refused (InputError)."""
+    for s in VARIANTS:
+        if s.engines and getattr(spec, s.field) and spec.engine not in s.engines:
+            other = " or ".join(s.engines)
+            raise InputError(f"--{s.key.replace('_', '-')} is a setting of --engine {other}; "
+                             f"this sweep's engine is {spec.engine}: drop it or use --engine "
+                             f"{s.engines[0]}")

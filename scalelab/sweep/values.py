@@ -1,0 +1,218 @@
+"""Parsers of the values users type for a sweep: each takes the value (a CLI string or what a
+YAML sweep file holds) and a label naming where it came from, and returns it in canonical units
+or raises InputError with one line that says the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scalelab.core.errors import InputError, suggest
+from scalelab.core.units import parse_int_range, parse_rate_list, parse_size_bytes
+from scalelab.model import accel, fabric
+
+SYNTHETIC = "synthetic"
+
+
+def given(value: Any) -> bool:
+    return value is not None and value != ""
+
+
+def one_int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"{what}: {value!r} is not a whole number")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        n = value
+    else:
+        text = str(value).strip()
+        if not re.fullmatch(r"-?\d+", text):
+            raise InputError(f"{what}: {value!r} is not a whole number; give e.g. {max(minimum, 3)}")
+        n = int(text)
+    if n < minimum:
+        raise InputError(f"{what}: {n} is below the minimum of {minimum}")
+    return n
+
+
+def seconds(value: Any, what: str) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        s = float(str(value).strip().removesuffix("s"))
+    except ValueError:
+        raise InputError(f"{what}: {value!r} is not a number of seconds; give e.g. 600") from None
+    if not math.isfinite(s) or s <= 0:
+        raise InputError(f"{what}: {value!r} must be a positive number of seconds, e.g. 600")
+    return s
+
+
+def price(value: Any, what: str) -> float:
+    """A price per node-hour: a finite number above 0.
+
+    >>> price("2.5", "--price-per-node-hour")
+    2.5
+    >>> price("-1", "--price-per-node-hour")
+    Traceback (most recent call last):
+    ...
+    scalelab.core.errors.InputError: --price-per-node-hour: -1 must be a number above 0, e.g. 2.5 for 2.50 per node and hour
+    """
+    try:
+        price = float(value)
+    except (TypeError, ValueError):
+        price = float("nan")
+    if isinstance(value, bool) or not (math.isfinite(price) and price > 0):
+        raise InputError(f"{what}: {value} must be a number above 0, e.g. 2.5 for 2.50 per node "
+                         "and hour")
+    return price
+
+
+def flag(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise InputError(f"{what}: {value!r} is not true or false")
+
+
+def int_list(value: Any, what: str, minimum: int = 1) -> list[int]:
+    """A range expression, a number, or a YAML list of either."""
+    if isinstance(value, list | tuple):
+        if not value:
+            raise InputError(f"{what}: empty list; give e.g. 1-3 or [1, 2, 4]")
+        out: set[int] = set()
+        for item in value:
+            out.update(parse_int_range(item, what, minimum))
+        return sorted(out)
+    return parse_int_range(value, what, minimum)
+
+
+def rates(value: Any, what: str) -> list[float | None]:
+    if isinstance(value, list | tuple):
+        if not value:
+            raise InputError(f"{what}: empty list; give e.g. [1gbit, 10gbit] or native")
+        value = ",".join(str(v) for v in value)
+    try:
+        return parse_rate_list(str(value))
+    except InputError as exc:
+        raise InputError(f"{what}: {strip_what(exc, 'bandwidth')}") from None
+
+
+def sizes(value: Any, what: str) -> list[int]:
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    if not items or not any(str(i).strip() for i in items):
+        raise InputError(f"{what}: empty; give e.g. 4K,64K,1M,16M")
+    try:
+        return sorted({parse_size_bytes(i if isinstance(i, int) else str(i).strip())
+                       for i in items})
+    except InputError as exc:
+        raise InputError(f"{what}: {strip_what(exc, 'size')}") from None
+
+
+def choice(value: Any, what: str, allowed: Sequence[str]) -> str:
+    text = str(value).strip().lower()
+    if text not in allowed:
+        hint = suggest(text, allowed)
+        raise InputError(f"{what}: unknown {text!r}; {hint + ' ' if hint else ''}choose one of "
+                         f"{', '.join(allowed)}")
+    return text
+
+
+def fabric_profile(value: Any, what: str) -> str:
+    return choice(value, what, fabric.names())
+
+
+def intra_link(value: Any, what: str) -> str | None:
+    got = fabric.intra_link(value, what)
+    return None if got is None else got[0]
+
+
+def data(value: Any, what: str) -> str:
+    text = str(value).strip()
+    if text == SYNTHETIC:
+        return text
+    if not text.startswith("/"):
+        raise InputError(f"{what}: {value!r} must be 'synthetic' or an absolute dataset path "
+                         "on the nodes, e.g. /data/imagenet")
+    return text
+
+
+def accelerator(value: Any, what: str) -> str | None:
+    text = str(value).strip()
+    if text.lower() in ("none", "off"):
+        return None
+    if accel.is_path(text):
+        # kept absolute in the sweep's plan, so a resume from elsewhere finds the same file
+        text = str(Path(text).expanduser().resolve())
+    try:
+        accel.check_name(text)
+    except InputError as exc:
+        raise InputError(f"{what}: {exc}") from None
+    return text
+
+
+def dilation(value: Any, what: str) -> float | None:
+    """A factor >= 1, or auto (None: the driver picks one per link rate)."""
+    if str(value).strip().lower() == "auto":
+        return None
+    try:
+        k = float(value)
+    except (TypeError, ValueError):
+        k = math.nan
+    if not k >= 1 or math.isinf(k):
+        raise InputError(f"{what}: {value!r} is not a dilation factor; give a number >= 1 "
+                         "(waits k times longer, links k times slower) or auto")
+    return k
+
+
+def partition(value: Any, what: str) -> str:
+    text = str(value).strip()
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,39}", text):
+        raise InputError(f"{what}: {value!r} is not a Slurm partition name; give e.g. gpu")
+    return text
+
+
+def positive_list(value: Any, what: str, example: str) -> list[float]:
+    """Numbers above 0, comma-separated or a YAML list, sorted and without repeats.
+
+    >>> positive_list("50,10,25", "--bucket-cap-mb", "25,50")
+    [10.0, 25.0, 50.0]
+    >>> positive_list("0", "--bucket-cap-mb", "25,50")
+    Traceback (most recent call last):
+    ...
+    scalelab.core.errors.InputError: --bucket-cap-mb: '0' must be a number above 0; give e.g. 25,50
+    """
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    out: set[float] = set()
+    for item in items:
+        try:
+            x = float(item) if not isinstance(item, bool) else math.nan
+        except (TypeError, ValueError):
+            x = math.nan
+        if not (math.isfinite(x) and x > 0):
+            raise InputError(f"{what}: {str(item).strip()!r} must be a number above 0; give "
+                             f"e.g. {example}")
+        out.add(x)
+    if not out:
+        raise InputError(f"{what}: empty; give e.g. {example}")
+    return sorted(out)
+
+
+def choice_list(value: Any, what: str, allowed: Sequence[str]) -> list[str]:
+    """Choices, comma-separated or a YAML list, in the order of allowed, without repeats."""
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    chosen = {choice(i, what, allowed) for i in items}
+    return [c for c in allowed if c in chosen]
+
+
+def strip_what(exc: InputError, what: str) -> str:
+    return str(exc).removeprefix(f"{what}: ")
+
+
