@@ -8,6 +8,7 @@ run ids, the records, results.csv and an older store read beside it.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -198,3 +199,16 @@ def test_the_spec_has_one_attribute_per_setting():
     assert sorted(fields) == sorted({s.field for s in settings.SETTINGS})
     with pytest.raises(__import__("dataclasses").FrozenInstanceError):
         sweepfile.spec_from_options(nodes="1", batch_size="8").model = "resnet18"
+
+
+def test_the_contract_s_params_table_is_the_settings_table():
+    gen = importlib.util.spec_from_file_location(
+        "gen_contract_params", ROOT / "scripts" / "gen_contract_params.py")
+    mod = importlib.util.module_from_spec(gen)
+    gen.loader.exec_module(mod)
+    page = mod.PAGE.read_text()
+    assert mod.render(page) == page, (
+        "docs/dev/CONTRACTS.md's params table is stale: run "
+        ".venv/bin/python scripts/gen_contract_params.py")
+    for key in settings.PARAM_KEYS:
+        assert f"| `{key}` |" in page

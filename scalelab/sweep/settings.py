@@ -15,6 +15,7 @@ where the workload reads it; tests/test_settings.py adds a made-up one and follo
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -61,7 +62,8 @@ class Setting:
     type: Any  # its annotation
     parse: Callable[[Any, str], Any]  # (value, label naming where it came from) -> value
     default: Any  # a list default is copied per spec
-    help: str = ""  # invoke bench --help; "" for keys of sweep files only
+    help: str  # what it is: invoke bench --help, and the store contract's params table
+    bench: bool = True  # an option of invoke bench (False: a key of sweep files only)
     cli: str | None = None  # the bench option where it is not the key ("timeout")
     switch: bool | None = None  # a bench switch with this default (True: --no-x turns it off)
     # a variant axis: every value is planned as its own train runs, the product in table order
@@ -163,16 +165,22 @@ SETTINGS: tuple[Setting, ...] = (
             "repeats of every configuration (3 gives a 95% confidence interval)"),
     Setting("steps", "steps", "int", lambda x, w: v.one_int(x, w, 1), 30,
             "timed training steps per run (after warm-up)", record="steps"),
-    Setting("warmup", "warmup", "int", lambda x, w: v.one_int(x, w, 0), 5, record="warmup"),
+    Setting("warmup", "warmup", "int", lambda x, w: v.one_int(x, w, 0), 5,
+            "untimed training steps before the timed ones", bench=False, record="warmup"),
     # None: the model's own (MODELS); recorded as the size the run used
     Setting("image_size", "image_size", "int | None", lambda x, w: v.one_int(x, w, 8), None,
+            "input images' side in pixels (default: the model's own)", bench=False,
             record="image_size"),
-    Setting("data", "data", "str", v.data, SYNTHETIC, record="data"),
+    Setting("data", "data", "str", v.data, SYNTHETIC,
+            "synthetic, or an absolute dataset path on the nodes (class folders or tar "
+            "shards)", bench=False, record="data"),
     Setting("timeout_s", "timeout_s", "float", v.seconds, 900.0,
             "seconds a run may take, launch to exit, before it is ended (and its Slurm job "
             "cancelled)", cli="timeout"),
-    Setting("allreduce_probe", "allreduce_probe", "bool", v.flag, True),
-    Setting("netprobe", "netprobe", "bool", v.flag, True),
+    Setting("allreduce_probe", "allreduce_probe", "bool", v.flag, True,
+            "one allreduce probe per link rate, node count and ranks per node", bench=False),
+    Setting("netprobe", "netprobe", "bool", v.flag, True,
+            "measure each link rate once it is set (link_mbit_measured)", bench=False),
     # on nodes that share one host's cores: ranks are forked from a warm-start server with
     # torch imported (scalelab.run.warmstart); off: every rank starts its interpreter
     Setting("warm_start", "warm_start", "bool", v.flag, True,
@@ -184,8 +192,10 @@ SETTINGS: tuple[Setting, ...] = (
             [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20],
             "allreduce probe message sizes, e.g. 4K,64K,1M,16M,256M (the default: NCCL "
             "reaches its bus bandwidth only near 256M)"),
-    Setting("allreduce_iters", "allreduce_iters", "int", lambda x, w: v.one_int(x, w, 1), 10),
-    Setting("description", "description", "str", lambda x, w: str(x).strip(), ""),
+    Setting("allreduce_iters", "allreduce_iters", "int", lambda x, w: v.one_int(x, w, 1), 10,
+            "timed allreduces per message size of a probe (its params' steps)", bench=False),
+    Setting("description", "description", "str", lambda x, w: str(x).strip(), "",
+            "one line on what the sweep is for, kept in sweep.json's plan", bench=False),
     Setting("accelerator", "accelerator", "str | None", v.accelerator, None,
             "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "
             "profile): real gradients over the real links, compute from the profile",
@@ -273,10 +283,16 @@ VARIANTS = tuple(s for s in SETTINGS if s.variant)
 # (nodes x procs per node, the batch of each rank or the global one, the link rate, the
 # repeat) and the intra-node path's rate; with the store version that added each and what an
 # older store reads as
-LAYOUT_RECORD: tuple[tuple[str, int, Any], ...] = (
-    ("nodes", 1, None), ("procs_per_node", 1, None), ("world_size", 1, None),
-    ("batch_size", 1, None), ("bandwidth_mbit", 1, None), ("repeat", 1, None),
-    ("global_batch_size", 6, None), ("intra_mbit", 8, None))
+LAYOUT_RECORD: tuple[tuple[str, int, Any, str], ...] = (
+    ("nodes", 1, None, "the run's node count (the first nodes of the cluster, head first)"),
+    ("procs_per_node", 1, None, "ranks per node"),
+    ("world_size", 1, None, "nodes x procs_per_node"),
+    ("batch_size", 1, None, "each rank's batch (null for an allreduce probe)"),
+    ("bandwidth_mbit", 1, None, "the link rate in Mbit/s (null: native, unshaped)"),
+    ("repeat", 1, None, "the repeat of the configuration, from 0"),
+    ("global_batch_size", 6, None, "a strong-scaling run's global batch, split evenly over "
+     "its ranks (batch_size is its share); null for a batch per worker and for probes"),
+    ("intra_mbit", 8, None, "the intra-node path's Mbit/s per ring edge (null: unshaped)"))
 
 
 @dataclass(frozen=True)
@@ -287,6 +303,7 @@ class Recorded:
     key: str
     since: int
     before: Any
+    doc: str
     setting: Setting | None = None
 
     def old_value(self, params: Mapping[str, Any]) -> Any:
@@ -296,8 +313,8 @@ class Recorded:
 
 
 def _record_schema() -> tuple[Recorded, ...]:
-    keys = [Recorded(k, since, before) for k, since, before in LAYOUT_RECORD]
-    keys += [Recorded(s.record, s.since, s.before, s) for s in SETTINGS if s.record]
+    keys = [Recorded(*entry) for entry in LAYOUT_RECORD]
+    keys += [Recorded(s.record, s.since, s.before, s.help, s) for s in SETTINGS if s.record]
     return tuple(sorted(keys, key=lambda r: r.since))  # stable: the table's order per version
 
 
@@ -417,3 +434,23 @@ def check_engine(spec: Any) -> None:
             raise InputError(f"--{s.key.replace('_', '-')} is a setting of --engine {other}; "
                              f"this sweep's engine is {spec.engine}: drop it or use --engine "
                              f"{s.engines[0]}")
+
+
+def params_table() -> str:
+    """The store contract's table of a run's params (docs/dev/CONTRACTS.md holds it between
+    its markers; scripts/gen_contract_params.py writes it there)."""
+    rows = ["| params key | since store version | a store before it reads as | setting | "
+            "what it is |", "|---|---|---|---|---|"]
+    for r in RECORD:
+        s = r.setting
+        if s is not None and isinstance(s.before, Planned):
+            old = f"as the plan says ({s.before.value!r} alone)"
+        elif s is not None and callable(s.before):
+            old = "the engine's default (null where the engine lacks it, and in probes)"
+        else:
+            old = json.dumps(r.before)
+        where = "" if s is None else (f"`--{s.option.replace('_', '-')}`" if s.bench
+                                      else f"`{s.key}:` (sweep files)")
+        rows.append(f"| `{r.key}` | {r.since} | "
+                    f"{old if r.since > 1 else '-'} | {where} | {r.doc} |")
+    return "\n".join(rows) + "\n"

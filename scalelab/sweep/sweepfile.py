@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 SWEEPS_DIR = PROJECT_ROOT / "bench" / "sweeps"
 # the bench options that are sweep settings, by option name
-OPTIONS = {s.option: s for s in SETTINGS if s.help}
+OPTIONS = {s.option: s for s in SETTINGS if s.bench}
 
 
 
