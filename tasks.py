@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from scalelab.cluster.targets.base import DEFAULT_TARGET  # noqa: E402
 from scalelab.core.errors import ScalelabError  # noqa: E402
-from scalelab.run import lifecycle  # noqa: E402
+from scalelab.core.state import load_cluster  # noqa: E402
+from scalelab.run import admission, lifecycle  # noqa: E402
 from scalelab.sweep import sweepfile  # noqa: E402
 
 
@@ -232,7 +233,7 @@ def bench(c, cluster="demo", sweep="", dry_run=False, resume="", retry_failed=Fa
         sweep_dir, prep = lifecycle.prepare_resume(root, resume, retry_failed=retry_failed)
         print(f"resuming {sweep_dir.name}: {len(prep.runs)} runs missing")
     else:
-        prep = lifecycle.prepare(cluster, _bench_spec(cluster, asked))
+        prep = admission.prepare(cluster, _bench_spec(cluster, asked))
     if dry_run:
         for r in prep.runs:
             print(f"  {r.run_id:<34} {planner.describe(r)}")
@@ -280,7 +281,8 @@ def _bench_spec(cluster: str, asked: dict):
     if not (asked["sweep"] or asked["nodes"]):
         opts["sweep_file"] = "demo"
     elif not (asked["sweep"] or asked["batch_size"] or asked["global_batch_size"]):
-        fill, line = lifecycle.reference_fill(cluster, {k: asked[k] for k in _REFERENCE_FILLS})
+        fill, line = sweepfile.reference_fill(load_cluster(cluster),
+                                              {k: asked[k] for k in _REFERENCE_FILLS})
         opts["bandwidth"] = opts["bandwidth"] or fill.get("bandwidth") or None
         opts["precision"] = opts["precision"] or fill.get("precision") or None
         opts["sweep_file"] = sweepfile.REFERENCE
@@ -490,7 +492,7 @@ def _demo(cluster: str, nodes: str, sweep: str, keep: bool):
         _print_nodes(result)
         for line in provisioning.connectivity_check(cluster):
             print(line)
-        prep = lifecycle.prepare(cluster, spec)
+        prep = admission.prepare(cluster, spec)
         print(f"sweep {sweep}: {len(prep.runs)} runs, estimated {int(prep.estimate_s // 60)} min "
               f"{int(prep.estimate_s % 60)} s")
         sweep_dir, _ = _run_with_bar(prep, lambda update: lifecycle.start(prep, reports_dir(),

@@ -600,7 +600,7 @@ def test_what_slurms_containers_cannot_run_is_refused(change, says):
 
     from scalelab.cluster.nodes import Node
     from scalelab.core.errors import InputError
-    from scalelab.run.lifecycle import check_slurm_containers
+    from scalelab.run.admission import check_slurm_containers
 
     img = {"id": "sha256:" + "ab" * 32, "tag": "scalelab/train:k", "archive": "/i.tar"}
     def node(i: int) -> Node:
@@ -622,7 +622,7 @@ def test_containers_under_slurm_on_a_cluster_scalelab_does_not_configure_name_th
     from types import SimpleNamespace as R
 
     from scalelab.core.errors import InputError
-    from scalelab.run.lifecycle import check_container_runtime
+    from scalelab.run.admission import check_container_runtime
 
     runs = [R(kind="train", params={"engine": "ddp", "procs_per_node": 1, "nodes": 1})]
     with pytest.raises(InputError, match="is not configured by scalelab; use --runtime host"):

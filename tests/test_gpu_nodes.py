@@ -23,7 +23,7 @@ from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.base import Runtime
 from scalelab.cluster.targets.local import runtime_paths
 from scalelab.core.errors import InputError
-from scalelab.run import commands, launch, lifecycle
+from scalelab.run import admission, commands, launch
 from scalelab.sweep import sweepfile
 
 CUDA_TORCH = {"version": "2.13.0+cu128", "cuda": "12.8", "cuda_available": True, "devices": 8,
@@ -219,7 +219,7 @@ def test_a_gpu_node_with_cpu_torch_is_probed_and_refused_before_any_run(local_cl
 def test_amp_on_gpus_in_nchw_is_told_of_channels_last():
     """An H100 trained ResNet-50 amp at 2,587 img/s in NCHW, 4,507 in channels_last: a GPU
     sweep that leaves the default layout is told, one that asks for NHWC is not."""
-    from scalelab.run.lifecycle import layout_hint
+    from scalelab.run.admission import layout_hint
     from scalelab.sweep.planner import plan
 
     nodes = [gpu_node(0), gpu_node(1)]
@@ -279,9 +279,9 @@ def test_the_eta_takes_gpu_step_times_only_for_runs_that_train_on_gpus():
     nodes = [gpu_node(0), gpu_node(1)]
     on_gpus = plan(spec(procs_per_node="1"), nodes, can_shape=True)
     on_cpus = plan(spec(procs_per_node="1", device="cpu"), nodes, can_shape=True)
-    assert lifecycle._device(on_gpus) == "gpu" and lifecycle._device(on_cpus) == "cpu"
-    gpu_eta = estimate.estimate_duration_s(on_gpus, device=lifecycle._device(on_gpus))
-    cpu_eta = estimate.estimate_duration_s(on_cpus, device=lifecycle._device(on_cpus))
+    assert admission._device(on_gpus) == "gpu" and admission._device(on_cpus) == "cpu"
+    gpu_eta = estimate.estimate_duration_s(on_gpus, device=admission._device(on_gpus))
+    cpu_eta = estimate.estimate_duration_s(on_cpus, device=admission._device(on_cpus))
     assert gpu_eta < cpu_eta
 
 

@@ -757,7 +757,7 @@ def test_a_price_per_node_hour_gives_the_cost_per_million_images(tmp_path):
 
 def test_the_terraform_that_applied_the_cluster_is_on_the_page(tmp_path):
     """sweep.json's software carries the Terraform (or OpenTofu) of a Terraform target's
-    cluster (lifecycle.sweep_meta); the summary names it, and a sweep without it has no such row."""
+    cluster (sweepmeta.sweep_meta); the summary names it, and a sweep without it has no such row."""
     d = synthetic.synthetic_sweep(tmp_path, "tf", nodes=(1, 2), batch_sizes=(32,),
                                   bandwidths=(None,), repeats=1, allreduce=False,
                                   target="static")

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from scalelab.core import state
-from scalelab.run import lifecycle
+from scalelab.run import admission, sweepmeta
 from scalelab.sweep import sweepfile
 
 
@@ -45,8 +45,8 @@ def test_a_sweep_folder_names_no_address_user_key_or_bastion(tmp_path, monkeypat
             "facts": {"cores": 32, "user": "alice", "sudo": "yes", "gpu_model": "A100"}}
     state.save_cluster("lab", {"target": "static", "nodes": [node], "known_hosts": "/kh"})
     spec = sweepfile.spec_from_options(nodes="1", batch_size="8")
-    prep = lifecycle.Prepared("lab", spec, [], 0.0)
-    text = json.dumps(lifecycle.sweep_meta(prep, "s1"))
+    prep = admission.Prepared("lab", spec, [], 0.0)
+    text = json.dumps(sweepmeta.sweep_meta(prep, "s1"))
     for secret in ("203.0.113.7", "alice", "testbed_key", "198.51.100.9", "2222"):
         assert secret not in text, secret
     shown = json.loads(text)["nodes"][0]

@@ -58,12 +58,11 @@ from scalelab.sweep.settings import (
     SETTINGS,
     VARIANTS,
     SweepSpec,
-    check_engine,
+    check_emulation,
     variant_record,
     variant_tag,
     variant_values,
 )
-from scalelab.sweep.sweepfile import check_emulation
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +242,7 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
     if spec.accelerator and spec.global_batch_sizes:
         check_emulation(spec, image, per_worker)
     if not spec.accelerator:  # an emulated rank holds no activations; its profile was
-        # checked when the spec was built (sweepfile, check_emulation)
+        # checked when the spec was built (settings.check_spec)
         fit = {"model": spec.model, "params": info.params,
                "activation_bytes": info.activation_bytes,
                "image_scale": (image / info.image_size) ** 2,
@@ -264,7 +263,6 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                         raise InputError(f"--global-batch-size {g} gives each of {n * ppn} "
                                          f"ranks {g // (n * ppn)} ({n} nodes x {ppn}); "
                                          f"{exc}") from None
-    check_engine(spec)
     combos = variant_values(spec)
     intra = fabric.intra_link(spec.intra_link)
     # the fixed settings as every run records them: the spec's, with the device and fabric

@@ -17,11 +17,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from scalelab.core.errors import InputError
+from scalelab.model import accel
 from scalelab.model.comm import COMM_DEFAULTS, COMPRESSIONS
 from scalelab.model.models import MODELS
 from scalelab.sweep import values as v
@@ -82,6 +83,9 @@ class Setting:
     # Planned (resume takes the plan's)
     before: Any = None
     alias_of: str | None = None  # a key that sets another key's field (never written back)
+    # the static check of a spec this setting asks for (InputError), run when the spec is
+    # built, before any cluster is looked at (check_spec)
+    check: Callable[[Any], None] | None = None
 
     @property
     def numeric(self) -> bool:
@@ -130,6 +134,34 @@ def _comm(key: str, tag: str, engines: tuple[str, ...], example: str, help: str)
                    engines=engines, single=COMM_DEFAULTS[key],
                    tag=lambda x: tag + _num_tag(x), tag_lone=True, series=False, record=key,
                    column=key, since=5, before=_comm_before(key, engines))
+
+
+def check_emulation(spec: Any, image_size: int,
+                    per_worker: Sequence[int] | None = None) -> None:
+    """An emulated accelerator must have a usable profile for every batch size per worker (the
+    spec's, or per_worker: those the plan's global batches split into), with real (synthetic)
+    input only: InputError otherwise, before anything runs."""
+    if spec.data != SYNTHETIC:
+        raise InputError(f"--accelerator {spec.accelerator} emulates compute and reads no data: "
+                         "leave data synthetic")
+    for precision in spec.precisions:
+        for batch in spec.batch_sizes if per_worker is None else per_worker:
+            for fmt in spec.memory_formats:
+                accel.resolve(spec.accelerator, spec.model, precision, batch, image_size,
+                              channels_last=fmt == "channels_last")
+
+
+def _check_accelerator(spec: Any) -> None:
+    """A profile that cannot serve every planned batch size is refused before any cluster."""
+    if spec.accelerator:
+        check_emulation(spec, spec.image_size or MODELS[spec.model].image_size)
+
+
+def _check_intra_link(spec: Any) -> None:
+    if spec.intra_link and not spec.accelerator:
+        raise InputError(f"--intra-link {spec.intra_link}: the path between the GPUs of a "
+                         "node is emulated for emulated GPUs only; add --accelerator (a real "
+                         "node's GPUs already are the path), or leave --intra-link out")
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -199,7 +231,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("accelerator", "accelerator", "str | None", v.accelerator, None,
             "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "
             "profile): real gradients over the real links, compute from the profile",
-            record="accelerator", column="accelerator", since=2, before=None),
+            record="accelerator", column="accelerator", since=2, before=None,
+            check=_check_accelerator),
     # None: the driver picks k per link rate and records the k it chose
     Setting("dilation", "dilation", "float | None", v.dilation, None,
             "time dilation k with --accelerator (a number >= 1, or auto: the smallest k the "
@@ -228,7 +261,8 @@ SETTINGS: tuple[Setting, ...] = (
             "with --accelerator and --procs-per-node 2 or more on a local cluster: the path "
             "between the GPUs of one node, pcie3, pcie4, nvlink-v100 or a rate such as 64gbit "
             "(each node's loopback is shaped to it and the model takes it; default: unshaped, "
-            "taken as free)", record="intra_link", column="intra_link", since=8, before=None),
+            "taken as free)", record="intra_link", column="intra_link", since=8, before=None,
+            check=_check_intra_link),
     Setting("memory_format", "memory_formats", "list[str]",
             lambda x, w: v.choice_list(x, w, MEMORY_FORMATS), ["contiguous"],
             "memory formats to sweep: contiguous (NCHW, the default), channels_last (NHWC), or "
@@ -454,3 +488,12 @@ def params_table() -> str:
         rows.append(f"| `{r.key}` | {r.since} | "
                     f"{old if r.since > 1 else '-'} | {where} | {r.doc} |")
     return "\n".join(rows) + "\n"
+
+
+def check_spec(spec: Any) -> None:
+    """Every static check of a spec, in one pass: a variant setting its engine does not have,
+    then each setting's own (Setting.check). InputError for the first that fails."""
+    check_engine(spec)
+    for s in SETTINGS:
+        if s.check is not None:
+            s.check(spec)

@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from scalelab.cluster.nodes import nodes_of
+from scalelab.cluster.targets import base as targets
 from scalelab.core.errors import InputError, suggest
 from scalelab.core.state import PROJECT_ROOT
 from scalelab.core.units import format_rate
-from scalelab.model import accel
-from scalelab.model.models import MODELS
-from scalelab.sweep.settings import BY_KEY, SETTINGS, SWEEP_KEYS, SweepSpec, check_engine
-from scalelab.sweep.values import SYNTHETIC, given
+from scalelab.sweep.settings import BY_KEY, SETTINGS, SWEEP_KEYS, SweepSpec, check_spec
+from scalelab.sweep.values import given
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,7 @@ def _build(fields: dict[str, Any], source: str | None) -> SweepSpec:
         raise InputError(f"{where}give {flags}, e.g. --nodes 1-3 --batch-size 32,64 (or "
                          "--global-batch-size 256 for a global batch split over the ranks)")
     spec = SweepSpec(**fields)
-    check_engine(spec)  # another engine's setting is refused before any cluster is looked at
-    if spec.accelerator:
-        # a profile that cannot serve every planned batch size is refused before any cluster
-        # is looked at
-        check_emulation(spec, spec.image_size or MODELS[spec.model].image_size)
+    check_spec(spec)  # the static checks, before any cluster is looked at
     return spec
 
 
@@ -209,16 +205,31 @@ def spec_to_dict(spec: SweepSpec) -> dict[str, Any]:
     return out
 
 
-def check_emulation(spec: SweepSpec, image_size: int,
-                    per_worker: Sequence[int] | None = None) -> None:
-    """An emulated accelerator must have a usable profile for every batch size per worker (the
-    spec's, or per_worker: those the plan's global batches split into), with real (synthetic)
-    input only: InputError otherwise, before anything runs."""
-    if spec.data != SYNTHETIC:
-        raise InputError(f"--accelerator {spec.accelerator} emulates compute and reads no data: "
-                         "leave data synthetic")
-    for precision in spec.precisions:
-        for batch in spec.batch_sizes if per_worker is None else per_worker:
-            for fmt in spec.memory_formats:
-                accel.resolve(spec.accelerator, spec.model, precision, batch, image_size,
-                              channels_last=fmt == "channels_last")
+def reference_fill(rec: dict[str, Any], given: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """What a command line that names nodes but no batch takes from the reference experiment
+    (bench/sweeps/slices.yml): every axis it does not give, as the cluster can run it: links
+    at their own rate where the target cannot shape them, fp32 where no GPU computes (amp needs
+    one). rec is the cluster's record. Returns the options to add (over the reference file)
+    and the one line that says so.
+    """
+    caps = targets.capabilities(rec)
+    ref = spec_from_options(sweep_file=REFERENCE)
+    fill: dict[str, Any] = {}
+    notes = []
+    if not given.get("bandwidth") and not caps.shape_links:
+        fill["bandwidth"] = "native"
+        notes.append("links at their own rate (this cluster cannot shape them)")
+    on_gpus = given.get("device") != "cpu" and (
+        given.get("accelerator") or any(n.gpus > 0 for n in nodes_of(rec)))
+    if not given.get("precision") and not on_gpus and set(ref.precisions) & {"amp", "bf16"}:
+        fill["precision"] = "fp32"
+        notes.append("fp32 (its amp needs GPUs; these nodes have none)")
+    taken = [f"{k.replace('_', '-')} {v}" for k, v in (
+        ("batch_size", ",".join(map(str, ref.batch_sizes))), ("model", ref.model),
+        ("engine", ref.engine), ("precision", ",".join(ref.precisions)),
+        ("bandwidth", ",".join(format_rate(b) for b in ref.bandwidths)),
+        ("repeats", ref.repeats), ("steps", ref.steps)) if not given.get(k) and k not in fill]
+    line = (f"axes not given come from the reference experiment (bench/sweeps/"
+            f"{REFERENCE}.yml): {', '.join(taken)}"
+            + (f"; {'; '.join(notes)}" if notes else "") + "; give any of them to override")
+    return fill, line

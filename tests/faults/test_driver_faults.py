@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, bench_exit, needs_root, needs_sshd
 
 from scalelab.cluster.targets.local import LocalCluster
-from scalelab.run import lifecycle
+from scalelab.run import admission, lifecycle
 
 from . import faultlib as fl
 
@@ -181,7 +181,7 @@ def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkey
     monkeypatch.setattr(LocalCluster, "_shape_node", shape_then_interrupt)
     spec = sweepfile.load_sweep_file(fl.write_sweep(tmp_path / "s.yml", nodes=[3],
                                                  bandwidth=["100mbit"]))
-    prep = lifecycle.prepare(lc.name, spec)
+    prep = admission.prepare(lc.name, spec)
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         lifecycle.start(prep, reports)
