@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from scalelab.cluster.nodes import Node
 from scalelab import report
+from scalelab.cluster.nodes import Node
 from scalelab.results import frames, store
 from scalelab.sweep import planner, settings, sweepfile
 
