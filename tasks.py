@@ -16,7 +16,7 @@ from invoke import Collection, Exit, task
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from scalelab.cluster.targets.base import DEFAULT_TARGET  # noqa: E402
+from scalelab.cluster.targets import DEFAULT_TARGET  # noqa: E402
 from scalelab.core.errors import ScalelabError  # noqa: E402
 from scalelab.core.state import load_cluster  # noqa: E402
 from scalelab.run import admission, lifecycle  # noqa: E402

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from scalelab.core.errors import InputError, ScalelabError
-from scalelab.model import accel, analysis, overlap, verdict
+from scalelab.model import accel, analysis, bucket_model, verdict
 from scalelab.model.analysis import (
     add_efficiency,
     add_model,
@@ -24,13 +24,13 @@ from scalelab.model.analysis import (
     summarize,
 )
 from scalelab.model.stats import mean_ci, t_critical
-from scalelab.results import frames as results
+from scalelab.results import frames
 
 # ------------------------------------------------------------------------------ helpers
 
 
 def run_row(**kw) -> dict:
-    """One row of the run frame (results.to_frame's columns), with quiet defaults."""
+    """One row of the run frame (frames.to_frame's columns), with quiet defaults."""
     row = {"sweep_id": "s", "run_id": "r", "target": "aws", "nodes": 1, "procs_per_node": 1,
            "world_size": 1, "model": "resnet50", "engine": "ddp", "precision": "fp32",
            "batch_size": 32, "bandwidth_mbit": 1000.0, "bandwidth": "1gbit", "repeat": 0,
@@ -207,7 +207,7 @@ def test_alpha_is_fitted_from_the_smallest_probe_message():
 
 def judged(rows, limits=None) -> tuple[pd.DataFrame, verdict.ModelError, list]:
     """Rows through the report's pipeline: the one prediction per point, then the verdicts."""
-    return verdict.judge(overlap.add_prediction(modelled(rows), alpha_s=0.0), limits)
+    return verdict.judge(bucket_model.add_prediction(modelled(rows), alpha_s=0.0), limits)
 
 
 def kinds(rows, limits=None) -> dict:
@@ -283,7 +283,7 @@ def emulated_series(batch: int = 64, link: float = 1000.0, scale: float = 1.0) -
     """resnet50 on an emulated V100 over 1, 2 and 4 nodes, each measured step the overlap
     model's own prediction x scale (x scale beyond one node), and the steps themselves."""
     doc = accel.resolve("v100", "resnet50", "fp32", batch, 224)
-    steps = {n: overlap.predict_step_s(doc, "ddp", n, link if n > 1 else math.inf, alpha_s=0.0)
+    steps = {n: bucket_model.predict_step_s(doc, "ddp", n, link if n > 1 else math.inf, alpha_s=0.0)
              for n in (1, 2, 4)}
     rows = [layout_run(n, steps[n] * (scale if n > 1 else 1.0), batch=batch, accelerator="v100",
                        fidelity="", gradient_bytes=102e6, compute_time_mean_s=steps[1],
@@ -374,7 +374,7 @@ def test_input_bound_from_the_loader_wait_only_with_real_data():
     assert kinds(synthetic)[(32, "synthetic")].kind == "compute-bound"
     # the wait is the ranks' own record, averaged over them
     ranks = [dict(r, data_time_mean_s=w) for r, w in zip(THREE_RANKS, (0.1, 0.2, 0.3), strict=True)]
-    assert results.to_frame([train_record(ranks=ranks)]).iloc[0]["data_time_mean_s"] == \
+    assert frames.to_frame([train_record(ranks=ranks)]).iloc[0]["data_time_mean_s"] == \
         pytest.approx(0.2)
 
 
@@ -418,7 +418,7 @@ THREE_RANKS = [rank(0, 100.0, 0.32, 0.35, 0.20, 0.12), rank(1, 110.0, 0.30, 0.40
 
 
 def test_ranks_are_summed_not_extrapolated_from_rank_zero():
-    frame = results.to_frame([train_record(ranks=THREE_RANKS)])
+    frame = frames.to_frame([train_record(ranks=THREE_RANKS)])
     row = frame.iloc[0]
     assert row["images_per_sec"] == pytest.approx(330.0)  # 100 + 110 + 120, not 3 x 100
     assert row["images_per_sec_per_worker"] == pytest.approx(110.0)
@@ -433,7 +433,7 @@ def test_busbw_comes_from_the_matching_probe_at_its_largest_message():
     recs = [train_record(ranks=THREE_RANKS), probe_record("a1", 1000.0, 110.0),
             probe_record("a2", 1000.0, 112.0), probe_record("a3", 10000.0, 900.0),
             probe_record("a4", 1000.0, 50.0, nodes=2)]
-    frame = results.to_frame(recs)
+    frame = frames.to_frame(recs)
     assert len(frame) == 1  # probes are not train rows
     assert frame.iloc[0]["busbw_mb_s"] == pytest.approx(111.0)  # mean of 110 and 112
 
@@ -444,16 +444,16 @@ def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, caplog):
              json.dumps(train_record(run_id="train-n03-p1-b064-bw1000-r0"))[:57]]
     (tmp_path / "runs.jsonl").write_text("\n".join(lines))  # no final newline: a crash
     with caplog.at_level(logging.WARNING, logger="scalelab.results.store"):
-        recs = results.load_runs(tmp_path)
+        recs = frames.load_runs(tmp_path)
     assert [r["run_id"] for r in recs] == ["train-n03-p1-b032-bw1000-r0"]
     assert recs[0]["status"] == "ok"
     assert any("truncated" in r.getMessage() for r in caplog.records)
 
 
 def test_missing_runs_file_is_empty_and_missing_dir_is_an_error(tmp_path):
-    assert results.load_runs(tmp_path) == []
+    assert frames.load_runs(tmp_path) == []
     with pytest.raises(ScalelabError, match="does not exist"):
-        results.load_runs(tmp_path / "nope")
+        frames.load_runs(tmp_path / "nope")
 
 
 def test_csv_has_the_contract_columns_and_native_is_empty(tmp_path):
@@ -462,11 +462,11 @@ def test_csv_has_the_contract_columns_and_native_is_empty(tmp_path):
                          ranks=THREE_RANKS),
             train_record(run_id="train-n03-p1-b032-bw1000-r1", status="failed")]
     (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    path = results.write_csv(tmp_path)
+    path = frames.write_csv(tmp_path)
     assert path == tmp_path / "results.csv"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "runs.jsonl"]
     csv = pd.read_csv(path, keep_default_na=False)
-    assert list(csv.columns) == results.CSV_COLUMNS
+    assert list(csv.columns) == frames.CSV_COLUMNS
     assert csv["bandwidth_mbit"].tolist() == ["1000", "", "1000"]
     failed = csv[csv["status"] == "failed"].iloc[0]
     assert failed["images_per_sec"] == "" and failed["error"] == "boom"
@@ -490,7 +490,7 @@ def test_a_gap_the_slow_rank_explains_is_straggler_bound_and_otherwise_said():
     # the model predicts ~97 % (1 MB of gradients, comm 8 ms at 2 ranks), 0.4 / 0.52 = 77 %
     # was measured: a rank 30 % slower makes the others wait 0.12 s, which is the whole gap
     rows = [layout_run(1, 0.4, gradient_bytes=1e6), layout_run(2, 0.52, gradient_bytes=1e6)]
-    base = overlap.add_prediction(modelled(rows), alpha_s=0.0)
+    base = bucket_model.add_prediction(modelled(rows), alpha_s=0.0)
     (b,) = verdict.judge(with_ranks_checked(base, 0.12))[2]
     assert b.kind == "straggler-bound"
     assert "node n1 held a rank that computed 30% longer per step" in b.explanation
@@ -513,7 +513,7 @@ def test_a_slow_rank_costing_less_than_the_link_leaves_the_point_network_bound()
     # 0.4 s of exposed communication per step at 2 ranks; the slow rank costs 0.05 s more
     rows = [layout_run(1, 0.4), layout_run(2, 0.85, comm_time_mean_s=0.45)]
     judged_ = verdict.judge(with_ranks_checked(
-        overlap.add_prediction(modelled(rows), alpha_s=0.0), 0.05))
+        bucket_model.add_prediction(modelled(rows), alpha_s=0.0), 0.05))
     (b,) = judged_[2]
     assert b.kind == "network-bound" and "Node n1 held a rank" in b.explanation
 
@@ -521,19 +521,17 @@ def test_a_slow_rank_costing_less_than_the_link_leaves_the_point_network_bound()
 def test_overlap_prediction_follows_bucket_size_and_compression():
     """The model replays the run's own buckets: a bucket that holds the whole gradient cannot
     overlap backward, small ones can, and fp16 halves the bytes on the wire."""
-    from scalelab.model import overlap
-
     layers = [{"fwd_s": 0.01, "bwd_s": 0.02, "numel": 2_000_000} for _ in range(20)]
     doc = {"optimizer_s": 0.0, "layers": layers}  # 160 MB of fp32 gradients, 0.4 s backward
-    steps = {mb: overlap.predict_step_s(doc, "ddp", 4, 10_000.0, group_mb=mb)
+    steps = {mb: bucket_model.predict_step_s(doc, "ddp", 4, 10_000.0, group_mb=mb)
              for mb in (5.0, 25.0, 500.0)}
     assert steps[500.0] > steps[25.0] + 0.05  # one bucket at the end: nothing hidden
     assert steps[5.0] != steps[25.0]
-    assert overlap.predict_step_s(doc, "ddp", 4, 10_000.0) == steps[25.0]  # DDP's default
-    fp16 = overlap.predict_step_s(doc, "ddp", 4, 10_000.0, group_mb=500.0, compression="fp16")
+    assert bucket_model.predict_step_s(doc, "ddp", 4, 10_000.0) == steps[25.0]  # DDP's default
+    fp16 = bucket_model.predict_step_s(doc, "ddp", 4, 10_000.0, group_mb=500.0, compression="fp16")
     assert fp16 < steps[500.0]
     # Horovod's fusion threshold is its group size: on a slow link with a large per-hop
     # latency, fusing what is ready saves latencies that one tensor per group pays
-    slow = {mb: overlap.predict_step_s(doc, "horovod", 4, 1000.0, alpha_s=0.005, group_mb=mb)
+    slow = {mb: bucket_model.predict_step_s(doc, "horovod", 4, 1000.0, alpha_s=0.005, group_mb=mb)
             for mb in (1.0, 500.0)}
     assert slow[500.0] < slow[1.0] - 0.1

@@ -20,7 +20,7 @@ from conftest import needs_root, needs_sshd
 
 from scalelab.cluster import bundle, packages
 from scalelab.cluster.packages import BundleError
-from scalelab.cluster.targets.base import Capabilities
+from scalelab.cluster.targets import Capabilities
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ROOT / "playbooks" / "roles"

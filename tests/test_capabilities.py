@@ -1,6 +1,6 @@
 """Targets say what their nodes can do; nothing outside scalelab/cluster/targets/ asks which target it is on.
 
-STYLE.md items 16 and 18: a target declares capability flags (scalelab.cluster.targets.base.Capabilities)
+STYLE.md items 16 and 18: a target declares capability flags (scalelab.cluster.targets.targets.Capabilities)
 in the cluster record and the inventory; the roles, the driver, launch and the analysis read the
 flags. These tests fail when a target's name (or the inventory's scalelab_target) is used to
 decide something anywhere else.
@@ -16,13 +16,13 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from scalelab.cluster import inventory
+from scalelab.cluster import inventory, targets
 from scalelab.cluster.nodes import Node
-from scalelab.cluster.targets import base, localhost
+from scalelab.cluster.targets import localhost
 
 # "slurm" is also the name of a launcher, of a role and of the scheduler itself, so it is not
 # searched for as a string; a comparison with a record's target is caught below whatever the name.
-TARGET_NAMES = {t for t in base.TARGETS if t != "slurm"}
+TARGET_NAMES = {t for t in targets.TARGETS if t != "slurm"}
 
 
 def _python_outside_targets() -> list[Path]:
@@ -89,16 +89,16 @@ def test_the_checks_find_a_switch_when_there_is_one(tmp_path, monkeypatch):
     assert len(yaml_target_switches(tmp_path)) == 1
 
 
-@pytest.mark.parametrize("name", base.TARGETS)
+@pytest.mark.parametrize("name", targets.TARGETS)
 def test_every_capability_the_roles_read_is_declared_and_reaches_the_inventory(name):
     """Each scalelab_cap_* a role reads is a Capabilities field, and every target's inventory
     carries all of them, so no role falls back to a default that belongs to another target."""
     read = set()
     for path in (ROOT / "playbooks").rglob("*.yml"):
         read |= set(re.findall(r"scalelab_cap_(\w+)", path.read_text()))
-    declared = set(base.Capabilities().to_dict())
+    declared = set(targets.Capabilities().to_dict())
     assert read and read <= declared, f"undeclared: {sorted(read - declared)}"
-    caps = base.get(name).capabilities({"name": "lab", "nodes": []})
+    caps = targets.get(name).capabilities({"name": "lab", "nodes": []})
     n = Node("lab-n0", "192.0.2.10", "10.0.0.10", "head", name)
     inv = inventory.render("lab", [n], capabilities=caps.as_vars())
     got = {k[len("scalelab_cap_"):]: v for k, v in inv["all"]["vars"].items()
@@ -108,8 +108,8 @@ def test_every_capability_the_roles_read_is_declared_and_reaches_the_inventory(n
 
 
 def test_the_local_target_and_real_hosts_differ_only_in_declared_flags():
-    local = base.get(base.DEFAULT_TARGET).capabilities({})
-    real = base.Capabilities(shape_links=True)
+    local = targets.get(targets.DEFAULT_TARGET).capabilities({})
+    real = targets.Capabilities(shape_links=True)
     differ = {k for k, v in local.to_dict().items() if real.to_dict()[k] != v}
     # what a namespace node over the host's root cannot do or need (it runs a Docker engine,
     # on a data root of the host's own file system: containers is no longer among them)

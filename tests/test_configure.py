@@ -21,8 +21,7 @@ from conftest import wait_listening
 from scalelab.cluster import configure as cfg
 from scalelab.cluster import ssh
 from scalelab.cluster.configure import ConfigureError, Failure, Progress
-from scalelab.cluster.targets import localhost
-from scalelab.cluster.targets.base import Capabilities
+from scalelab.cluster.targets import Capabilities, localhost
 from scalelab.core import sh
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 
 from scalelab.core.errors import InputError
-from scalelab.model import accel, overlap
+from scalelab.model import accel, bucket_model
 from scalelab.run.launch import parse_result
 
 WORKLOADS = ROOT / "bench" / "workloads"
@@ -198,9 +198,9 @@ def test_the_overlap_model_hides_communication_behind_backward():
     # backward: the last layer (4 MB of gradient) is ready after 0.1 s, then 0.9 s of backward
     # follow while its allreduce runs: hidden at 10 Gbit/s, not at 100 Mbit/s
     doc = _toy([0.9, 0.1], [1_000, 1_000_000])
-    fast = overlap.predict_step_s(doc, "ddp", 2, 10_000.0, alpha_s=0)
+    fast = bucket_model.predict_step_s(doc, "ddp", 2, 10_000.0, alpha_s=0)
     assert fast == pytest.approx(1.0, abs=1e-3)
-    slow = overlap.predict_step_s(doc, "ddp", 2, 100.0, alpha_s=0)
+    slow = bucket_model.predict_step_s(doc, "ddp", 2, 100.0, alpha_s=0)
     # 4 MB at 100 Mbit/s: 0.32 s from 0.1 s, then the first layer's 4 KB after 1.0 s
     assert slow == pytest.approx(1.0 + 4_000 * 8 / 100e6, abs=1e-3)
     # the additive model would say 1.0 + 0.32
@@ -209,18 +209,18 @@ def test_the_overlap_model_hides_communication_behind_backward():
 
 def test_horovod_fuses_what_is_ready_when_it_is_free():
     doc = _toy([0.01] * 10, [1_000_000] * 10)  # 10 x 4 MB, one every 10 ms
-    ddp = overlap.predict_step_s(doc, "ddp", 4, 1000.0, alpha_s=1e-3)
-    hvd = overlap.predict_step_s(doc, "horovod", 4, 1000.0, alpha_s=1e-3)
+    ddp = bucket_model.predict_step_s(doc, "ddp", 4, 1000.0, alpha_s=1e-3)
+    hvd = bucket_model.predict_step_s(doc, "horovod", 4, 1000.0, alpha_s=1e-3)
     # the link dominates either way: 40 MB x 1.5 at 1 Gbit/s = 0.48 s at least
     assert ddp > 0.48 and hvd > 0.48
     # Horovod fuses, so it pays the per-hop latency fewer times than tensor by tensor would
-    singles = sum(overlap.analysis.ring_allreduce_time_s(4, 4_000_000, 1000.0, 1e-3)
+    singles = sum(bucket_model.analysis.ring_allreduce_time_s(4, 4_000_000, 1000.0, 1e-3)
                   for _ in range(10))
     assert hvd < 0.01 + singles
 
 
 def test_a_gpu_side_cost_must_be_a_stretch_with_its_source():
-    from scalelab.model import accel, overlap
+    from scalelab.model import accel, bucket_model
 
     doc = accel.resolve("v100", "resnet50", "fp32", 32, 224)
     for bad, why in (({"gpu_side_stretch": 0.9, "gpu_side_source": "x"}, "must be a number >= 1"),
@@ -229,8 +229,8 @@ def test_a_gpu_side_cost_must_be_a_stretch_with_its_source():
             accel.emulate.check({**doc, **bad})
     # the model takes it as the ranks do: alone as is, with peers stretched
     stretched = {**doc, "gpu_side_stretch": 1.2, "gpu_side_source": "x"}
-    alone = overlap.predict_step_s(doc, "ddp", 1, float("inf"))
-    assert overlap.predict_step_s(stretched, "ddp", 1, float("inf")) == pytest.approx(alone)
+    alone = bucket_model.predict_step_s(doc, "ddp", 1, float("inf"))
+    assert bucket_model.predict_step_s(stretched, "ddp", 1, float("inf")) == pytest.approx(alone)
     fast = 1e9  # a link so fast that only compute counts
-    assert overlap.predict_step_s(stretched, "ddp", 4, fast, alpha_s=0) == pytest.approx(
-        1.2 * overlap.predict_step_s(doc, "ddp", 4, fast, alpha_s=0), rel=1e-3)
+    assert bucket_model.predict_step_s(stretched, "ddp", 4, fast, alpha_s=0) == pytest.approx(
+        1.2 * bucket_model.predict_step_s(doc, "ddp", 4, fast, alpha_s=0), rel=1e-3)

@@ -20,7 +20,7 @@ from conftest import ROOT, invoke, needs_root, needs_sshd
 
 from scalelab.cluster import facts, gpu, ssh
 from scalelab.cluster.nodes import Node
-from scalelab.cluster.targets.base import Runtime
+from scalelab.cluster.targets import Runtime
 from scalelab.cluster.targets.local import runtime_paths
 from scalelab.core.errors import InputError
 from scalelab.run import admission, commands, launch

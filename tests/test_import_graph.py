@@ -81,13 +81,32 @@ def test_scalelab_has_no_import_circles():
         "\n".join(" -> ".join(c) for c in found)
 
 
-def test_the_targets_import_only_the_interface_never_the_router():
-    graph = import_graph(ROOT / "scalelab")
-    targets = [m for m in graph if m.startswith("scalelab.cluster.targets.")
-               and m not in ("scalelab.cluster.targets.base", "scalelab.cluster.targets.interface")]
+def imports_the_router(path: Path) -> bool:
+    """Whether a module imports scalelab.cluster.targets itself (the router, the package's
+    __init__) or a name of it, which import_graph does not count as an edge of the package's
+    own modules; importing a sibling module (interface, tfmodule) is not that."""
+    siblings = {p.stem for p in path.parent.glob("*.py")}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (
+                node.module == "scalelab.cluster.targets"
+                and any(a.name not in siblings for a in node.names)
+                or node.module == "scalelab.cluster" and any(a.name == "targets"
+                                                             for a in node.names)):
+            return True
+        if isinstance(node, ast.Import) and any(a.name == "scalelab.cluster.targets"
+                                                for a in node.names):
+            return True
+    return False
+
+
+def test_the_targets_import_only_the_interface_never_the_router(tmp_path):
+    folder = ROOT / "scalelab" / "cluster" / "targets"
+    targets = [p for p in folder.glob("*.py") if p.name not in ("__init__.py", "interface.py")]
     assert targets
-    offenders = [t for t in targets if "scalelab.cluster.targets.base" in graph[t]]
-    assert offenders == []
+    assert [p.name for p in targets if imports_the_router(p)] == []
+    bad = tmp_path / "t.py"
+    bad.write_text("def f():\n    from scalelab.cluster import targets\n")
+    assert imports_the_router(bad)  # the check sees a lazy import of the router
 
 
 def test_the_check_finds_a_circle_through_a_lazy_import(tmp_path):
@@ -148,3 +167,25 @@ def test_the_stage_check_finds_an_upward_import(tmp_path):
     (pkg / "run" / "driver.py").write_text("from scalelab.core import units\n")
     (pkg / "core" / "units.py").write_text("def f():\n    from scalelab.run import driver\n")
     assert upward_imports(import_graph(pkg)) == ["scalelab.core.units -> scalelab.run.driver"]
+
+
+def test_node_side_code_the_controller_runs_is_declared_and_plain():
+    """scalelab.core.nodeside.SHARED is every file of bench/workloads/ the controller runs:
+    each imports only the standard library, and no other module loads code by path."""
+    import sys
+
+    from scalelab.core import nodeside
+
+    for name in nodeside.SHARED:
+        path = ROOT / "bench" / "workloads" / f"{name}.py"
+        tops = set()  # what loading it imports: its top-level imports (torch waits in functions)
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.Import):
+                tops |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                tops.add((node.module or "").split(".")[0])
+        assert tops <= set(sys.stdlib_module_names) | {"__future__"}, (name, tops)
+        assert nodeside.load(name).__file__ == str(path)
+    loaders = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scalelab").rglob("*.py")
+                     if "spec_from_file_location" in p.read_text())
+    assert loaders == ["scalelab/core/nodeside.py"]

@@ -842,9 +842,9 @@ def test_comm_settings_name_the_setting_measured_faster_per_rate(tmp_path):
 def test_comm_settings_predict_the_settings_not_run_from_the_profile(tmp_path):
     """On an emulated V100 the overlap model has a per-layer profile: every row, measured or
     predicted only, carries the efficiency predicted for its own bucket size, the one
-    scalelab.model.overlap.predict_step_s gives for that setting (step of 1 rank / step of 2 over
+    scalelab.model.bucket_model.predict_step_s gives for that setting (step of 1 rank / step of 2 over
     the measured link), and the bucket size changes it."""
-    from scalelab.model import accel, analysis, overlap
+    from scalelab.model import accel, analysis, bucket_model
     from scalelab.model.models import MODELS
 
     d = _two_bucket_store(tmp_path, {1000.0: 50.0, 10000.0: 25.0}, accelerator="v100")
@@ -855,12 +855,12 @@ def test_comm_settings_predict_the_settings_not_run_from_the_profile(tmp_path):
     assert {(r["link"], r["setting"]) for r in predicted} == {
         (link, f"bucket {mb} MB") for link in ("1gbit", "10gbit") for mb in ("12.5", "100")}
     doc = accel.resolve("v100", "resnet50", "fp32", 64, MODELS["resnet50"].image_size)
-    one = overlap.predict_step_s(doc, "ddp", 1, float("inf"), "fp32", analysis.DEFAULT_ALPHA_S)
+    one = bucket_model.predict_step_s(doc, "ddp", 1, float("inf"), "fp32", analysis.DEFAULT_ALPHA_S)
     rates = {"1gbit": 950.0, "10gbit": 9500.0}
     for r in rows:
         assert r["efficiency predicted"], r  # measured rows too
         mb = float(r["setting"].removeprefix("bucket ").removesuffix(" MB"))
-        step = overlap.predict_step_s(doc, "ddp", int(r["world size"]), rates[r["link"]], "fp32",
+        step = bucket_model.predict_step_s(doc, "ddp", int(r["world size"]), rates[r["link"]], "fp32",
                                       analysis.DEFAULT_ALPHA_S, mb, "none")
         assert r["efficiency predicted"] == f"{100 * one / step:.1f}%", r
     ten = {r["setting"]: _pct(r["efficiency predicted"]) for r in rows if r["link"] == "10gbit"}

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, invoke, unique_name
 
-from scalelab.cluster import facts
-from scalelab.cluster.targets import TARGETS, TERRAFORM_TARGETS, base
+from scalelab.cluster import facts, targets
+from scalelab.cluster.targets import TARGETS, TERRAFORM_TARGETS
 from scalelab.core.errors import ClusterError, InputError
 
 METHODS = ("provision", "destroy", "alive", "summary", "adjust_facts", "runtime", "capabilities",
@@ -39,10 +39,10 @@ def configured_record(name: str, target: str, n: int = 2, gpus: int = 0,
 
 @pytest.mark.parametrize("name", TARGETS)
 def test_every_target_implements_the_interface(name):
-    t = base.get(name)
-    assert isinstance(t, base.Target)
+    t = targets.get(name)
+    assert isinstance(t, targets.Target)
     caps = t.capabilities(configured_record("lab", name))
-    assert t.name == name and isinstance(caps, base.Capabilities)
+    assert t.name == name and isinstance(caps, targets.Capabilities)
     assert all(isinstance(v, bool) for v in caps.to_dict().values())
     for m in METHODS:
         assert callable(getattr(t, m)), f"{name} lacks {m}"
@@ -50,7 +50,7 @@ def test_every_target_implements_the_interface(name):
 
 @pytest.mark.parametrize("name", TERRAFORM_TARGETS)
 def test_real_host_targets_run_what_configure_installed(name):
-    t = base.get(name)
+    t = targets.get(name)
     rec = configured_record("lab", name)
     rt = t.runtime(rec)
     assert (rt.python, rt.workdir, rt.known_hosts) == (facts.DEFAULT_PYTHON,
@@ -66,7 +66,7 @@ def test_real_host_targets_run_what_configure_installed(name):
 
 @pytest.mark.parametrize("name", TERRAFORM_TARGETS)
 def test_an_unconfigured_real_cluster_is_refused_with_the_command_that_fixes_it(name):
-    t = base.get(name)
+    t = targets.get(name)
     rec = configured_record("lab", name)
     for n in rec["nodes"]:
         n.pop("facts")
@@ -78,7 +78,7 @@ def test_an_unconfigured_real_cluster_is_refused_with_the_command_that_fixes_it(
 
 
 def test_the_local_target_knows_its_nodes_without_configure():
-    t = base.get("local")
+    t = targets.get("local")
     rec = {"name": "demo", "target": "local", "known_hosts": "/kh", "bandwidth_mbit": None,
            "cpus_per_node": 0.5, "nodes": [{"name": "demo-n0", "cpus": 0.5}]}
     rt = t.runtime(rec)
@@ -93,7 +93,7 @@ def test_the_local_target_knows_its_nodes_without_configure():
 def test_unknown_target_is_one_line():
     with pytest.raises(InputError, match="target: 'gcp' is unknown; choose one of local, "
                                          "static, openstack, aws, slurm"):
-        base.get("gcp")
+        targets.get("gcp")
 
 
 def test_nothing_outside_targets_asks_which_target_it_is_on():
@@ -151,13 +151,13 @@ def test_slices_dry_run_on_ten_gpu_hosts_plans_everything_with_a_gpu_estimate(tm
 def test_targets_whose_nodes_scalelab_reaches_start_runs_over_ssh_or_slurm(name):
     """The head node is the login host; SSH is the default launcher, Slurm one to ask for."""
     rec = configured_record("lab", name)
-    t = base.get(name)
+    t = targets.get(name)
     assert t.capabilities(rec).configurable and t.launchers(rec) == ("ssh", "slurm")
     assert t.login(rec).name == "lab-n0" and t.default_partition(rec) is None
 
 
 def test_a_slurm_cluster_behind_a_login_host_runs_jobs_only_and_never_shapes():
-    t = base.get("slurm")
+    t = targets.get("slurm")
     rec = configured_record("hpc", "slurm")
     rec["login"] = {**rec["nodes"][0], "name": "hpc-login", "address": "203.0.113.5"}
     rec["partition"] = "gpu"

@@ -148,7 +148,7 @@ def test_static_end_to_end(static_cluster, static_var_file, tmp_path):
     assert re.fullmatch(r"\d+\.\d+\.\d+", version)
     assert (rec["terraform"]["binary"], rec["terraform"]["version"]) == (str(VENV_TERRAFORM),
                                                                          version)
-    from scalelab.run.lifecycle import _terraform_used
+    from scalelab.run.sweepmeta import _terraform_used
 
     assert _terraform_used(rec) == {"terraform": {"binary": "terraform", "version": version}}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scalelab.cluster.targets import base as targets  # noqa: E402
+from scalelab.cluster import targets  # noqa: E402
 from scalelab.cluster.targets.local import LocalCluster  # noqa: E402
 from scalelab.core.units import parse_rate_mbit  # noqa: E402
 from scalelab.run import commands, driver, launch  # noqa: E402

@@ -18,9 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from scalelab import report  # noqa: E402
-from scalelab.model import analysis, overlap, verdict
-from scalelab.results import frames as results
-from scalelab.results import store, synthetic
+from scalelab.model import analysis, bucket_model, verdict
+from scalelab.results import frames, store, synthetic
 
 TARGET_S = 10.0
 
@@ -56,15 +55,15 @@ def main() -> int:
 
         stages = {}
         t = time.perf_counter()
-        records = results.load_runs(sweep_dir)
+        records = frames.load_runs(sweep_dir)
         stages["load runs.jsonl"] = time.perf_counter() - t
         t = time.perf_counter()
-        frame = results.to_frame(records)
+        frame = frames.to_frame(records)
         stages["to_frame (ranks summed, efficiency)"] = time.perf_counter() - t
         n_records = len(records)
         del records
         t = time.perf_counter()
-        modelled = overlap.add_prediction(analysis.add_model(analysis.summarize(frame)))
+        modelled = bucket_model.add_prediction(analysis.add_model(analysis.summarize(frame)))
         stages["summarize + model"] = time.perf_counter() - t
         t = time.perf_counter()
         _judged, _error, bottlenecks = verdict.judge(modelled)
@@ -86,7 +85,7 @@ def main() -> int:
               f"{total_cpu:.2f} s CPU (target {TARGET_S:.0f} s) -> "
               f"{'OK' if total <= TARGET_S else 'SLOW'}")
         print(f"index.html: {page.stat().st_size / 1e6:.1f} MB; results.csv: "
-              f"{(sweep_dir / results.CSV_FILE).stat().st_size / 1e6:.1f} MB")
+              f"{(sweep_dir / frames.CSV_FILE).stat().st_size / 1e6:.1f} MB")
         if args.keep:
             print(f"kept: {page}")
         return 0 if total <= TARGET_S else 1

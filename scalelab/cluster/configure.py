@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
+from scalelab.cluster import targets
 from scalelab.cluster.nodes import Node, nodes_of
-from scalelab.cluster.targets import base as targets
 from scalelab.core.errors import InputError, ScalelabError
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, private_dir, save_cluster
 

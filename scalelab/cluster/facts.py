@@ -334,9 +334,8 @@ def adopt_hostnames(cluster: str, nodes: list[Node], facts: dict[str, dict[str, 
 def _save(cluster: str, rec: dict[str, Any]) -> None:
     """The record, with the target's capabilities worked out again (shape_links may follow the
     interfaces found), and the inventory rendered from it."""
-    from scalelab.cluster.targets import base
-
-    caps = base.capabilities(rec)
+    from scalelab.cluster import targets
+    caps = targets.capabilities(rec)
     rec["capabilities"] = caps.to_dict()
     # the inventory's names, scalelab_iface / scalelab_cpus / scalelab_gpus follow the record;
     # written first, as provision does: a record is never ahead of its inventory
@@ -347,10 +346,9 @@ def _save(cluster: str, rec: dict[str, Any]) -> None:
 
 def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Write the facts into cluster.json, corrected by the target; returns the new record."""
-    from scalelab.cluster.targets import base
-
+    from scalelab.cluster import targets
     rec = load_cluster(cluster)
-    target = base.of(rec)
+    target = targets.of(rec)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for node in rec["nodes"]:
         found = facts.get(node["name"])

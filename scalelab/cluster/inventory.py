@@ -18,7 +18,7 @@ def render(cluster: str, nodes: list[Node], known_hosts: str | None = None,
            trust_key: str | None = None) -> dict[str, Any]:
     """Build the inventory structure: groups head and workers under all.
 
-    capabilities: the target's flags (scalelab.cluster.targets.base.Capabilities.as_vars()), which
+    capabilities: the target's flags (scalelab.cluster.targets.Capabilities.as_vars()), which
     the roles read instead of asking which target they are on. trust_key: the cluster's own
     key pair for node-to-node SSH (never the user's login key), on the controller.
 

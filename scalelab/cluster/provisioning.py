@@ -6,9 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalelab.cluster import ssh
+from scalelab.cluster import ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
-from scalelab.cluster.targets import base
 from scalelab.core import lock
 from scalelab.core.errors import ClusterError
 from scalelab.core.state import check_cluster_name, inventory_dir, list_clusters, load_cluster
@@ -31,7 +30,7 @@ def provision(target: str, nodes: int | str, cluster: str, cpus_per_node: str | 
               bandwidth: str = "native", subnet: str | None = None, var_file: str | None = None,
               keep_on_failure: bool = False, dry_run: bool = False) -> ClusterInfo | None:
     """Create or resize a cluster; returns its records (None for a dry run)."""
-    impl = base.get(target)
+    impl = targets.get(target)
     check_cluster_name(cluster)
     with lock.hold(cluster):
         recs = impl.provision(cluster, nodes, cpus_per_node=cpus_per_node, bandwidth=bandwidth,
@@ -45,11 +44,11 @@ def provision(target: str, nodes: int | str, cluster: str, cpus_per_node: str | 
 def dry_run(target: str, nodes: int | str, cluster: str, var_file: str | None = None) -> list[str]:
     """What provision would do, changing nothing (the target says whether it has anything)."""
     check_cluster_name(cluster)
-    return base.get(target).dry_run(cluster, nodes, var_file=var_file)
+    return targets.get(target).dry_run(cluster, nodes, var_file=var_file)
 
 
 def _info(name: str, rec: dict, nodes: list[Node]) -> ClusterInfo:
-    summary = base.of(rec).summary(rec)
+    summary = targets.of(rec).summary(rec)
     return ClusterInfo(name, rec["target"], nodes, inventory_dir() / f"{name}.yml",
                        summary=summary)
 
@@ -66,10 +65,10 @@ def _destroy(cluster: str) -> list[str]:
         rec = load_cluster(cluster)
     except ClusterError:
         # nothing recorded; a provision that crashed may still have left pieces behind
-        if base.destroy_unrecorded(cluster):
+        if targets.destroy_unrecorded(cluster):
             return []
         raise
-    caps = base.capabilities(rec)
+    caps = targets.capabilities(rec)
     kept: list[str] = []
     from scalelab.cluster import configure
 
@@ -82,7 +81,7 @@ def _destroy(cluster: str) -> list[str]:
     if rec.get("known_hosts"):
         ssh.close_masters(rec["known_hosts"])  # the multiplexed connections to its nodes
     try:
-        base.of(rec).destroy(cluster)
+        targets.of(rec).destroy(cluster)
     finally:
         if rec.get("known_hosts"):
             ssh.close_masters(rec["known_hosts"])  # and those the target's own teardown made
@@ -96,7 +95,7 @@ def status(cluster: str | None = None) -> list[ClusterInfo]:
         rec = load_cluster(name)
         nodes = nodes_of(rec)
         info = _info(name, rec, nodes)
-        info.alive = base.of(rec).alive(name, nodes)
+        info.alive = targets.of(rec).alive(name, nodes)
         out.append(info)
     return out
 
@@ -104,20 +103,20 @@ def status(cluster: str | None = None) -> list[ClusterInfo]:
 def can_shape(cluster: str) -> bool:
     """Whether scalelab can set link rates on this cluster's nodes."""
     rec = load_cluster(cluster)
-    return base.capabilities(rec).shape_links
+    return targets.capabilities(rec).shape_links
 
 
 def configurable(cluster: str) -> bool:
     """Whether scalelab reaches this cluster's nodes over SSH (and so may configure them)."""
     rec = load_cluster(cluster)
-    return base.capabilities(rec).ssh_nodes
+    return targets.capabilities(rec).ssh_nodes
 
 
 def set_bandwidth(cluster: str, bandwidth: str) -> None:
     mbit = parse_rate_mbit(bandwidth)
     with lock.hold(cluster):
         rec = load_cluster(cluster)
-        base.of(rec).set_rate(cluster, mbit)
+        targets.of(rec).set_rate(cluster, mbit)
 
 
 def connectivity_check(cluster: str) -> list[str]:
@@ -126,8 +125,8 @@ def connectivity_check(cluster: str) -> list[str]:
     nodes = nodes_of(rec)
     kh = rec["known_hosts"]
     lines = []
-    target = base.of(rec)
-    if not base.capabilities(rec).ssh_nodes:
+    target = targets.of(rec)
+    if not targets.capabilities(rec).ssh_nodes:
         # only its login host is reachable: the nodes are as Slurm sees them
         login = target.login(rec)
         out = ssh.run(login, kh, "hostname", timeout=15).stdout.strip()

@@ -46,3 +46,7 @@ def suggest(word: str, options: Sequence[str]) -> str:
         return ""
     close = [repr(o) for o in options if scores[o] == best]
     return f"did you mean {' or '.join(close)}?"
+
+
+class ReportError(ScalelabError):
+    """A sweep's results cannot be found, read or reported."""

@@ -10,13 +10,13 @@ by name, `--accelerator PATH.json` takes a user's (e.g. from `invoke profile` on
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
+from scalelab.core import nodeside
 from scalelab.core.errors import InputError
 from scalelab.core.state import PROJECT_ROOT
 
@@ -24,10 +24,7 @@ ROOT = PROJECT_ROOT
 PROFILES_DIR = ROOT / "bench" / "profiles"
 STAGE_DIR = "profiles"  # under the workloads directory on every node
 
-_spec = importlib.util.spec_from_file_location("scalelab_emulate", ROOT / "bench" / "workloads" / "emulate.py")
-assert _spec and _spec.loader
-emulate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(emulate)
+emulate = nodeside.load("emulate")  # the nodes' own checker (scalelab.core.nodeside)
 
 
 def shipped() -> dict[tuple[str, str, str], Path]:

@@ -2,7 +2,7 @@
 
 Pure functions over numbers or over the run frame that scalelab.results.frames builds (one row per
 train run). Nothing here reads files, logs figures as if measured, or plots. The overlap model
-is scalelab.model.overlap; what limits each point, named from the model, is scalelab.model.verdict.
+is scalelab.model.bucket_model; what limits each point, named from the model, is scalelab.model.verdict.
 
 Definitions used throughout:
 
@@ -447,7 +447,7 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
     Adds: link_mbit_model, link_source, predicted_comm_s, predicted_compute_s (the compute
     above), predicted_step_s, predicted_comm_share (comm / predicted step) and predicted_eff.
     These are the ring model's; the report's one prediction per point is
-    scalelab.model.overlap.add_prediction's, which falls back to them where no profile exists.
+    scalelab.model.bucket_model.add_prediction's, which falls back to them where no profile exists.
     """
     out = with_series_columns(summary).copy()
     if out.empty:

@@ -19,7 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from scalelab.model import accel, fabric, overlap
+from scalelab.model import accel, bucket_model, fabric
 from scalelab.model.models import MODELS
 
 AIM_POINTS = 10.0
@@ -110,7 +110,7 @@ def step_s(doc: dict, p: Point, nodes: int, fab: fabric.Fabric | None,
     else:
         link = fab.collective_mbit(line, p.gpus_per_node) if fab else line
     alpha = fab.per_hop_latency_s if fab else 50e-6
-    return overlap.predict_step_s(doc, "horovod", world, link, p.precision, alpha, p.fusion_mb,
+    return bucket_model.predict_step_s(doc, "horovod", world, link, p.precision, alpha, p.fusion_mb,
                                   gpu_stretch=stretch)
 
 
@@ -121,7 +121,7 @@ def efficiency(p: Point, fab: fabric.Fabric | None, stretch: float = 1.0) -> flo
     if p.base_gpus > 1:
         base = step_s(doc, p, max(1, p.base_gpus // p.gpus_per_node), fab, stretch)
     else:
-        base = overlap.predict_step_s(doc, "horovod", 1, math.inf, p.precision)
+        base = bucket_model.predict_step_s(doc, "horovod", 1, math.inf, p.precision)
     return base / step_s(doc, p, p.nodes, fab, stretch)
 
 

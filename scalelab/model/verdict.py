@@ -1,6 +1,6 @@
 """What limits each measured point, named from the one model the report shows.
 
-The model is scalelab.model.overlap.add_prediction's: the overlap model where a per-layer profile
+The model is scalelab.model.bucket_model.add_prediction's: the overlap model where a per-layer profile
 exists, the ring model (its limit) where none does. A point is one (series, world size) above
 its series' baseline N0; its verdict is one of BOTTLENECKS with one sentence saying why, and an
 "undetermined" verdict always ends with the measurement that would settle it. A series'
@@ -103,7 +103,7 @@ class ModelError:
 
 def model_error(modelled: pd.DataFrame) -> ModelError:
     """|measured - predicted| efficiency over the multi-node points that have both (rows of
-    overlap.add_prediction), emulated points flagged by the fidelity guard left out."""
+    bucket_model.add_prediction), emulated points flagged by the fidelity guard left out."""
     if modelled.empty or "model_eff" not in modelled:
         return ModelError(math.nan, math.nan, 0, {}, 0)
     multi = modelled[(modelled["nodes"] > 1) & modelled["eff_mean"].notna()
@@ -124,7 +124,7 @@ def add_verdicts(modelled: pd.DataFrame, limits: dict[str, dict[str, Any]] | Non
     """Adds verdict (one of BOTTLENECKS; "" at a series' baseline, which is the reference),
     verdict_why (one sentence; for "undetermined" it ends with the measurement that would
     settle it) and verdict_settle (that measurement, "" otherwise) to every row of
-    overlap.add_prediction's frame. ``limits`` maps sweep_id -> analysis.host_limits(sweep.json).
+    bucket_model.add_prediction's frame. ``limits`` maps sweep_id -> analysis.host_limits(sweep.json).
 
     Rules for a point, first match wins:
 
@@ -448,7 +448,7 @@ def classify(judged: pd.DataFrame) -> list[Bottleneck]:
 
 def judge(modelled: pd.DataFrame, limits: dict[str, dict[str, Any]] | None = None
           ) -> tuple[pd.DataFrame, ModelError, list[Bottleneck]]:
-    """The whole judgement of overlap.add_prediction's frame: the model's error, every point's
+    """The whole judgement of bucket_model.add_prediction's frame: the model's error, every point's
     verdict worded by it, and each series' bottleneck."""
     error = model_error(modelled)
     judged = add_verdicts(modelled, limits, error)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scalelab.core.errors import ReportError
 from scalelab.core.state import PROJECT_ROOT, reports_dir, write_atomic
 from scalelab.report.data import (
     SweepData,
@@ -27,8 +28,7 @@ from scalelab.report.data import (
 )
 from scalelab.report.figures import draw_figures, layout
 from scalelab.report.html import render
-from scalelab.results import frames as results
-from scalelab.results.frames import ReportError
+from scalelab.results import frames
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,11 @@ def build_report(sweep: str | Path, out_dir: Path | str | None = None, *,
     """
     data = load_sweep_data(sweep, root)
     out = _out_dir(Path(out_dir) if out_dir else data.path)
-    csv_path = data.path / results.CSV_FILE
-    write_atomic(csv_path, results.frame_to_csv(data.runs), mode=0o644)
+    csv_path = data.path / frames.CSV_FILE
+    write_atomic(csv_path, frames.frame_to_csv(data.runs), mode=0o644)
     a = analyse([data], alpha_s, overlap)
     title = f"scalelab report: {data.sweep_id}" + (" (SYNTHETIC DATA)" if data.synthetic else "")
-    page = render(a, title, False, [(results.CSV_FILE, _rel(csv_path, out))])
+    page = render(a, title, False, [(frames.CSV_FILE, _rel(csv_path, out))])
     path = out / "index.html"
     write_atomic(path, page, mode=0o644)
     log.info("wrote %s", path)
@@ -80,9 +80,9 @@ def build_comparison(sweeps: Sequence[str | Path], out_dir: Path | str | None = 
         "compare-" + "-vs-".join(ids)))
     links = []
     for d in datas:
-        csv_path = d.path / results.CSV_FILE
-        write_atomic(csv_path, results.frame_to_csv(d.runs), mode=0o644)
-        links.append((f"{d.sweep_id}/{results.CSV_FILE}", _rel(csv_path, out)))
+        csv_path = d.path / frames.CSV_FILE
+        write_atomic(csv_path, frames.frame_to_csv(d.runs), mode=0o644)
+        links.append((f"{d.sweep_id}/{frames.CSV_FILE}", _rel(csv_path, out)))
     a = analyse(datas, alpha_s, overlap)
     title = "scalelab comparison: " + " vs ".join(ids)
     if any(d.synthetic for d in datas):

@@ -10,12 +10,10 @@ from typing import Any
 
 import pandas as pd
 
+from scalelab.core.errors import ReportError
 from scalelab.core.state import reports_dir
-from scalelab.model import analysis, fabric, stragglers, verdict
-from scalelab.model import overlap as bucket_model
-from scalelab.results import frames as results
-from scalelab.results import store
-from scalelab.results.frames import ReportError
+from scalelab.model import analysis, bucket_model, fabric, stragglers, verdict
+from scalelab.results import frames, store
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +50,7 @@ class SweepData:
     missing: list[str] = field(default_factory=list)  # planned run ids without a record
     # one row per rank of every train run: scalelab.results.frames.rank_frame
     ranks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
-        columns=results.RANK_COLUMNS))
+        columns=frames.RANK_COLUMNS))
 
     @property
     def synthetic(self) -> bool:
@@ -76,13 +74,13 @@ def software_fingerprint(env: dict[str, Any]) -> str:
 def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
     """Resolve, read and check a sweep; a ReportError says why it cannot be reported."""
     path = resolve_sweep(ref, root)
-    meta = results.load_sweep(path)
-    records = results.load_runs(path)
+    meta = frames.load_sweep(path)
+    records = frames.load_runs(path)
     sweep_id = str(meta.get("sweep_id") or path.name)
     if not records:
         raise ReportError(f"sweep {sweep_id!r} has no runs recorded yet ({path / store.RUNS_FILE}"
                           " is empty or missing); run or resume it with invoke bench")
-    runs = results.to_frame(records, results.plan_min_nodes({"sweep_id": sweep_id, **meta}))
+    runs = frames.to_frame(records, frames.plan_min_nodes({"sweep_id": sweep_id, **meta}))
     if runs.empty:
         raise ReportError(f"sweep {sweep_id!r} has no training runs, only allreduce probes; "
                           "nothing to report")
@@ -109,8 +107,8 @@ def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
     envs = len({software_fingerprint(r.get("env") or {}) for r in records})
     # The raw records are not kept: a million live dicts make every garbage collection
     # during figure drawing slow.
-    return SweepData(path, sweep_id, meta, runs, results.allreduce_frame(records), probes,
-                     envs, missing, results.rank_frame(records))
+    return SweepData(path, sweep_id, meta, runs, frames.allreduce_frame(records), probes,
+                     envs, missing, frames.rank_frame(records))
 
 
 # ---------------------------------------------------------------------------- analysis bundle
@@ -120,7 +118,7 @@ class Analysis:
     sweeps: list[SweepData]
     runs: pd.DataFrame
     allreduce: pd.DataFrame
-    modelled: pd.DataFrame  # one row per point: overlap.add_prediction + verdict.add_verdicts
+    modelled: pd.DataFrame  # one row per point: bucket_model.add_prediction + verdict.add_verdicts
     bottlenecks: list[verdict.Bottleneck]
     alpha_s: float
     alpha_source: str

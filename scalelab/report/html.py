@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from scalelab.model import analysis, verdict
+from scalelab.model import analysis, bucket_model, verdict
 from scalelab.model.analysis import batch_text
 from scalelab.model.verdict import VERDICT_COLUMNS
 from scalelab.report import model
@@ -144,9 +144,7 @@ def _comm_settings_section(a: Analysis) -> str:
     """Communication settings (bucket size, fusion threshold, cycle time, compression), where
     the sweep varies one: each setting's measured efficiency beside the model's prediction,
     the best per link rate named, and predicted-only rows for settings not run."""
-    from scalelab.model import overlap
-
-    frame = overlap.comm_settings(a.runs, a.alpha_s)
+    frame = bucket_model.comm_settings(a.runs, a.alpha_s)
     if frame.empty:
         return ""
     frame = frame.copy()

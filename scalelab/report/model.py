@@ -1,7 +1,7 @@
 """The model's part of the report as frames and sentences, no HTML: which model predicted each
 point, each series' verdict, what the sweep found, and predictions beyond the measured points.
 
-Every prediction here is the one per point that scalelab.model.overlap.add_prediction chose (the
+Every prediction here is the one per point that scalelab.model.bucket_model.add_prediction chose (the
 overlap model where a per-layer profile exists, else the ring model), so the tables, the
 figure and the verdicts cannot disagree.
 """
@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab.model import analysis, stragglers, verdict
-from scalelab.model import overlap as bucket_model
+from scalelab.model import analysis, bucket_model, stragglers, verdict
 from scalelab.model.analysis import batch_text
 from scalelab.report.data import Analysis
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import ReportError
 from scalelab.core.state import write_atomic
 from scalelab.core.units import format_rate
 from scalelab.model import analysis
@@ -73,10 +73,6 @@ EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
                      "bandwidth_mbit", "bandwidth", "repeat", "size_bytes", "time_s",
                      "algbw_mb_s", "busbw_mb_s"]
-
-
-class ReportError(ScalelabError):
-    """A sweep's results cannot be found, read or reported."""
 
 
 # ---------------------------------------------------------------------------- reading

@@ -18,10 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.cluster import facts, slurmctl
+from scalelab.cluster import facts, slurmctl, targets
 from scalelab.cluster import image as images
 from scalelab.cluster.nodes import Node, nodes_of
-from scalelab.cluster.targets import base as targets
 from scalelab.core.errors import InputError
 from scalelab.core.state import load_cluster
 from scalelab.core.units import format_rate

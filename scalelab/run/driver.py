@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import netshape, ssh
+from scalelab.cluster import netshape, ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
-from scalelab.cluster.targets import base as targets
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import fabric
 from scalelab.results import store

@@ -13,14 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import netshape, provisioning, ssh
+from scalelab.cluster import netshape, provisioning, ssh, targets
 from scalelab.cluster.nodes import nodes_of
-from scalelab.cluster.targets import base as targets
 from scalelab.core import lock
 from scalelab.core.errors import ClusterError, ScalelabError
 from scalelab.core.state import cluster_dir, list_clusters, load_cluster
 from scalelab.core.units import parse_rate_mbit
-from scalelab.results import store
+from scalelab.results import frames, store
 from scalelab.run import admission, reap, sweepmeta
 from scalelab.run.admission import Prepared
 from scalelab.run.driver import INFLIGHT, SHAPED, Progress, execute, utcnow
@@ -159,8 +158,6 @@ def resume(sweep_dir: Path, prep: Prepared,
 
 def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
                     on_progress, stop) -> dict[str, int]:
-    from scalelab.results import frames as results
-
     ended = False
     try:
         with store.hold_sweep(sweep_dir):
@@ -181,7 +178,7 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
                                f"resume with invoke bench --resume {sweep_dir.name}") from None
     finally:
         try:
-            results.write_csv(sweep_dir)
+            frames.write_csv(sweep_dir)
         except (ScalelabError, OSError) as exc:
             # e.g. a full disk: when the sweep itself failed, its error is the one to show
             log.log(logging.WARNING if ended else logging.INFO, "results.csv not written: %s",

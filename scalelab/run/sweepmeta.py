@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster.targets import base as targets
+from scalelab.cluster import targets
 from scalelab.core.state import cluster_dir, load_cluster
 from scalelab.run import linkprobe
 from scalelab.run.admission import Prepared

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from scalelab.cluster import targets
 from scalelab.cluster.nodes import nodes_of
-from scalelab.cluster.targets import base as targets
 from scalelab.core.errors import InputError, suggest
 from scalelab.core.state import PROJECT_ROOT
 from scalelab.core.units import format_rate

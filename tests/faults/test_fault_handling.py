@@ -190,8 +190,7 @@ def test_a_rank_whose_stderr_is_lost_still_says_why_it_failed(fcluster):
     """A real rank on a node ends with an exception after its stderr is gone: the run's error
     is the exception the rank recorded in its error file (torch.distributed.elastic's, as the
     workloads write it), read back over SSH; and the file is gone after the launch."""
-    from scalelab.cluster import ssh
-    from scalelab.cluster.targets import base as targets
+    from scalelab.cluster import ssh, targets
     from scalelab.core.state import load_cluster
 
     lc = fcluster(1)

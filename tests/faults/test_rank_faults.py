@@ -128,7 +128,7 @@ def test_a_rank_that_fails_leaving_after_the_result_keeps_the_run(fcluster):
     an allreduce probe's."""
     import json
 
-    from scalelab.cluster.targets import base as targets
+    from scalelab.cluster import targets
     from scalelab.core.state import load_cluster
     from scalelab.run import commands, launch
 

@@ -1,6 +1,6 @@
 """What every target implements and what it declares: the interface the targets import.
 
-scalelab.cluster.targets.base routes a cluster to its target; the target modules import only this
+scalelab.cluster.targets routes a cluster to its target; the target modules import only this
 module, so routing and the targets never import each other in a circle.
 """
 

@@ -359,7 +359,7 @@ class LocalLinks:
 
 
 class LocalTarget(SshReachable):
-    """The Target interface (scalelab.cluster.targets.base) of emulated clusters."""
+    """The Target interface (scalelab.cluster.targets) of emulated clusters."""
 
     name = TARGET
 

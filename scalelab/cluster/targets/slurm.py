@@ -245,7 +245,7 @@ class NoLinks:
 
 
 class SlurmTarget:
-    """The Target interface (scalelab.cluster.targets.base) of a Slurm cluster behind a login host."""
+    """The Target interface (scalelab.cluster.targets) of a Slurm cluster behind a login host."""
 
     name = TARGET
 

@@ -436,7 +436,7 @@ def destroy(cluster: str) -> None:
 
 
 class TerraformTarget(SshReachable):
-    """The Target interface (scalelab.cluster.targets.base) of static, openstack and aws clusters.
+    """The Target interface (scalelab.cluster.targets) of static, openstack and aws clusters.
 
     Their nodes are real hosts: the training stack is what configure installed there, the
     cluster interface is what configure found (scalelab.cluster.facts), and link rates are set by

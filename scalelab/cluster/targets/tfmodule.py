@@ -21,7 +21,7 @@ from typing import Any
 import hcl2
 
 from scalelab.cluster.nodes import Node
-from scalelab.cluster.targets import TERRAFORM_TARGETS
+from scalelab.cluster.targets.interface import TERRAFORM_TARGETS
 from scalelab.cluster.terraform import (
     BASE_ENV,
     Terraform,

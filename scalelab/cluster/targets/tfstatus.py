@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.cluster.nodes import Node, nodes_from_outputs, nodes_of
-from scalelab.cluster.targets import TERRAFORM_TARGETS
+from scalelab.cluster.targets.interface import TERRAFORM_TARGETS
 from scalelab.cluster.targets.tfmodule import bastion_of, contract_outputs
 from scalelab.cluster.targets.tfstate import STATE_FILE
 from scalelab.cluster.terraform import Terraform
