@@ -28,7 +28,7 @@ STORES = ROOT / "tests" / "data" / "stores"
 
 # a made-up variant axis, declared once: the only change to the copy
 ZETA = '''
-    Setting("zeta", "zeta", "list[float] | None", lambda x, w: v.positive_list(x, w, "1,2"),
+    Setting("zeta", "zeta", "list[float] | None", lambda x, w: values.positive_list(x, w, "1,2"),
             None, "zeta values to sweep (a made-up axis)", variant=True, single=1.0,
             tag=lambda x: "z" + _num_tag(x), record="zeta", column="zeta", since=10,
             before=1.0),'''

@@ -26,7 +26,9 @@ from typing import Any
 
 import yaml
 
-from scalelab.cluster import targets
+from scalelab.cluster import bundle as bundles
+from scalelab.cluster import facts, targets
+from scalelab.cluster import image as images
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.errors import InputError, ScalelabError
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, inventory_dir, load_cluster, private_dir, save_cluster
@@ -338,8 +340,6 @@ def _before_site(cluster: str, rec: dict[str, Any], nodes: list[Node], check: bo
     """Every node probed and checked before site.yml changes anything (facts); hosts listed
     without a name take their own first (in check mode: said, not done). Returns the nodes and
     the --limit pattern under their names."""
-    from scalelab.cluster import facts
-
     found = facts.probe(nodes, rec["known_hosts"])
     facts.check_interfaces(cluster, nodes, found)
     if check:
@@ -373,8 +373,6 @@ def run(cluster: str, tags: Sequence[str] | str | None = None, check: bool = Fal
     cluster record, where bench and the report read them.
     """
     import ansible_runner  # heavy import, only when configuring
-
-    from scalelab.cluster import facts
 
     rec = load_cluster(cluster)  # raises ClusterError with a hint when unknown
     variables_extra, image_meta = _offline_inputs(cluster, rec, tags, bundle, image)
@@ -476,8 +474,6 @@ def _offline_inputs(cluster: str, rec: dict[str, Any], tags: Sequence[str] | str
     run an engine); and the image's metadata."""
     variables: dict[str, Any] = {}
     if bundle:
-        from scalelab.cluster import bundle as bundles
-
         bundle_dir = Path(bundle).expanduser().resolve()
         # without --tags slurm, a bundle made before the slurm role (or without its debs) serves
         apt, reqs = bundles.default_contents(slurm="slurm" in parse_tags(tags, known_tags()))
@@ -485,8 +481,6 @@ def _offline_inputs(cluster: str, rec: dict[str, Any], tags: Sequence[str] | str
         variables["scalelab_bundle_dir"] = str(bundle_dir)
     image_meta = None
     if image:
-        from scalelab.cluster import image as images
-
         image_meta = images.read_meta(Path(image))  # ImageError with the fix, before any host
         if not targets.capabilities(rec).containers:
             raise InputError(f"--image: the nodes of cluster {cluster} cannot run a Docker "

@@ -15,7 +15,7 @@ import shlex
 import time
 from typing import Any
 
-from scalelab.cluster import image, inventory, ssh
+from scalelab.cluster import image, inventory, ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.errors import ClusterError
 from scalelab.core.state import load_cluster, save_cluster
@@ -334,7 +334,6 @@ def adopt_hostnames(cluster: str, nodes: list[Node], facts: dict[str, dict[str, 
 def _save(cluster: str, rec: dict[str, Any]) -> None:
     """The record, with the target's capabilities worked out again (shape_links may follow the
     interfaces found), and the inventory rendered from it."""
-    from scalelab.cluster import targets
     caps = targets.capabilities(rec)
     rec["capabilities"] = caps.to_dict()
     # the inventory's names, scalelab_iface / scalelab_cpus / scalelab_gpus follow the record;
@@ -346,7 +345,6 @@ def _save(cluster: str, rec: dict[str, Any]) -> None:
 
 def record(cluster: str, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Write the facts into cluster.json, corrected by the target; returns the new record."""
-    from scalelab.cluster import targets
     rec = load_cluster(cluster)
     target = targets.of(rec)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalelab.cluster import ssh, targets
+from scalelab.cluster import configure, ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core import lock
 from scalelab.core.errors import ClusterError
@@ -70,7 +70,6 @@ def _destroy(cluster: str) -> list[str]:
         raise
     caps = targets.capabilities(rec)
     kept: list[str] = []
-    from scalelab.cluster import configure
 
     # any configure that started, finished or not (configure.mark_touched records it before
     # Ansible first changes a host)

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core import nodeside
-from scalelab.core.errors import InputError
+from scalelab.core.errors import InputError, suggest
 from scalelab.core.state import PROJECT_ROOT
+from scalelab.model.fabric import loopback_mbit
+from scalelab.model.models import MODELS
 
 ROOT = PROJECT_ROOT
 PROFILES_DIR = ROOT / "bench" / "profiles"
@@ -51,8 +53,6 @@ def check_name(accelerator: str) -> None:
         load(accelerator)
         return
     if accelerator not in names():
-        from scalelab.core.errors import suggest
-
         raise InputError(f"unknown accelerator {accelerator!r}{suggest(accelerator, names())}: "
                          f"known: {', '.join(names())}, or give a profile file "
                          "(PROFILE.json, measured with `invoke profile`)")
@@ -193,8 +193,6 @@ def intra_dilation(nodes: int, ppn: int, intra_mbit: float | None, host_mbit: fl
     >>> intra_dilation(2, 4, 80000.0, 20000.0), intra_dilation(1, 4, None, 20000.0)
     (1.0, 1.0)
     """
-    from scalelab.model.fabric import loopback_mbit
-
     lo = loopback_mbit(intra_mbit, nodes, ppn)
     if nodes > 1 or not lo or not host_mbit:
         return 1.0
@@ -245,8 +243,6 @@ def profile_command(model: str, batch_size: str | int, precision: str, device: s
     be profiled here, before anything runs."""
     import sys
 
-    from scalelab.core.errors import suggest
-    from scalelab.model.models import MODELS
 
     if model not in MODELS:
         raise InputError(f"unknown model {model!r}{suggest(model, list(MODELS))}; known: "

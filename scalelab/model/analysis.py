@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.core.errors import InputError
+from scalelab.model import fabric
 from scalelab.model.stats import ci_half
 
 # comm_setting: the communication settings that differ from the engine's defaults ("" for
@@ -371,8 +372,6 @@ def fabric_terms(frame: pd.DataFrame, alpha_s: float,
     >>> rate.tolist(), (alpha * 1e6).round(1).tolist()
     ([1000.0, 941.0], [50.0, 40.0])
     """
-    from scalelab.model import fabric
-
     requested = frame["bandwidth_mbit"].astype(float).to_numpy().copy()
     alpha = np.full(len(frame), float(alpha_s))
     profiles = frame["fabric_profile"] if "fabric_profile" in frame else [None] * len(frame)
@@ -391,8 +390,6 @@ def fabric_terms(frame: pd.DataFrame, alpha_s: float,
 def row_alpha_s(row: Any, alpha_s: float) -> float:
     """One row's per-hop latency: the model's column where the row has one, else its fabric
     profile's, else alpha_s."""
-    from scalelab.model import fabric
-
     a = row.get("model_alpha_s") if hasattr(row, "get") else None
     if isinstance(a, float | int) and a == a:
         return float(a)

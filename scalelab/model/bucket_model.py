@@ -25,7 +25,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scalelab.model import analysis
+from scalelab.core.errors import InputError
+from scalelab.model import accel, analysis, fabric
+from scalelab.model.comm import COMM_DEFAULTS, comm_label
+from scalelab.model.models import MODELS
 
 MIB = 1 << 20
 DDP_FIRST_BUCKET = 1 * MIB  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
@@ -123,7 +126,6 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     bwd = sum(layer["bwd_s"] for layer in doc["layers"])
     if world <= 1 or not link_mbit or math.isnan(link_mbit):
         return fwd + bwd + doc["optimizer_s"]
-    from scalelab.model import accel
 
     # with peers, the GPU-side cost as the ranks apply it (emulate.for_world)
     doc = accel.emulate.for_world(
@@ -149,9 +151,6 @@ def _per_worker(row: Any) -> int:
 def _profile_or_reason(row: Any, batch: int | None = None) -> tuple[dict[str, Any] | None, str]:
     """A row's per-layer profile (at batch per worker, by default the row's), or why it has
     none (the reason the ring model stands in)."""
-    from scalelab.core.errors import InputError
-    from scalelab.model import accel
-    from scalelab.model.models import MODELS
 
     if not row.get("accelerator"):
         return None, "no per-layer profile (the ranks computed for real)"
@@ -313,8 +312,6 @@ def setting_label(engine: str, group_mb: float, compression: str) -> str:
     >>> setting_label("ddp", 25.0, "none"), setting_label("horovod", 64.0, "fp16")
     ('bucket 25 MB', 'fusion 64 MB, fp16')
     """
-    from scalelab.model.comm import comm_label
-
     key = "fusion_threshold_mb" if engine == "horovod" else "bucket_cap_mb"
     return comm_label({key: float(group_mb), "compression": compression}, every=True)
 
@@ -335,8 +332,6 @@ def comm_settings(runs: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> Any:
     """
     import numpy as np
     import pandas as pd
-
-    from scalelab.model.comm import COMM_DEFAULTS
 
     cols = ["sweep_id", "bandwidth", "bandwidth_mbit", "batch_size", "world_size", "engine",
             "setting", "group_mb", "compression", "cycle_time_ms", "measured", "eff",
@@ -414,8 +409,6 @@ def _with_unmeasured_settings(out: Any) -> Any:
     import numpy as np
     import pandas as pd
 
-    from scalelab.model.comm import COMM_DEFAULTS
-
     extra = []
     for _key, grp in out.groupby([*SETTING_KEYS, "world_size"], dropna=False, sort=True):
         first = grp.iloc[0]
@@ -464,7 +457,6 @@ def _setting_prediction(row: Any, alpha_s: float) -> float:
     one_doc = _profile_or_reason(row, g)[0] if strong else doc
     rate = row["link_mbit"]
     if rate != rate:  # not measured: the requested rate as the fabric's collectives carry it
-        from scalelab.model import fabric
 
         fab = fabric.maybe(row.get("fabric_profile"))
         rate = row["bandwidth_mbit"] if fab is None or row["bandwidth_mbit"] != row[

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
-from scalelab.core.errors import InputError
+from scalelab.core.errors import InputError, suggest
 from scalelab.core.state import PROJECT_ROOT
+from scalelab.core.units import format_rate, parse_rate_mbit
 
 ROOT = PROJECT_ROOT
 FABRICS_DIR = ROOT / "bench" / "fabrics"
@@ -143,7 +144,6 @@ def intra_link(value: Any, what: str = "intra_link") -> tuple[str, float] | None
     text = str(value).strip().lower()
     if text in INTRA_LINKS:
         return text, INTRA_LINKS[text].mbit
-    from scalelab.core.units import format_rate, parse_rate_mbit
 
     try:
         mbit = parse_rate_mbit(text)
@@ -194,7 +194,6 @@ def check_name(name: str) -> str:
     """A profile's name as given, or one line naming the known ones."""
     if name in names():
         return name
-    from scalelab.core.errors import suggest
 
     raise InputError(f"fabric profile {name!r}{suggest(name, names())} is not known; give one "
                      f"of {', '.join(names())} (files in bench/fabrics/)")

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from scalelab.model import analysis, bucket_model, verdict
+from scalelab.model import analysis, bucket_model, fabric, published, verdict
 from scalelab.model.analysis import batch_text
 from scalelab.model.verdict import VERDICT_COLUMNS
 from scalelab.report import model
@@ -190,8 +190,6 @@ def _comm_settings_section(a: Analysis) -> str:
 def _fabric_note(a: Analysis, ideal_too: bool = True) -> str:
     """Which fabric the shaped links stood for, what it made them carry, and the sources
     (ideal_too: say so for the ideal fabric as well)."""
-    from scalelab.model import fabric
-
     runs = a.runs
     if runs.empty or runs["bandwidth_mbit"].isna().all():
         return ""
@@ -228,8 +226,6 @@ def _fabric_note(a: Analysis, ideal_too: bool = True) -> str:
 
 def _intra_note(a: Analysis) -> str:
     """The path between the emulated GPUs of a node, where a sweep stated one."""
-    from scalelab.model import fabric
-
     runs = a.runs
     stated = sorted(set(runs["intra_link"]) - {""}) if "intra_link" in runs else []
     return "\n".join(
@@ -274,7 +270,6 @@ def _emulation_section(a: Analysis) -> str:
     wf = model.what_if_rows(a, df)
     if not wf.empty:
         wf["link"] = wf["link_mbit"].map(rate_label)
-        from scalelab.model import published
 
         total, within, worst, missing = published.summary()
         parts.append('<p class="note"><strong>Predictions, not measurements:</strong> the '

@@ -17,6 +17,7 @@ import pandas as pd
 from scalelab.model import analysis, bucket_model, stragglers, verdict
 from scalelab.model.analysis import batch_text
 from scalelab.report.data import Analysis
+from scalelab.run import linkprobe
 
 WHAT_IF_SIZES = (16, 32, 64)  # world sizes the what-if table adds beyond twice the largest
 WHAT_IF_LINKS = (1.0, 10.0)  # the measured link, and one 10x faster
@@ -221,8 +222,6 @@ def link_pair_rows(a: Analysis) -> pd.DataFrame:
     """Every pair's rate from the check --links each sweep kept (sweep.json "link_pairs"):
     sweep, pair ("n0 <-> n1"), Mbit/s, share of the typical rate, the flag (slow or failed,
     scalelab.run.linkprobe.slow_pairs), when it was measured. Empty when no sweep kept any."""
-    from scalelab.run import linkprobe
-
     rows = []
     for s in a.sweeps:
         doc = s.meta.get("link_pairs")

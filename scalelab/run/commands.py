@@ -8,9 +8,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalelab.cluster import ssh
+from scalelab.cluster import gpu, ssh
 from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.interface import Runtime
+from scalelab.model.comm import COMM_DEFAULTS, COMM_KEYS
 from scalelab.run.reap import TOKEN_VAR
 from scalelab.sweep.starts import starts_directly
 
@@ -74,8 +75,6 @@ def comm_args(params: dict[str, Any]) -> list[str]:
     >>> comm_args({"engine": "ddp", "bucket_cap_mb": 25.0, "compression": "none"})
     []
     """
-    from scalelab.model.comm import COMM_DEFAULTS, COMM_KEYS
-
     args: list[str] = []
     for key in COMM_KEYS:
         value = params.get(key)
@@ -130,8 +129,6 @@ def rank_env(node: Node, procs_per_node: int, fabric: str = "tcp", device: str =
     >>> e["OMP_NUM_THREADS"], e["NCCL_SOCKET_IFNAME"], e["NCCL_IB_DISABLE"], e["NCCL_DEBUG"]
     ('4', 'ens5', '1', 'INFO')
     """
-    from scalelab.cluster import gpu
-
     env = {"OMP_NUM_THREADS": str(threads_per_rank(node, procs_per_node)),
            "PYTHONUNBUFFERED": "1"}
     # gloo and NCCL pick the first interface otherwise; inside a netns that may be wrong, and

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import netshape, ssh, targets
+from scalelab.cluster import gpu, image, netshape, ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import fabric
 from scalelab.results import store
-from scalelab.run import commands, launch
+from scalelab.run import commands, containers, launch, linkprobe, slurm
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool
@@ -80,8 +80,6 @@ def measure_link(nodes: list[Node], rt: launch.Runtime, port: int, seconds: floa
                  stop: threading.Event | None = None,
                  streams: int = 1) -> tuple[float | None, str]:
     """TCP rate head -> second node in Mbit/s (iperf3), and why not when it failed."""
-    from scalelab.run import linkprobe
-
     if len(nodes) < 2:
         return None, ""
     m = linkprobe.measure(nodes[1], nodes[0], rt.known_hosts, port, seconds, stop=stop,
@@ -139,8 +137,6 @@ def placement(result: dict[str, Any], res: launch.LaunchResult) -> dict[str, Any
     ...  if k in ("precision", "memory_format", "tf32")}
     {'precision': 'tf32', 'memory_format': 'channels_last', 'tf32': True}
     """
-    from scalelab.cluster import gpu
-
     ranks = [r for r in result.get("ranks") or [] if isinstance(r, dict)]
     backend = str(result.get("backend") or "")
     device = result.get("device")
@@ -240,8 +236,6 @@ class Launcher:
     def measure_link(self, nodes: list[Node], port: int, stop: threading.Event | None,
                      seconds: float = 1.0, streams: int = 1) -> tuple[float | None, str]:
         if self.kind == "slurm":
-            from scalelab.run import slurm
-
             return slurm.measure_link(nodes, self.login, self.rt.known_hosts, port,
                                       secrets.token_hex(8), self.partition, seconds, stop=stop,
                                       streams=streams)
@@ -265,8 +259,6 @@ class Launcher:
         ppn = run.params["procs_per_node"]
         fabric, device = run.params.get("fabric") or "tcp", run.params.get("device") or "cpu"
         if self.kind != "slurm" and self.container is not None:
-            from scalelab.cluster import image
-
             spec = dataclasses.replace(self.container, gpus=device == "cuda",
                                        rdma=fabric == "rdma")
             inside = launch.Runtime(image.PYTHON, image.PREFIX, self.rt.known_hosts)
@@ -282,12 +274,10 @@ class Launcher:
                                               fabric=fabric, device=device)
             return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
                                     inflight=inflight), None
-        from scalelab.run import slurm
 
         job = slurm.job_name(secrets.token_hex(8), run.run_id)
         gpus = ppn if all(n.gpus for n in nodes) else 0
         if self.container is not None:  # DDP, one rank a node (lifecycle refuses the rest)
-            from scalelab.cluster import image
 
             cmds = [slurm.container_command(nodes, self.login, script, args,
                                             image.bundle_path(self.container.image_id), port,
@@ -371,8 +361,6 @@ class _Execution:
         self.links: dict[Any, tuple[float | None, str, float | None]] = {}
         self.container = None
         if runtime == "container":
-            from scalelab.run import containers
-
             self.container = containers.Spec(rec["image"]["tag"], rec["image"]["id"])
         self.starter = Launcher(launcher, target.login(rec), self.rt, self.caps.shares_host_cpus,
                                 partition or target.default_partition(rec), self.container)

@@ -30,6 +30,7 @@ from typing import Any
 
 from scalelab.cluster.nodes import Node
 from scalelab.core.errors import InputError, ScalelabError
+from scalelab.core.state import cluster_dir, write_atomic
 from scalelab.run import commands, launch
 
 log = logging.getLogger(__name__)
@@ -351,8 +352,6 @@ def keep(cluster: str, results: list[Measurement], seconds: float) -> Any:
     """Keep the pairs of `invoke check --links` in the cluster's directory (a sweep started
     later carries them, and its report shows them per pair); the file's path."""
     import datetime as dt
-
-    from scalelab.core.state import cluster_dir, write_atomic
 
     kept = cluster_dir(cluster) / LINKS_FILE
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -23,6 +23,7 @@ from typing import Any
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
 from scalelab.core.errors import CommandError, ScalelabError
+from scalelab.core.state import write_atomic
 from scalelab.run import containers
 
 log = logging.getLogger(__name__)
@@ -218,8 +219,6 @@ def end_groups(groups: list[tuple[Node, int | None]], known_hosts: str, token: s
 
 def save_inflight(path: Path, entries: list[dict[str, Any]]) -> None:
     """Write the inflight file (or remove it when nothing is listed), whole or not at all."""
-    from scalelab.core.state import write_atomic
-
     try:
         if entries:
             write_atomic(path, json.dumps(entries) + "\n", mode=0o600)

@@ -27,11 +27,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from scalelab.cluster import image
 from scalelab.cluster.nodes import Node
 from scalelab.cluster.slurmctl import login_run
 from scalelab.cluster.targets.interface import Runtime
 from scalelab.core.errors import ClusterError, ScalelabError
-from scalelab.run import commands, launch
+from scalelab.run import commands, launch, linkprobe
 from scalelab.run.reap import JOB_NAME, cancel_line
 
 log = logging.getLogger(__name__)
@@ -159,8 +160,6 @@ def container_command(nodes: list[Node], login: Node, script: str, args: list[st
     >>> "SCALELAB_RANKS" in export, "SCALELAB_LAUNCH" in export, "PATH" in export
     (True, True, False)
     """
-    from scalelab.cluster import image
-
     env = commands.rank_env(nodes[0], 1, ifaces=[n.iface for n in nodes])
     env.update(MASTER_ADDR=nodes[0].private_address, MASTER_PORT=str(port),
                SCALELAB_RANKS=",".join(f"{short_hostname(n)}:{i}" for i, n in enumerate(nodes)))
@@ -233,8 +232,6 @@ def link_probe_command(server: Node, client: Node, login: Node, port: int, secon
     >>> cmd.argv[:2], "iperf3 -s -1 -B 10.0.0.11" in cmd.argv[-1]
     (['srun', '--job-name'], True)
     """
-    from scalelab.run import linkprobe
-
     wait_s = linkprobe.READY_TIMEOUT_S + linkprobe.SERVER_SLACK_S
     srv = shlex.join(linkprobe.server_argv(server.private_address, port, wait_s))
     cli = linkprobe.client_line(server.private_address, port, seconds, streams=streams)
@@ -253,8 +250,6 @@ def measure_link(nodes: list[Node], login: Node, known_hosts: str, port: int, to
                  stop: threading.Event | None = None,
                  streams: int = 1) -> tuple[float | None, str]:
     """TCP rate head -> second node in Mbit/s, measured inside an allocation; why not if not."""
-    from scalelab.run import linkprobe
-
     if len(nodes) < 2:
         return None, ""
     name = job_name(token, "linkprobe")

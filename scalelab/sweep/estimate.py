@@ -7,9 +7,10 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from scalelab.model import analysis
+from scalelab.model import accel, analysis
 from scalelab.model.models import MODELS, gradient_bytes
 from scalelab.sweep.planner import RunPlan
+from scalelab.sweep.starts import run_starts_directly
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,6 @@ def estimate_run_s(run: RunPlan, per_step_s: Mapping[str, float] | None = None,
     if p.get("accelerator"):
         # the device's step from its profile; dilation k stretches all of it (with auto, k is
         # known once the sweep has calibrated the host: guessed from HOST_MBIT_GUESS here)
-        from scalelab.model import accel
 
         doc = accel.resolve(p["accelerator"], model, p["precision"], p["batch_size"],
                             p["image_size"])
@@ -102,8 +102,6 @@ def estimate_duration_s(runs: Sequence[RunPlan], per_step_s: Mapping[str, float]
     >>> estimate_duration_s([r, r]) - RESHAPE_S, estimate_duration_s([r, r], shared_host=True, warm=True) - RESHAPE_S
     (20.0, 18.0)
     """
-    from scalelab.sweep.starts import run_starts_directly
-
     total = 0.0
     rate: object = object()
     servers = False

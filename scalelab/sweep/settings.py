@@ -25,7 +25,7 @@ from scalelab.core.errors import InputError
 from scalelab.model import accel
 from scalelab.model.comm import COMM_DEFAULTS, COMPRESSIONS
 from scalelab.model.models import MODELS
-from scalelab.sweep import values as v
+from scalelab.sweep import values
 from scalelab.sweep.values import SYNTHETIC
 
 ENGINES = ("ddp", "horovod")
@@ -130,7 +130,7 @@ def _comm_before(key: str, engines: tuple[str, ...]) -> Callable[[Mapping[str, A
 
 def _comm(key: str, tag: str, engines: tuple[str, ...], example: str, help: str) -> Setting:
     return Setting(key, key, "list[float] | None",
-                   lambda x, w: v.positive_list(x, w, example), None, help, variant=True,
+                   lambda x, w: values.positive_list(x, w, example), None, help, variant=True,
                    engines=engines, single=COMM_DEFAULTS[key],
                    tag=lambda x: tag + _num_tag(x), tag_lone=True, series=False, record=key,
                    column=key, since=5, before=_comm_before(key, engines))
@@ -165,106 +165,106 @@ def _check_intra_link(spec: Any) -> None:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("nodes", "nodes", "list[int]", lambda x, w: v.int_list(x, w), dataclasses.MISSING,
+    Setting("nodes", "nodes", "list[int]", lambda x, w: values.int_list(x, w), dataclasses.MISSING,
             "node counts to sweep: 4, 1-10, 1,2,4,8 or 1-16:2"),
-    Setting("batch_size", "batch_sizes", "list[int]", lambda x, w: v.int_list(x, w),
+    Setting("batch_size", "batch_sizes", "list[int]", lambda x, w: values.int_list(x, w),
             dataclasses.MISSING,
             "per-worker batch sizes, e.g. 32,64,96 (weak scaling: each rank keeps its batch)"),
     # strong scaling: global batches split over each run's ranks (beside or instead of
     # batch_size); each run is one or the other and is reported as what it is
     Setting("global_batch_size", "global_batch_sizes", "list[int] | None",
-            lambda x, w: v.int_list(x, w), None,
+            lambda x, w: values.int_list(x, w), None,
             "global batch sizes split evenly over each run's ranks, e.g. 256 (strong scaling; "
             "beside or instead of --batch-size)"),
-    Setting("bandwidth", "bandwidths", "list[float | None]", v.rates, [None],
+    Setting("bandwidth", "bandwidths", "list[float | None]", values.rates, [None],
             "link rates to sweep, e.g. 1gbit,10gbit (native = unshaped)"),
     # None: the GPUs torch sees per node on GPU nodes, 1 elsewhere (scalelab.cluster.gpu)
     Setting("procs_per_node", "procs_per_node", "list[int] | None",
-            lambda x, w: v.int_list(x, w), None,
+            lambda x, w: values.int_list(x, w), None,
             "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8"),
-    Setting("model", "model", "str", lambda x, w: v.choice(x, w, list(MODELS)), "resnet50",
+    Setting("model", "model", "str", lambda x, w: values.choice(x, w, list(MODELS)), "resnet50",
             "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
             record="model"),
-    Setting("engine", "engine", "str", lambda x, w: v.choice(x, w, ENGINES), "ddp",
+    Setting("engine", "engine", "str", lambda x, w: values.choice(x, w, ENGINES), "ddp",
             "ddp (torchrun; on the local target ranks are forked from a per-node server that "
             "has torch imported) or horovod (horovodrun)", record="engine"),
     Setting("precision", "precisions", "list[str]",
-            lambda x, w: v.choice_list(x, w, PRECISIONS), ["fp32"],
+            lambda x, w: values.choice_list(x, w, PRECISIONS), ["fp32"],
             "precisions to sweep: fp32 (TF32 off), tf32, amp (fp16 with loss scaling), "
             "bf16, or several, e.g. fp32,amp; tf32 and amp need GPUs",
             variant=True, single="fp32", tag=str, series=False, record="precision"),
-    Setting("repeats", "repeats", "int", lambda x, w: v.one_int(x, w, 1), 3,
+    Setting("repeats", "repeats", "int", lambda x, w: values.one_int(x, w, 1), 3,
             "repeats of every configuration (3 gives a 95% confidence interval)"),
-    Setting("steps", "steps", "int", lambda x, w: v.one_int(x, w, 1), 30,
+    Setting("steps", "steps", "int", lambda x, w: values.one_int(x, w, 1), 30,
             "timed training steps per run (after warm-up)", record="steps"),
-    Setting("warmup", "warmup", "int", lambda x, w: v.one_int(x, w, 0), 5,
+    Setting("warmup", "warmup", "int", lambda x, w: values.one_int(x, w, 0), 5,
             "untimed training steps before the timed ones", bench=False, record="warmup"),
     # None: the model's own (MODELS); recorded as the size the run used
-    Setting("image_size", "image_size", "int | None", lambda x, w: v.one_int(x, w, 8), None,
+    Setting("image_size", "image_size", "int | None", lambda x, w: values.one_int(x, w, 8), None,
             "input images' side in pixels (default: the model's own)", bench=False,
             record="image_size"),
-    Setting("data", "data", "str", v.data, SYNTHETIC,
+    Setting("data", "data", "str", values.data, SYNTHETIC,
             "synthetic, or an absolute dataset path on the nodes (class folders or tar "
             "shards)", bench=False, record="data"),
-    Setting("timeout_s", "timeout_s", "float", v.seconds, 900.0,
+    Setting("timeout_s", "timeout_s", "float", values.seconds, 900.0,
             "seconds a run may take, launch to exit, before it is ended (and its Slurm job "
             "cancelled)", cli="timeout"),
-    Setting("allreduce_probe", "allreduce_probe", "bool", v.flag, True,
+    Setting("allreduce_probe", "allreduce_probe", "bool", values.flag, True,
             "one allreduce probe per link rate, node count and ranks per node", bench=False),
-    Setting("netprobe", "netprobe", "bool", v.flag, True,
+    Setting("netprobe", "netprobe", "bool", values.flag, True,
             "measure each link rate once it is set (link_mbit_measured)", bench=False),
     # on nodes that share one host's cores: ranks are forked from a warm-start server with
     # torch imported (scalelab.run.warmstart); off: every rank starts its interpreter
-    Setting("warm_start", "warm_start", "bool", v.flag, True,
+    Setting("warm_start", "warm_start", "bool", values.flag, True,
             "on nodes that share one host's cores, fork ranks from warm-start servers with "
             "torch imported (default); --no-warm-start: every rank starts its own interpreter",
             switch=True),
     # up to 256 MB: NCCL reaches its bus bandwidth only with messages this large
-    Setting("allreduce_sizes", "allreduce_sizes", "list[int]", v.sizes,
+    Setting("allreduce_sizes", "allreduce_sizes", "list[int]", values.sizes,
             [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20],
             "allreduce probe message sizes, e.g. 4K,64K,1M,16M,256M (the default: NCCL "
             "reaches its bus bandwidth only near 256M)"),
-    Setting("allreduce_iters", "allreduce_iters", "int", lambda x, w: v.one_int(x, w, 1), 10,
+    Setting("allreduce_iters", "allreduce_iters", "int", lambda x, w: values.one_int(x, w, 1), 10,
             "timed allreduces per message size of a probe (its params' steps)", bench=False),
     Setting("description", "description", "str", lambda x, w: str(x).strip(), "",
             "one line on what the sweep is for, kept in sweep.json's plan", bench=False),
-    Setting("accelerator", "accelerator", "str | None", v.accelerator, None,
+    Setting("accelerator", "accelerator", "str | None", values.accelerator, None,
             "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "
             "profile): real gradients over the real links, compute from the profile",
             record="accelerator", column="accelerator", since=2, before=None,
             check=_check_accelerator),
     # None: the driver picks k per link rate and records the k it chose
-    Setting("dilation", "dilation", "float | None", v.dilation, None,
+    Setting("dilation", "dilation", "float | None", values.dilation, None,
             "time dilation k with --accelerator (a number >= 1, or auto: the smallest k the "
             "host keeps up with)", record="dilation", since=2, before=None),
     # None: the cluster's default (ssh where scalelab reaches the nodes, slurm behind a login)
-    Setting("launcher", "launcher", "str | None", lambda x, w: v.choice(x, w, LAUNCHERS), None,
+    Setting("launcher", "launcher", "str | None", lambda x, w: values.choice(x, w, LAUNCHERS), None,
             "ssh (ranks started over SSH) or slurm (every run a Slurm job on the head node's "
             "Slurm; set it up with invoke configure --tags slurm)"),
-    Setting("partition", "partition", "str | None", v.partition, None,
+    Setting("partition", "partition", "str | None", values.partition, None,
             "with --launcher slurm: the partition (default: the cluster's default one)"),
     # recorded resolved from the nodes' facts (never auto)
-    Setting("device", "device", "str", lambda x, w: v.choice(x, w, DEVICES), "auto",
+    Setting("device", "device", "str", lambda x, w: values.choice(x, w, DEVICES), "auto",
             "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
             record="device", since=3, before=Planned("cpu")),
-    Setting("fabric", "fabric", "str", lambda x, w: v.choice(x, w, FABRICS), "auto",
+    Setting("fabric", "fabric", "str", lambda x, w: values.choice(x, w, FABRICS), "auto",
             "tcp, rdma or auto (default: rdma where every node has an active RDMA port and no "
             "rate is shaped; a shaped rate is always tcp)",
             record="fabric", since=3, before=Planned("tcp")),
-    Setting("fabric_profile", "fabric_profile", "str", v.fabric_profile, "ideal",
+    Setting("fabric_profile", "fabric_profile", "str", values.fabric_profile, "ideal",
             "what an allreduce achieves on the fabric: ethernet-tcp or rdma (shaped links "
             "carry its share of the line rate, sourced in bench/fabrics/, and the model uses "
             "it) or ideal (the default: the line rate as tc gives it)",
             record="fabric_profile", column="fabric_profile", since=7, before="ideal"),
     # None: each node's loopback unshaped, which the model takes as free
-    Setting("intra_link", "intra_link", "str | None", v.intra_link, None,
+    Setting("intra_link", "intra_link", "str | None", values.intra_link, None,
             "with --accelerator and --procs-per-node 2 or more on a local cluster: the path "
             "between the GPUs of one node, pcie3, pcie4, nvlink-v100 or a rate such as 64gbit "
             "(each node's loopback is shaped to it and the model takes it; default: unshaped, "
             "taken as free)", record="intra_link", column="intra_link", since=8, before=None,
             check=_check_intra_link),
     Setting("memory_format", "memory_formats", "list[str]",
-            lambda x, w: v.choice_list(x, w, MEMORY_FORMATS), ["contiguous"],
+            lambda x, w: values.choice_list(x, w, MEMORY_FORMATS), ["contiguous"],
             "memory formats to sweep: contiguous (NCHW, the default), channels_last (NHWC), or "
             "contiguous,channels_last", variant=True, single="contiguous",
             tag=lambda x: "nhwc" if x == "channels_last" else "nchw", series=False,
@@ -272,21 +272,21 @@ SETTINGS: tuple[Setting, ...] = (
             before=False),
     # the switch of before memory_format became an axis: true is memory_format channels_last
     Setting("channels_last", "memory_formats", "list[str]",
-            lambda x, w: ["channels_last" if v.flag(x, w) else "contiguous"], None,
+            lambda x, w: ["channels_last" if values.flag(x, w) else "contiguous"], None,
             "NHWC memory format (faster convolutions on tensor cores); the same as "
             "--memory-format channels_last", switch=False, alias_of="memory_format"),
-    Setting("loader_workers", "loader_workers", "int", lambda x, w: v.one_int(x, w, 0), 2,
+    Setting("loader_workers", "loader_workers", "int", lambda x, w: values.one_int(x, w, 0), 2,
             "real data (a sweep file's data: key): DataLoader workers per rank (default 2)",
             record="loader_workers", since=3, before=Planned(2)),
-    Setting("pin_memory", "pin_memory", "str", lambda x, w: v.choice(x, w, PIN_MEMORY), "auto",
+    Setting("pin_memory", "pin_memory", "str", lambda x, w: values.choice(x, w, PIN_MEMORY), "auto",
             "real data: on, off or auto (on when the ranks train on GPUs)",
             record="pin_memory", since=3, before=Planned("auto")),
-    Setting("runtime", "runtime", "str", lambda x, w: v.choice(x, w, RUNTIMES), "host",
+    Setting("runtime", "runtime", "str", lambda x, w: values.choice(x, w, RUNTIMES), "host",
             "host (ranks on the nodes) or container (every rank in a container of the "
             "training image: invoke image, then invoke configure --image)",
             record="runtime", column="runtime", since=4, before=Planned("host")),
     # the report then tables the cost per million images across node count x link rate
-    Setting("price_per_node_hour", "price_per_node_hour", "float | None", v.price, None,
+    Setting("price_per_node_hour", "price_per_node_hour", "float | None", values.price, None,
             "what a node-hour costs (any currency): the report adds the cost per million "
             "images across node count x link rate"),
     # communication settings: each engine has its own (an engine without one records None)
@@ -300,7 +300,7 @@ SETTINGS: tuple[Setting, ...] = (
           "Horovod's own)"),
     dataclasses.replace(
         _comm("compression", "", ENGINES, "", ""), type="list[str] | None",
-        parse=lambda x, w: v.choice_list(x, w, COMPRESSIONS), tag=str,
+        parse=lambda x, w: values.choice_list(x, w, COMPRESSIONS), tag=str,
         help="gradient compression to sweep: none, fp16 or none,fp16 (DDP: the fp16 compress "
              "hook's cast; Horovod: hvd.Compression.fp16)"),
 )

@@ -24,6 +24,8 @@ from scalelab.cluster.targets.interface import (  # noqa: F401
     Target,
     runtime_from_facts,
 )
+from scalelab.cluster.targets.local import LocalCluster
+from scalelab.cluster.targets.localhost import leftovers
 from scalelab.core.errors import ClusterError, InputError
 
 
@@ -57,8 +59,6 @@ def capabilities(rec: dict[str, Any]) -> Capabilities:
 def destroy_unrecorded(cluster: str) -> bool:
     """Remove what a provision that crashed before writing cluster.json left on this machine;
     whether there was any. Only targets that build on this machine can leave such pieces."""
-    from scalelab.cluster.targets.local import LocalCluster
-    from scalelab.cluster.targets.localhost import leftovers
 
     left = leftovers(cluster)
     # a provision records the cluster before it makes anything, in a directory of this state

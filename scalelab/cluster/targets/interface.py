@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from scalelab.cluster.nodes import Node
+from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.errors import ClusterError
 
 TARGETS = ("local", "static", "openstack", "aws", "slurm")
@@ -153,8 +153,6 @@ class SshReachable:
     Slurm commands run, and runs start over SSH unless --launcher slurm is asked for."""
 
     def login(self, rec: dict[str, Any]) -> Node:
-        from scalelab.cluster.nodes import nodes_of
-
         return nodes_of(rec)[0]
 
     def launchers(self, rec: dict[str, Any]) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from scalelab.cluster import inventory
 from scalelab.cluster.nodes import Node, nodes_of
-from scalelab.cluster.targets.interface import SshReachable
+from scalelab.cluster.targets.interface import Capabilities, Runtime, SshReachable
 from scalelab.cluster.targets.localhost import (
     NODE_IFACE,
     TARGET,
@@ -364,8 +364,6 @@ class LocalTarget(SshReachable):
     name = TARGET
 
     def capabilities(self, rec: dict[str, Any]) -> Any:
-        from scalelab.cluster.targets.interface import Capabilities
-
         # a node is a network, mount and UTS namespace over the host's root: the host's
         # packages and venv, no systemd, no kernel NFS, the host's clock, no route off the
         # cluster, and no Docker engine of its own
@@ -400,8 +398,6 @@ class LocalTarget(SshReachable):
                 "workdir": own["workdir"], "iface": facts.get("iface") or NODE_IFACE}
 
     def runtime(self, rec: dict[str, Any]) -> Any:
-        from scalelab.cluster.targets.interface import Runtime
-
         python, workdir = runtime_paths()
         return Runtime(python, workdir, rec["known_hosts"])
 

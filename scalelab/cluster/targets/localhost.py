@@ -22,6 +22,7 @@ from scalelab.core import sh
 from scalelab.core.errors import ClusterError, InputError, NotRootError, ScalelabError
 from scalelab.core.state import (
     cluster_dir,
+    list_clusters,
     load_cluster,
 )
 
@@ -239,8 +240,6 @@ def overlapping_routes(subnet: ipaddress.IPv4Network, own_devs: set[str]) -> lis
 
 
 def _subnets_in_use() -> list[ipaddress.IPv4Network]:
-    from scalelab.core.state import list_clusters
-
     used = []
     for name in list_clusters():
         rec = load_cluster(name)

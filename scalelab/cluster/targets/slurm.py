@@ -36,11 +36,13 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from scalelab.cluster import netshape, slurmctl, ssh
+from scalelab.cluster import inventory, netshape, slurmctl, ssh
 from scalelab.cluster.nodes import Node
-from scalelab.cluster.targets.interface import Runtime
+from scalelab.cluster.targets.interface import Capabilities, Runtime
+from scalelab.cluster.targets.tfmodule import load_var_file
+from scalelab.cluster.targets.tfmodule import parse_nodes as parse_count
 from scalelab.core import validate
-from scalelab.core.errors import ClusterError, InputError
+from scalelab.core.errors import ClusterError, InputError, suggest
 from scalelab.core.state import PROJECT_ROOT, check_cluster_name, cluster_dir, inventory_dir, load_cluster, save_cluster
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,6 @@ OPTIONAL = ("ssh_port", "partition", "iface")
 MARKER = ".scalelab-workloads"  # in the copy scalelab made; destroy removes only a marked copy
 
 def _check_values(values: dict[str, Any], var_file: str) -> dict[str, Any]:
-    from scalelab.core.errors import suggest
-
     for key in values:
         if key not in REQUIRED + OPTIONAL:
             hint = suggest(str(key), REQUIRED + OPTIONAL) or \
@@ -152,9 +152,6 @@ def _copy_workloads(login: Node, known_hosts: str, workdir: str) -> None:
 
 def provision(cluster: str, nodes: int | str, var_file: str | None = None,
               **_: Any) -> list[Node]:
-    from scalelab.cluster import inventory
-    from scalelab.cluster.targets.tfmodule import load_var_file
-    from scalelab.cluster.targets.tfmodule import parse_nodes as parse_count
 
     check_cluster_name(cluster)
     if not var_file:
@@ -250,8 +247,6 @@ class SlurmTarget:
     name = TARGET
 
     def capabilities(self, rec: dict[str, Any]) -> Any:
-        from scalelab.cluster.targets.interface import Capabilities
-
         # only the login host answers SSH; the site's admins own the nodes' software
         return Capabilities(configurable=False, ssh_nodes=False, shape_links=False,
                             owns_hosts=False)

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.cluster import inventory
+from scalelab.cluster.netshape import SshLinks
 from scalelab.cluster.nodes import Node, nodes_from_outputs
-from scalelab.cluster.targets.interface import SshReachable
+from scalelab.cluster.targets.interface import Capabilities, SshReachable, runtime_from_facts
 from scalelab.cluster.targets.tfmodule import (
     PLAN_FILE,
     Plan,
@@ -448,8 +449,6 @@ class TerraformTarget(SshReachable):
         self.name = name
 
     def capabilities(self, rec: dict[str, Any]) -> Any:
-        from scalelab.cluster.targets.interface import Capabilities
-
         # real hosts: everything is installed and checked; links can be shaped once configure
         # has found every node's cluster interface
         nodes = rec.get("nodes") or []
@@ -484,13 +483,9 @@ class TerraformTarget(SshReachable):
         return facts
 
     def runtime(self, rec: dict[str, Any]) -> Any:
-        from scalelab.cluster.targets.interface import runtime_from_facts
-
         return runtime_from_facts(rec)
 
     def links(self, cluster: str, rec: dict[str, Any], nodes: list[Node]) -> Any:
-        from scalelab.cluster.netshape import SshLinks
-
         return SshLinks(nodes, rec["known_hosts"])
 
     def set_rate(self, cluster: str, mbit: float | None) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node, nodes_from_outputs, nodes_of
 from scalelab.cluster.targets.interface import TERRAFORM_TARGETS
 from scalelab.cluster.targets.tfmodule import bastion_of, contract_outputs
@@ -106,8 +107,6 @@ def alive(cluster: str, nodes: list[Node], timeout_s: float = 3.0) -> list[bool]
 
 
 def _ssh_probe(n: Node, bastion: str, known_hosts: str, timeout_s: float) -> bool:
-    from scalelab.cluster import ssh
-
     hop = n if n.bastion else dataclasses.replace(n, bastion=bastion)
     argv = [*ssh.ssh_args(hop, known_hosts, max(1, int(timeout_s))), "true"]
     try:
