@@ -16,11 +16,35 @@ from invoke import Collection, Exit, task
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from scalelab.cluster.targets import DEFAULT_TARGET  # noqa: E402
-from scalelab.core.errors import ScalelabError  # noqa: E402
-from scalelab.core.state import load_cluster  # noqa: E402
-from scalelab.run import admission, lifecycle  # noqa: E402
-from scalelab.sweep import sweepfile  # noqa: E402
+# the tasks bundle, configure and image have these modules' names
+from scalelab.cluster import bundle as bundles
+from scalelab.cluster import configure as cfg
+from scalelab.cluster import image as images
+from scalelab.cluster import imagebase, provisioning, terraform
+from scalelab.cluster.nodes import nodes_of
+from scalelab.cluster.targets import DEFAULT_TARGET
+from scalelab.cluster.targets.tf import accept_lost_state
+from scalelab.core import lock
+from scalelab.core.errors import ScalelabError
+from scalelab.core.state import (
+    check_cluster_name,
+    cluster_dir,
+    list_clusters,
+    load_cluster,
+    reports_dir,
+)
+from scalelab.model import accel
+from scalelab.results import store
+from scalelab.run import (
+    admission,
+    lifecycle,
+    linkprobe,
+)
+from scalelab.run.progress import Bar
+from scalelab.sweep import (
+    planner,
+    sweepfile,
+)
 
 
 def _setup_logging() -> None:
@@ -63,7 +87,6 @@ def friendly(fn):
 def provision(c, target=DEFAULT_TARGET, nodes="2", cluster="demo", cpus_per_node="1", bandwidth="native",
               subnet="", var_file="", keep_on_failure=False, dry_run=False):
     """Create or resize a cluster and write inventories/<cluster>.yml."""
-    from scalelab.cluster import provisioning
 
     if dry_run:
         for line in provisioning.dry_run(target, nodes, cluster, var_file or None):
@@ -90,13 +113,10 @@ def destroy(c, cluster="demo", all_clusters=False, state_lost=False):
     if state_lost and all_clusters:
         raise Exit("error: --state-lost is for one cluster: give --cluster NAME, not "
                    "--all-clusters", code=1)
-    from scalelab.core import lock
-    from scalelab.core.state import list_clusters, reports_dir
 
     for name in list_clusters() if all_clusters else [cluster]:
         with lock.hold(name):
             if state_lost:
-                from scalelab.cluster.targets.tf import accept_lost_state
 
                 accept_lost_state(name)
             done, kept = lifecycle.destroy(reports_dir(), name)
@@ -111,7 +131,6 @@ def destroy(c, cluster="demo", all_clusters=False, state_lost=False):
 @friendly
 def status(c, cluster=""):
     """List clusters with their nodes, link rate and whether each node answers."""
-    from scalelab.cluster import provisioning
 
     rows = provisioning.status(cluster or None)
     if not rows:
@@ -132,8 +151,6 @@ def status(c, cluster=""):
 @friendly
 def check(c, cluster="demo", links=False, seconds="1"):
     """Connectivity check: SSH to every node, node-to-node; --links: all-pairs link rates."""
-    from scalelab.cluster import provisioning
-    from scalelab.run import linkprobe
 
     secs = linkprobe.check_seconds(seconds)  # before anything connects
     if links and not provisioning.configurable(cluster):
@@ -144,8 +161,6 @@ def check(c, cluster="demo", links=False, seconds="1"):
         print(line)
     if not links:
         return
-    from scalelab.cluster.nodes import nodes_of
-    from scalelab.core.state import load_cluster
 
     nodes = nodes_of(load_cluster(cluster))
     pairs = len(linkprobe.all_pairs(nodes))
@@ -155,7 +170,6 @@ def check(c, cluster="demo", links=False, seconds="1"):
         rate = f"{m.mbit:8.1f} Mbit/s" if m.mbit is not None else f"failed: {m.error}"
         print(f"  [{k}/{total}] {m.client} -> {m.server}: {rate}", flush=True)
 
-    from scalelab.core import lock
 
     with lock.hold(cluster):  # no sweep's rates or iperf3 ports beside these
         results = linkprobe.check_links(nodes, load_cluster(cluster)["known_hosts"],
@@ -175,7 +189,6 @@ def check(c, cluster="demo", links=False, seconds="1"):
 @friendly
 def shape(c, cluster="demo", bandwidth="native"):
     """Change the link rate of every node without reprovisioning."""
-    from scalelab.core.state import reports_dir
 
     for line in lifecycle.reshape(reports_dir(), cluster, bandwidth):
         print(f"{cluster}: {line}")
@@ -225,8 +238,6 @@ def bench(c, cluster="demo", sweep="", dry_run=False, resume="", retry_failed=Fa
     import datetime as dt
     import threading
 
-    from scalelab.core.state import reports_dir
-    from scalelab.sweep import planner
 
     root = reports_dir()
     if resume:
@@ -248,13 +259,12 @@ def bench(c, cluster="demo", sweep="", dry_run=False, resume="", retry_failed=Fa
         sweep_dir, _ = _run_with_bar(prep, lambda update: lifecycle.start(prep, root, update,
                                                                           stop))
     if report:
-        from scalelab import report as reports
+        from scalelab import report as reports  # here: drawing costs every command 0.35 s
 
         for path in reports.build([sweep_dir]):
             print(f"report: {path}")
     # every result is kept; a script running the sweep must still see that runs failed, this
     # time or in an earlier part of a resumed sweep (the last record of each run counts)
-    from scalelab.results import store
 
     kept = store.read_runs(sweep_dir).values()
     bad = sum(r.get("status") in ("failed", "timeout") for r in kept)
@@ -293,7 +303,6 @@ def _bench_spec(cluster: str, asked: dict):
 def _run_with_bar(prep, go):
     """Run a prepared sweep (go: the progress callback to (sweep directory, counts)) under a
     progress bar; say what it did and where its results are."""
-    from scalelab.run.progress import Bar
 
     bar = Bar(len(prep.runs), prep.estimate_s)
     try:
@@ -319,9 +328,6 @@ def _run_with_bar(prep, go):
 @friendly
 def configure(c, cluster="demo", tags="", check=False, verify=False, bundle="", image=""):
     """Run playbooks/site.yml on a cluster through ansible-runner, record the node facts."""
-    from scalelab.cluster import configure as cfg
-    from scalelab.core import lock
-    from scalelab.core.state import cluster_dir, load_cluster
 
     def show(p) -> None:
         if line := cfg.format_progress(p):
@@ -359,14 +365,12 @@ def image(c, wheel_dir="", force=False, dry_run=False, base=""):
     """Build the training image (Debian + the bundle's wheelhouse + workloads) as an archive."""
     from pathlib import Path
 
-    from scalelab.cluster import image as images
 
     dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
         [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
               Path.home() / ".cache" / "scalelab" / "wheels")]
     constraints = Path(__file__).resolve().parent / "constraints.txt"
     if base:
-        from scalelab.cluster import imagebase
 
         if dry_run:
             print(f"image on {base}: its layers as they are, then /opt/scalelab (a venv over its "
@@ -394,7 +398,6 @@ def bundle(c, out="bundle", wheel_dir=""):
     """Build an offline bundle (Debian packages + wheelhouse) for hosts without internet."""
     from pathlib import Path
 
-    from scalelab.cluster import bundle as bundles
 
     dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
         [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
@@ -424,7 +427,6 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
     """Measure a device profile on this machine (per-layer forward/backward times) for --accelerator."""
     import subprocess
 
-    from scalelab.model import accel
 
     cmd, tmp, out, what = accel.profile_command(model, batch_size, precision, device, steps,
                                                 output, channels_last)
@@ -446,7 +448,7 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
 @friendly
 def report(c, sweep="latest", compare="", out="", example=False):
     """Write a self-contained HTML report of a sweep and print its path."""
-    from scalelab import report as reports
+    from scalelab import report as reports  # here: drawing costs every command 0.35 s
 
     if example:
         print(f"report: {reports.build_example()}")
@@ -465,9 +467,7 @@ def report(c, sweep="latest", compare="", out="", example=False):
 @friendly
 def demo(c, nodes="8", sweep="demo", keep=False, cluster="demo"):
     """The main job on the local default: provision, check, bench, report, destroy."""
-    from scalelab import report as reports
-    from scalelab.core import lock
-    from scalelab.core.state import check_cluster_name
+    from scalelab import report as reports  # here: drawing costs every command 0.35 s
 
     with lock.hold(check_cluster_name(cluster)):  # held from the check to the destroy
         sweep_dir = _demo(cluster, nodes, sweep, keep)
@@ -476,9 +476,6 @@ def demo(c, nodes="8", sweep="demo", keep=False, cluster="demo"):
 
 
 def _demo(cluster: str, nodes: str, sweep: str, keep: bool):
-    from scalelab.cluster import provisioning
-    from scalelab.core.state import list_clusters, reports_dir
-    from scalelab.sweep import sweepfile
 
     # the demo destroys its cluster at the end: never one it did not create
     if cluster in list_clusters():
@@ -538,7 +535,6 @@ def lint(c):
     """ruff, yamllint, ansible-lint (production profile) and terraform fmt -check."""
     from pathlib import Path
 
-    from scalelab.cluster import terraform
 
     bindir = Path(sys.executable).parent
     c.run(f"{bindir}/ruff check scalelab tests bench tasks.py playbooks")
