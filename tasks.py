@@ -282,7 +282,7 @@ _REFERENCE_FILLS = ("bandwidth", "precision", "device", "accelerator", "batch_si
 def _bench_spec(cluster: str, asked: dict):
     """The sweep bench's options ask for: an option not given is None (the sweep file's or
     the default); no options at all is the demo sweep; nodes without a batch is the reference
-    experiment, as this cluster can run it (the mission's own invoke bench --nodes 1-10)."""
+    experiment, as this cluster can run it (invoke bench --nodes 1-10 is the reference sweep)."""
     opts = {s.key: (asked[name] or None) for name, s in sweepfile.OPTIONS.items()}
     # a switch left at its default is not given (the sweep file's value or the default holds)
     opts.update({s.key: None if asked[name] == s.switch else asked[name]
@@ -317,7 +317,7 @@ def _run_with_bar(prep, go):
 @task(help={
     "cluster": "cluster to configure (its inventory is inventories/<cluster>.yml)",
     "tags": "only these roles, comma-separated: common, docker_nvidia, nfs, pytorch, horovod, "
-            "jupyterlab, netshape",
+            "workloads, jupyterlab, netshape; slurm is installed only when named",
     "check": "check mode: report what would change, change nothing",
     "verify": "afterwards, run playbooks/verify.yml (observable state of every role)",
     "bundle": "install from this offline bundle (made by invoke bundle): for hosts that "

@@ -1,7 +1,7 @@
 """Targets say what their nodes can do; nothing outside scalelab/cluster/targets/ asks which target it is on.
 
-STYLE.md items 16 and 18: a target declares capability flags (scalelab.cluster.targets.targets.Capabilities)
-in the cluster record and the inventory; the roles, the driver, launch and the analysis read the
+A target declares capability flags (scalelab.cluster.targets.interface.Capabilities) in the
+cluster record and the inventory; the roles, the driver, launch and the analysis read the
 flags. These tests fail when a target's name (or the inventory's scalelab_target) is used to
 decide something anywhere else.
 """

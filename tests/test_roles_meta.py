@@ -50,9 +50,16 @@ def _tasks(role: Path) -> list[dict]:
     return out
 
 
-def test_the_roles_the_brief_names_are_all_there():
-    assert set(ROLE_NAMES) == {"common", "docker_nvidia", "nfs_server", "nfs_client", "pytorch",
-                               "horovod", "netshape", "jupyterlab", "workloads", "slurm"}
+def test_configure_s_help_names_every_role_tag_and_only_those():
+    """`invoke --help configure` lists the tags --tags takes: each role's first tag in
+    site.yml (nfs for both NFS roles), no more and no fewer."""
+    text = subprocess.run([sys.executable, "-m", "invoke", "--help", "configure"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+    named = set(re.findall(r"[a-z_]+", " ".join(text.split("--tags=STRING")[1].split("--")[0]
+                                                .split(":", 1)[1].split())))
+    tags = {r["tags"][0] for p in _yaml(PLAYBOOKS / "site.yml") for r in p["roles"]}
+    assert tags <= named, tags - named
+    assert named - tags <= {"and", "installed", "is", "named", "only", "when"}
 
 
 def test_slurm_is_applied_only_when_asked_for():

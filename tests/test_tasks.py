@@ -50,7 +50,7 @@ def test_the_task_reference_is_what_invoke_help_prints_now():
 
 
 def test_bench_with_nodes_only_sweeps_the_reference_experiment(tmp_path):
-    """The mission's first line, `invoke bench --nodes 1-2`: no "give --batch-size", but every
+    """The shortest sweep, `invoke bench --nodes 1-2`: no "give --batch-size", but every
     axis not given from the reference experiment, as this CPU cluster that cannot shape runs it,
     named in one line before the plan."""
     from test_bad_inputs import FAKE, _fake_cluster
