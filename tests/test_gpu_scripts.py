@@ -72,3 +72,31 @@ def test_gpu_session_facts_step_reads_this_machine(tmp_path):
     facts = json.loads(proc.stdout)
     assert facts["gpus"] == 0 and facts["gpu_list"] == []
     assert facts["cores"] >= 1 and facts["torch"].startswith("2.13.0")
+
+
+def test_gpu_session_stamps_a_profile_with_the_gpu_it_was_recorded_on(tmp_path):
+    """The profile step's stamping heredoc, run here on a profile file: the GPU's name and
+    NCCL come from torch.cuda, which has no device here, so those two calls (and nvidia-smi)
+    are stand-ins; the rest (json, the provenance text, the file) is the script's own."""
+    text = (PERF / "gpu_session.sh").read_text()
+    code = text.split("\"$PY\" - \"$prof\" <<'EOF' || fail \"stamping $prof\"\n",
+                      1)[1].split("\nEOF\n", 1)[0]
+    stand_in = ("import torch\n"
+                "torch.cuda.get_device_name = lambda *a: 'NVIDIA H200'\n"
+                "torch.cuda.is_available = lambda: True\n"
+                "torch.cuda.nccl.version = lambda: (2, 21, 5)\n")
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 550.54.15\n")
+    smi.chmod(0o755)
+    prof = tmp_path / "h200-resnet50-amp.json"
+    prof.write_text(json.dumps({"device": "h200", "provenance": "measured by invoke profile"}))
+    proc = subprocess.run([sys.executable, "-", str(prof)], input=stand_in + code,
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": f"{smi.parent}:/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(prof.read_text())
+    assert prof.read_text().endswith("}\n")
+    assert re.fullmatch(r"measured by invoke profile; recorded with bench/perf/gpu_session.sh "
+                        r"on one NVIDIA H200 \(driver 550\.54\.15, CUDA \S+, cuDNN \d+\.\d+, "
+                        r"NCCL 2\.21\.5\)", doc["provenance"]), doc["provenance"]
