@@ -266,8 +266,8 @@ def bench(c, cluster="demo", sweep="", dry_run=False, resume="", retry_failed=Fa
     # every result is kept; a script running the sweep must still see that runs failed, this
     # time or in an earlier part of a resumed sweep (the last record of each run counts)
 
-    kept = store.read_runs(sweep_dir).values()
-    bad = sum(r.get("status") in ("failed", "timeout") for r in kept)
+    kept = store.read_records(sweep_dir)
+    bad = sum(r.status in ("failed", "timeout") for r in kept)
     if bad:
         raise Exit(f"error: {bad} of {len(kept)} runs failed or timed out (their "
                    f"reasons: the error column of {sweep_dir / 'results.csv'}); invoke bench "

@@ -445,8 +445,8 @@ def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, caplog):
     (tmp_path / "runs.jsonl").write_text("\n".join(lines))  # no final newline: a crash
     with caplog.at_level(logging.WARNING, logger="scalelab.results.store"):
         recs = frames.load_runs(tmp_path)
-    assert [r["run_id"] for r in recs] == ["train-n03-p1-b032-bw1000-r0"]
-    assert recs[0]["status"] == "ok"
+    assert [r.run_id for r in recs] == ["train-n03-p1-b032-bw1000-r0"]
+    assert recs[0].status == "ok"
     assert any("truncated" in r.getMessage() for r in caplog.records)
 
 

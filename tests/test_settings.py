@@ -152,14 +152,15 @@ def test_an_old_store_is_read_as_the_version_it_was_and_upgraded(name, tmp_path)
     assert store.store_version(d) == version
     raw = store.read_runs(d)
     for rec in store.read_records(d):
-        assert tuple(rec["params"]) == settings.PARAM_KEYS
-        before = raw[rec["run_id"]]["params"]
-        assert {k: rec["params"][k] for k in before} == before  # what it said stays
-        train = rec["kind"] == "train"
+        params = vars(rec.params)
+        assert tuple(params) == settings.PARAM_KEYS
+        before = raw[rec.run_id]["params"]
+        assert {k: params[k] for k in before} == before  # what it said stays
+        train = rec.kind == "train"
         for key, value in filled.items():
             assert key not in before
-            assert rec["params"][key] == (value if train or key not in
-                                          ("bucket_cap_mb", "compression") else None), key
+            assert params[key] == (value if train or key not in
+                                   ("bucket_cap_mb", "compression") else None), key
     # results.csv of the old store has every column, the new ones at what the store ran at
     with frames.write_csv(d).open() as f:
         rows = list(csv.DictReader(f))

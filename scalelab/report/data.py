@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,20 +92,18 @@ def load_sweep_data(ref: str | Path, root: Path | None = None) -> SweepData:
         first = first.strip().splitlines()[-1][:200]
         raise ReportError(f"all {len(runs)} training runs of sweep {sweep_id!r} failed ({counts});"
                           f" first error: {first}; see {path / store.RUNS_FILE}")
-    recorded = {str(r.get("run_id")) for r in records}
+    recorded = {r.run_id for r in records}
     missing = [str(r) for r in meta.get("planned_runs") or [] if str(r) not in recorded]
     if missing:
         log.warning("sweep %s: %d of %d planned runs have no record", sweep_id, len(missing),
                     len(meta.get("planned_runs") or []))
     probes = pd.DataFrame(
-        [{"sweep_id": sweep_id, "run_id": str(r.get("run_id", "")),
-          "status": str(r.get("status", "")), "error": str(r.get("error") or ""),
-          "duration_s": float(r.get("duration_s") or 0.0),
-          "slurm_job_id": str((r.get("slurm") or {}).get("job_id") or "")
-          if isinstance(r.get("slurm"), dict) else ""}
-         for r in records if r.get("kind") == "allreduce"],
+        [{"sweep_id": sweep_id, "run_id": r.run_id, "status": r.status, "error": r.error,
+          "duration_s": 0.0 if math.isnan(r.duration_s) else r.duration_s,
+          "slurm_job_id": str(r.slurm.get("job_id") or "")}
+         for r in records if r.kind == "allreduce"],
         columns=["sweep_id", "run_id", "status", "error", "duration_s", "slurm_job_id"])
-    envs = len({software_fingerprint(r.get("env") or {}) for r in records})
+    envs = len({software_fingerprint(r.env) for r in records})
     # The raw records are not kept: a million live dicts make every garbage collection
     # during figure drawing slow.
     return SweepData(path, sweep_id, meta, runs, frames.allreduce_frame(records), probes,

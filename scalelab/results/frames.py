@@ -22,8 +22,9 @@ from scalelab.core.state import write_atomic
 from scalelab.core.units import format_rate
 from scalelab.model import analysis
 from scalelab.model.comm import comm_label
+from scalelab.results.records import RunRecord, typed
 from scalelab.results.store import SWEEP_FILE, TIMELINE_KEYS, read_records
-from scalelab.sweep.settings import SETTINGS, Setting, series_label, upgrade_params
+from scalelab.sweep.settings import SETTINGS, Setting, series_label
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def load_sweep(sweep_dir: Path | str) -> dict[str, Any]:
     return data
 
 
-def load_runs(sweep_dir: Path | str) -> list[dict[str, Any]]:
+def load_runs(sweep_dir: Path | str) -> list[RunRecord]:
     """The records of a sweep, last record per run id, upgraded to this store version by the
     store of record itself
     (a torn last line from a crash is skipped with a warning there); [] when no run has
@@ -139,11 +140,6 @@ def _num(value: Any) -> float:
 
 def _bandwidth_label(mbit: float) -> str:
     return format_rate(None if math.isnan(mbit) else mbit)
-
-
-def _params(rec: dict[str, Any]) -> dict[str, Any]:
-    p = rec.get("params")
-    return p if isinstance(p, dict) else {}
 
 
 def _scaling(p: dict[str, Any]) -> dict[str, Any]:
@@ -204,7 +200,7 @@ RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step
                "wall": "timed_wall_s", "data": "data_time_mean_s"}
 
 
-def to_frame(records: Sequence[dict[str, Any]],
+def to_frame(records: Sequence[RunRecord | dict[str, Any]],
              min_nodes: dict[str, int] | None = None) -> pd.DataFrame:
     """One row per train run: CSV_COLUMNS then EXTRA_COLUMNS.
 
@@ -218,9 +214,10 @@ def to_frame(records: Sequence[dict[str, Any]],
     bandwidth, at its largest message (mean over ok probes). scaling_efficiency: see
     scalelab.model.analysis.add_efficiency; baseline_world_size, the N0 it is measured against, is
     the plan's smallest node count (min_nodes: sweep id -> count, from plan_min_nodes) x procs
-    per node.
+    per node. records: RunRecords, or stored JSON objects (read as RunRecord.of reads them).
     """
-    runs = [r for r in records if r.get("kind", "train") == "train"]
+    records = typed(records)
+    runs = [r for r in records if r.kind == "train"]
     frame = pd.DataFrame([_run_row(rec) for rec in runs], columns=RUN_COLUMNS)
     per_run = _per_run([row for idx, rec in enumerate(runs) for row in _rank_rows(idx, rec)])
     frame = frame.join(per_run)
@@ -240,68 +237,61 @@ def to_frame(records: Sequence[dict[str, Any]],
     return frame[CSV_COLUMNS + EXTRA_COLUMNS]
 
 
-def _run_row(rec: dict[str, Any]) -> dict[str, Any]:
+def _run_row(rec: RunRecord) -> dict[str, Any]:
     """One train record's own columns (RUN_COLUMNS), its ranks' figures aside."""
-    p = upgrade_params(_params(rec))
-    nodes = _num(p.get("nodes"))
-    ppn = _num(p.get("procs_per_node"))
-    ws = _num(p.get("world_size"))
+    p = vars(rec.params)
+    nodes = _num(p["nodes"])
+    ppn = _num(p["procs_per_node"])
+    ws = _num(p["world_size"])
     if math.isnan(ws) and not (math.isnan(nodes) or math.isnan(ppn)):
         ws = nodes * ppn
-    bw = _num(p.get("bandwidth_mbit"))
-    ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
-    timeline = rec.get("timeline") if isinstance(rec.get("timeline"), dict) else {}
-    acc = rec.get("accelerator") if isinstance(rec.get("accelerator"), dict) else {}
-    env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
-    job = rec.get("slurm") if isinstance(rec.get("slurm"), dict) else {}  # a Slurm job's
-    placed = rec.get("placement") if isinstance(rec.get("placement"), dict) else {}
+    bw = _num(p["bandwidth_mbit"])
+    env, placed = rec.env, rec.placement
     return {
-        "sweep_id": str(rec.get("sweep_id", "")), "run_id": str(rec.get("run_id", "")),
-        "target": str(rec.get("target", "")), "nodes": nodes, "procs_per_node": ppn,
-        "world_size": ws, "model": str(p.get("model", "")), "engine": str(p.get("engine", "")),
-        "precision": str(p.get("precision", "")), "batch_size": _num(p.get("batch_size")),
-        "bandwidth_mbit": bw, "repeat": _num(p.get("repeat")),
-        "status": str(rec.get("status", "")),
-        "link_mbit_measured": _num(rec.get("link_mbit_measured")),
-        "link_error": str(rec.get("link_error") or ""),
-        "started_at": str(rec.get("started_at") or ""), "duration_s": _num(rec.get("duration_s")),
-        "error": str(rec.get("error") or ""), "data": str(p.get("data") or "synthetic"),
-        "bandwidth": _bandwidth_label(bw), "steps": _num(p.get("steps")),
-        "image_size": _num(p.get("image_size")),
-        "gradient_bytes": _num(rec.get("gradient_bytes")),
-        "accelerator": str(p.get("accelerator") or ""),
-        "dilation": _num(p.get("dilation")) if p.get("accelerator") else 1.0,
-        "profile_step_s": _num(acc.get("profile_step_s")),
-        "accelerator_source": str(acc.get("source") or ""),
+        "sweep_id": rec.sweep_id, "run_id": rec.run_id, "target": rec.target, "nodes": nodes,
+        "procs_per_node": ppn, "world_size": ws, "model": _text(p["model"]),
+        "engine": _text(p["engine"]), "precision": _text(p["precision"]),
+        "batch_size": _num(p["batch_size"]), "bandwidth_mbit": bw, "repeat": _num(p["repeat"]),
+        "status": rec.status, "link_mbit_measured": rec.link_mbit_measured,
+        "link_error": rec.link_error, "started_at": rec.started_at,
+        "duration_s": rec.duration_s, "error": rec.error,
+        "data": str(p["data"] or "synthetic"), "bandwidth": _bandwidth_label(bw),
+        "steps": _num(p["steps"]), "image_size": _num(p["image_size"]),
+        "gradient_bytes": rec.gradient_bytes,
+        "dilation": _num(p["dilation"]) if p["accelerator"] else 1.0,
+        "profile_step_s": _num(rec.accelerator.get("profile_step_s")),
+        "accelerator_source": str(rec.accelerator.get("source") or ""),
         # how the ranks started: direct, torchrun, horovodrun (over SSH) or slurm
         "launcher": str(env.get("launcher") or ""),
-        "slurm_job_id": str(job.get("job_id") or ""),
-        **{k: _num(timeline.get(k)) for k in TIMELINE_KEYS},
+        "slurm_job_id": str(rec.slurm.get("job_id") or ""),
+        **{k: _num(rec.timeline.get(k)) for k in TIMELINE_KEYS},
         "device": str(placed.get("device") or ""),
         "backend": str(placed.get("backend") or ""),
         "transport": str(placed.get("transport") or ""),
-        "gpus_per_node": gpus_per_node(ranks),
+        "gpus_per_node": gpus_per_node(list(rec.ranks)),
         "gpu_model": ", ".join(n for n in placed.get("device_names") or [] if n != "cpu"),
         "gpu_mem_peak_mb": _num(placed.get("gpu_mem_peak_mb")),
-        "link_mbit_single_stream": _num(rec.get("link_mbit_single_stream")),
+        "link_mbit_single_stream": rec.link_mbit_single_stream,
         "image_id": str((env.get("image") or {}).get("id") or "")
         if isinstance(env.get("image"), dict) else "",
-        **{c: _cell(st, p.get(st.record)) for c, st in SETTING_COLUMNS.items()},
+        **{c: _cell(st, p[st.record]) for c, st in SETTING_COLUMNS.items()},
         "comm_setting": ", ".join(x for x in (comm_label(p), series_label(p)) if x),
-        "memory_format": "channels_last" if p.get("channels_last") else "contiguous",
+        "memory_format": "channels_last" if p["channels_last"] else "contiguous",
         **_scaling(p),
-        "intra_mbit": _num(p.get("intra_mbit")),
+        "intra_mbit": _num(p["intra_mbit"]),
         # the per-hop delay the links added (real time; a fabric profile's latency times k)
         "hop_delay_us": _num(env.get("hop_delay_us")),
     }
 
 
-def _rank_rows(idx: int, rec: dict[str, Any]) -> list[tuple]:
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _rank_rows(idx: int, rec: RunRecord) -> list[tuple]:
     """A record's ranks as raw tuples (RANK_FIELDS), converted column by column later:
     per-value float() is slow."""
-    ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
-    return [(idx, *(rk.get(k) for k in RANK_FIELDS.values())) for rk in ranks
-            if isinstance(rk, dict)]
+    return [(idx, *(rk.get(k) for k in RANK_FIELDS.values())) for rk in rec.ranks]
 
 
 def _per_run(rank_rows: list[tuple]) -> pd.DataFrame:
@@ -334,7 +324,7 @@ def _per_run(rank_rows: list[tuple]) -> pd.DataFrame:
 RANK_COLUMNS = ["sweep_id", "run_id", "rank", "host", "compute_time_mean_s"]
 
 
-def rank_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def rank_frame(records: Sequence[RunRecord | dict[str, Any]]) -> pd.DataFrame:
     """One row per rank of every train run, as the ranks reported them (RANK_COLUMNS; the
     compute time NaN where a rank did not give one): what scalelab.model.stragglers compares.
 
@@ -344,11 +334,9 @@ def rank_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     0        s      r     0   n0                  0.2
     1        s      r     1   n1                  NaN
     """
-    rows = [(str(rec.get("sweep_id", "")), str(rec.get("run_id", "")), rk.get("rank"),
-             str(rk.get("host") or ""), rk.get("compute_time_mean_s"))
-            for rec in records if rec.get("kind", "train") == "train"
-            and isinstance(rec.get("ranks"), list)
-            for rk in rec["ranks"] if isinstance(rk, dict)]
+    rows = [(rec.sweep_id, rec.run_id, rk.get("rank"), str(rk.get("host") or ""),
+             rk.get("compute_time_mean_s"))
+            for rec in typed(records) if rec.kind == "train" for rk in rec.ranks]
     frame = pd.DataFrame(rows, columns=RANK_COLUMNS)
     for col in ("rank", "compute_time_mean_s"):
         frame[col] = pd.to_numeric(frame[col].where(
@@ -356,26 +344,22 @@ def rank_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
-def allreduce_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def allreduce_frame(records: Sequence[RunRecord | dict[str, Any]]) -> pd.DataFrame:
     """One row per (allreduce probe run, message size)."""
     rows: list[tuple] = []
-    for rec in records:
-        if rec.get("kind") != "allreduce":
+    for rec in typed(records):
+        if rec.kind != "allreduce":
             continue
-        p = _params(rec)
-        nodes = _num(p.get("nodes"))
-        ppn = _num(p.get("procs_per_node"))
-        ws = _num(p.get("world_size"))
+        p = rec.params
+        nodes, ppn, ws = _num(p.nodes), _num(p.procs_per_node), _num(p.world_size)
         if math.isnan(ws):
             ws = nodes * ppn
-        bw = _num(p.get("bandwidth_mbit"))
-        base = (str(rec.get("sweep_id", "")), str(rec.get("run_id", "")),
-                str(rec.get("status", "")), nodes, ppn, ws, bw, _bandwidth_label(bw),
-                _num(p.get("repeat")))
-        for item in rec.get("allreduce") or []:
-            if isinstance(item, dict):
-                rows.append(base + (_num(item.get("size_bytes")), _num(item.get("time_s")),
-                                    _num(item.get("algbw_mb_s")), _num(item.get("busbw_mb_s"))))
+        bw = _num(p.bandwidth_mbit)
+        base = (rec.sweep_id, rec.run_id, rec.status, nodes, ppn, ws, bw,
+                _bandwidth_label(bw), _num(p.repeat))
+        for item in rec.allreduce:
+            rows.append(base + (_num(item.get("size_bytes")), _num(item.get("time_s")),
+                                _num(item.get("algbw_mb_s")), _num(item.get("busbw_mb_s"))))
     return pd.DataFrame(rows, columns=ALLREDUCE_COLUMNS)
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from scalelab.core.errors import ScalelabError
 from scalelab.core.state import write_atomic
+from scalelab.results.records import RunRecord
 from scalelab.sweep.planner import RunPlan
 from scalelab.sweep.settings import (
     KINDS,
@@ -51,7 +52,6 @@ from scalelab.sweep.settings import (
     STORE_VERSION,
     Planned,
     store_version_of,
-    upgrade_params,
 )
 
 log = logging.getLogger(__name__)
@@ -500,17 +500,11 @@ def store_version(sweep_dir: Path) -> int:
     return version
 
 
-def upgraded(record: dict[str, Any]) -> dict[str, Any]:
-    """A record of any store version as this version writes it: its params complete
-    (settings.upgrade_params: what the older store ran at for each key it lacks)."""
-    params = record.get("params")
-    return {**record, "params": upgrade_params(params if isinstance(params, dict) else {})}
-
-
-def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
-    """The last record of each run, upgraded to this store version: what readers see."""
+def read_records(sweep_dir: Path) -> list[RunRecord]:
+    """The last record of each run, typed and upgraded to this store version: what readers
+    see (RunRecord.of)."""
     store_version(sweep_dir)  # refuses a store newer than this scalelab
-    return [upgraded(r) for r in read_runs(sweep_dir).values()]
+    return [RunRecord.of(r) for r in read_runs(sweep_dir).values()]
 
 
 def same_params(stored: Any, planned: dict[str, Any]) -> bool:
