@@ -22,7 +22,7 @@ from scalelab.core.state import write_atomic
 from scalelab.core.units import format_rate
 from scalelab.model import analysis
 from scalelab.model.comm import comm_label
-from scalelab.results.records import RunRecord, typed
+from scalelab.results.records import RunRecord, number, typed
 from scalelab.results.store import SWEEP_FILE, TIMELINE_KEYS, read_records
 from scalelab.sweep.settings import SETTINGS, Setting, series_label
 
@@ -129,15 +129,6 @@ def load_runs(sweep_dir: Path | str) -> list[RunRecord]:
 
 # ---------------------------------------------------------------------------- frames
 
-def _num(value: Any) -> float:
-    if value is None or isinstance(value, bool):
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _bandwidth_label(mbit: float) -> str:
     return format_rate(None if math.isnan(mbit) else mbit)
 
@@ -152,9 +143,9 @@ def _scaling(p: dict[str, Any]) -> dict[str, Any]:
     >>> _scaling({"batch_size": 64})
     {'scaling': 'weak', 'batch_size': 64.0, 'batch_per_worker': 64.0}
     """
-    per_worker = _num(p.get("batch_size"))
+    per_worker = number(p.get("batch_size"))
     if p.get("global_batch_size"):
-        return {"scaling": "strong", "batch_size": _num(p["global_batch_size"]),
+        return {"scaling": "strong", "batch_size": number(p["global_batch_size"]),
                 "batch_per_worker": per_worker}
     return {"scaling": "weak", "batch_size": per_worker, "batch_per_worker": per_worker}
 
@@ -162,7 +153,7 @@ def _scaling(p: dict[str, Any]) -> dict[str, Any]:
 def _cell(setting: Setting, value: Any) -> Any:
     """A setting's results.csv cell: a number (NaN where the run has none) or text ("")."""
     if setting.numeric:
-        return _num(value)
+        return number(value)
     return "" if value is None else str(value)
 
 
@@ -240,37 +231,37 @@ def to_frame(records: Sequence[RunRecord | dict[str, Any]],
 def _run_row(rec: RunRecord) -> dict[str, Any]:
     """One train record's own columns (RUN_COLUMNS), its ranks' figures aside."""
     p = vars(rec.params)
-    nodes = _num(p["nodes"])
-    ppn = _num(p["procs_per_node"])
-    ws = _num(p["world_size"])
+    nodes = number(p["nodes"])
+    ppn = number(p["procs_per_node"])
+    ws = number(p["world_size"])
     if math.isnan(ws) and not (math.isnan(nodes) or math.isnan(ppn)):
         ws = nodes * ppn
-    bw = _num(p["bandwidth_mbit"])
+    bw = number(p["bandwidth_mbit"])
     env, placed = rec.env, rec.placement
     return {
         "sweep_id": rec.sweep_id, "run_id": rec.run_id, "target": rec.target, "nodes": nodes,
         "procs_per_node": ppn, "world_size": ws, "model": _text(p["model"]),
         "engine": _text(p["engine"]), "precision": _text(p["precision"]),
-        "batch_size": _num(p["batch_size"]), "bandwidth_mbit": bw, "repeat": _num(p["repeat"]),
+        "batch_size": number(p["batch_size"]), "bandwidth_mbit": bw, "repeat": number(p["repeat"]),
         "status": rec.status, "link_mbit_measured": rec.link_mbit_measured,
         "link_error": rec.link_error, "started_at": rec.started_at,
         "duration_s": rec.duration_s, "error": rec.error,
         "data": str(p["data"] or "synthetic"), "bandwidth": _bandwidth_label(bw),
-        "steps": _num(p["steps"]), "image_size": _num(p["image_size"]),
+        "steps": number(p["steps"]), "image_size": number(p["image_size"]),
         "gradient_bytes": rec.gradient_bytes,
-        "dilation": _num(p["dilation"]) if p["accelerator"] else 1.0,
-        "profile_step_s": _num(rec.accelerator.get("profile_step_s")),
+        "dilation": number(p["dilation"]) if p["accelerator"] else 1.0,
+        "profile_step_s": number(rec.accelerator.get("profile_step_s")),
         "accelerator_source": str(rec.accelerator.get("source") or ""),
         # how the ranks started: direct, torchrun, horovodrun (over SSH) or slurm
         "launcher": str(env.get("launcher") or ""),
         "slurm_job_id": str(rec.slurm.get("job_id") or ""),
-        **{k: _num(rec.timeline.get(k)) for k in TIMELINE_KEYS},
+        **{k: number(rec.timeline.get(k)) for k in TIMELINE_KEYS},
         "device": str(placed.get("device") or ""),
         "backend": str(placed.get("backend") or ""),
         "transport": str(placed.get("transport") or ""),
         "gpus_per_node": gpus_per_node(list(rec.ranks)),
         "gpu_model": ", ".join(n for n in placed.get("device_names") or [] if n != "cpu"),
-        "gpu_mem_peak_mb": _num(placed.get("gpu_mem_peak_mb")),
+        "gpu_mem_peak_mb": number(placed.get("gpu_mem_peak_mb")),
         "link_mbit_single_stream": rec.link_mbit_single_stream,
         "image_id": str((env.get("image") or {}).get("id") or "")
         if isinstance(env.get("image"), dict) else "",
@@ -278,9 +269,9 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
         "comm_setting": ", ".join(x for x in (comm_label(p), series_label(p)) if x),
         "memory_format": "channels_last" if p["channels_last"] else "contiguous",
         **_scaling(p),
-        "intra_mbit": _num(p["intra_mbit"]),
+        "intra_mbit": number(p["intra_mbit"]),
         # the per-hop delay the links added (real time; a fabric profile's latency times k)
-        "hop_delay_us": _num(env.get("hop_delay_us")),
+        "hop_delay_us": number(env.get("hop_delay_us")),
     }
 
 
@@ -351,15 +342,15 @@ def allreduce_frame(records: Sequence[RunRecord | dict[str, Any]]) -> pd.DataFra
         if rec.kind != "allreduce":
             continue
         p = rec.params
-        nodes, ppn, ws = _num(p.nodes), _num(p.procs_per_node), _num(p.world_size)
+        nodes, ppn, ws = number(p.nodes), number(p.procs_per_node), number(p.world_size)
         if math.isnan(ws):
             ws = nodes * ppn
-        bw = _num(p.bandwidth_mbit)
+        bw = number(p.bandwidth_mbit)
         base = (rec.sweep_id, rec.run_id, rec.status, nodes, ppn, ws, bw,
-                _bandwidth_label(bw), _num(p.repeat))
+                _bandwidth_label(bw), number(p.repeat))
         for item in rec.allreduce:
-            rows.append(base + (_num(item.get("size_bytes")), _num(item.get("time_s")),
-                                _num(item.get("algbw_mb_s")), _num(item.get("busbw_mb_s"))))
+            rows.append(base + (number(item.get("size_bytes")), number(item.get("time_s")),
+                                number(item.get("algbw_mb_s")), number(item.get("busbw_mb_s"))))
     return pd.DataFrame(rows, columns=ALLREDUCE_COLUMNS)
 
 

@@ -21,7 +21,7 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _number(value: Any) -> float:
+def number(value: Any) -> float:
     """A figure: a float, NaN where there is none (or it is no number)."""
     if value is None or isinstance(value, bool):
         return math.nan
@@ -84,11 +84,11 @@ class RunRecord:
             node_names=tuple(n for n in raw.get("node_names") or [] if isinstance(n, str))
             if isinstance(raw.get("node_names"), list) else (),
             ranks=_items(raw.get("ranks")), allreduce=_items(raw.get("allreduce")),
-            gradient_bytes=_number(raw.get("gradient_bytes")),
-            link_mbit_measured=_number(raw.get("link_mbit_measured")),
-            link_mbit_single_stream=_number(raw.get("link_mbit_single_stream")),
+            gradient_bytes=number(raw.get("gradient_bytes")),
+            link_mbit_measured=number(raw.get("link_mbit_measured")),
+            link_mbit_single_stream=number(raw.get("link_mbit_single_stream")),
             link_error=_text(raw.get("link_error")), started_at=_text(raw.get("started_at")),
-            duration_s=_number(raw.get("duration_s")), error=_text(raw.get("error")),
+            duration_s=number(raw.get("duration_s")), error=_text(raw.get("error")),
             env=_part(raw.get("env")), timeline=_part(raw.get("timeline")),
             accelerator=_part(raw.get("accelerator")), slurm=_part(raw.get("slurm")),
             placement=_part(raw.get("placement")), comm=_part(raw.get("comm")))
