@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "bench" / "workloads"))
 sys.path.insert(0, str(ROOT))
 import emulate  # noqa: E402
 
-from scalelab.model.models import MODELS  # noqa: E402  (the one model registry)
+from scalelab.model.networks import MODELS  # noqa: E402  (the one model registry)
 
 OUT = ROOT / "bench" / "profiles"
 SPLITS = OUT / "splits"

@@ -845,7 +845,7 @@ def test_comm_settings_predict_the_settings_not_run_from_the_profile(tmp_path):
     scalelab.model.bucket_model.predict_step_s gives for that setting (step of 1 rank / step of 2 over
     the measured link), and the bucket size changes it."""
     from scalelab.model import accel, analysis, bucket_model
-    from scalelab.model.models import MODELS
+    from scalelab.model.networks import MODELS
 
     d = _two_bucket_store(tmp_path, {1000.0: 50.0, 10000.0: 25.0}, accelerator="v100")
     page = report.build_report(d).read_text()

@@ -194,11 +194,11 @@ def test_unknown_model_names_the_known_ones(models):
 def test_one_model_registry_for_planner_and_workloads(models):
     """models.json is what both sides read; its parameter counts must be the built models',
     so the gradient the planner and the report assume is the one the ranks allreduce."""
-    from scalelab.model import models as mreg
+    from scalelab.model import networks
 
-    for name in mreg.MODELS:
+    for name in networks.MODELS:
         built = models.build_model(name)
-        assert mreg.gradient_bytes(name) == models.gradient_bytes(built, "fp32"), name
+        assert networks.gradient_bytes(name) == models.gradient_bytes(built, "fp32"), name
 
 
 @pytest.mark.parametrize("name", ["resnet20", "resnet50"])
@@ -207,9 +207,9 @@ def test_registry_activation_bytes_are_what_autograd_saves(models, name):
     (storage bytes autograd saves for backward, batch 2 minus batch 1 = one image)."""
     import torch
 
-    from scalelab.model import models as mreg
+    from scalelab.model import networks
 
-    model, size = models.build_model(name), mreg.MODELS[name].image_size
+    model, size = models.build_model(name), networks.MODELS[name].image_size
     saved = {}
 
     def pack(t):
@@ -222,7 +222,7 @@ def test_registry_activation_bytes_are_what_autograd_saves(models, name):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(torch.randn(batch, 3, size, size))
         total.append(sum(saved.values()))
-    assert total[1] - total[0] == pytest.approx(mreg.MODELS[name].activation_bytes, rel=0.02)
+    assert total[1] - total[0] == pytest.approx(networks.MODELS[name].activation_bytes, rel=0.02)
 
 
 def test_gradient_bytes_by_precision(models):

@@ -20,7 +20,7 @@ from scalelab.core import nodeside
 from scalelab.core.errors import InputError, suggest
 from scalelab.core.state import PROJECT_ROOT
 from scalelab.model.fabric import loopback_mbit
-from scalelab.model.models import MODELS
+from scalelab.model.networks import MODELS
 
 ROOT = PROJECT_ROOT
 PROFILES_DIR = ROOT / "bench" / "profiles"

@@ -28,7 +28,7 @@ from typing import Any
 from scalelab.core.errors import InputError
 from scalelab.model import accel, analysis, fabric
 from scalelab.model.comm import COMM_DEFAULTS, comm_label
-from scalelab.model.models import MODELS
+from scalelab.model.networks import MODELS
 
 MIB = 1 << 20
 DDP_FIRST_BUCKET = 1 * MIB  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES

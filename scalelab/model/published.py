@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from scalelab.model import accel, bucket_model, fabric
-from scalelab.model.models import MODELS
+from scalelab.model.networks import MODELS
 
 AIM_POINTS = 10.0
 # inside a node: what an allreduce among its GPUs achieves (Mbit/s of bus bandwidth)

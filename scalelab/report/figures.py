@@ -20,7 +20,7 @@ from matplotlib.patches import Patch
 
 from scalelab.model import analysis
 from scalelab.model.analysis import batch_text
-from scalelab.report import model
+from scalelab.report import tables
 from scalelab.report.data import Analysis
 
 log = logging.getLogger(__name__)
@@ -376,7 +376,7 @@ def _fig_model(a: Analysis, lay: Layout) -> _Fig:
         extra.append((Line2D([], [], color="#444", ls=":"), "ring model (no profile)"))
     _legend(fig, lay, extra)
     fig.suptitle(title, fontsize=12)
-    caption = (f"{model.models_used(df)} Per-hop latency alpha = {a.alpha_s * 1e6:.1f} us "
+    caption = (f"{tables.models_used(df)} Per-hop latency alpha = {a.alpha_s * 1e6:.1f} us "
                f"({a.alpha_source}); the model's error against these points is stated under "
                "Bottleneck per series. The word at the end of each line names that series' "
                "bottleneck (see the bottleneck table).")

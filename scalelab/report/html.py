@@ -14,7 +14,7 @@ import pandas as pd
 from scalelab.model import analysis, bucket_model, fabric, published, verdict
 from scalelab.model.analysis import batch_text
 from scalelab.model.verdict import VERDICT_COLUMNS
-from scalelab.report import model
+from scalelab.report import tables
 from scalelab.report.data import Analysis
 from scalelab.report.figures import draw_figures, layout
 from scalelab.report.markup import esc, kv, page, rate_label, readable, table
@@ -28,18 +28,18 @@ ALL_RUNS_OPEN_MAX = 200  # the all-runs table starts folded above this many rows
 
 def _bottleneck_section(a: Analysis) -> str:
     """The model's error, stated once, then each series' verdict at its largest world size."""
-    frame = model.bottleneck_rows(a)
+    frame = tables.bottleneck_rows(a)
     cols = [("series", "series", "str"), ("n", "at world size", "int"),
             ("eff", "measured efficiency", "pct"), ("pred", "model efficiency", "pct"),
             ("exposed_ms", "exposed comm (ms/step)", "num"), ("kind", "bottleneck", "str"),
             ("why", "why", "str")]
-    if model.mixed(a.modelled):
+    if tables.mixed(a.modelled):
         cols.insert(4, ("model", "predicted by", "str"))
     if len(a.sweeps) > 1:
         cols.insert(0, ("sweep", "sweep", "str"))
     return ('<h2 id="bottlenecks">Bottleneck per series</h2>'
             f'<p class="model-error"><strong>{esc(a.error.sentence())}</strong></p>'
-            f'<p class="note">{esc(model.models_used(a.modelled))}</p>'
+            f'<p class="note">{esc(tables.models_used(a.modelled))}</p>'
             + table(frame, cols, "bottlenecks"))
 
 
@@ -68,9 +68,9 @@ def _scaling_table(a: Analysis) -> str:
             ("verdict_text", "verdict", "wrap")]
     if df["procs_per_node"].nunique() > 1 or (df["procs_per_node"] != 1).any():
         cols.insert(2, ("procs_per_node", "proc/node", "int"))
-    df["verdict_text"] = [model.verdict_label(r) for r in df[list(VERDICT_COLUMNS) + [
+    df["verdict_text"] = [tables.verdict_label(r) for r in df[list(VERDICT_COLUMNS) + [
         "model_exposed_s", "straggler_hosts", "straggler_wait_s"]].to_dict("records")]
-    if model.mixed(a.modelled):
+    if tables.mixed(a.modelled):
         cols.insert(cols.index(("model_eff", "model efficiency", "pct")) + 1,
                     ("predicted_by", "predicted by", "str"))
     if len(a.sweeps) > 1:
@@ -86,9 +86,9 @@ def _scaling_table(a: Analysis) -> str:
 def _slow_ranks_section(a: Analysis) -> str:
     """Each run's ranks against their peers: the flagged ones with their node and the others'
     wait, or one sentence that none was, with the threshold either way."""
-    frame = model.slow_rank_rows(a)
+    frame = tables.slow_rank_rows(a)
     parts = ['<h2 id="slow-ranks">Slow ranks</h2>']
-    parts += [f'<p class="note">{esc(x)}</p>' for x in model.slow_rank_notes(a)]
+    parts += [f'<p class="note">{esc(x)}</p>' for x in tables.slow_rank_notes(a)]
     if not frame.empty:
         cols = [("run", "run", "str"), ("node", "node", "str"), ("rank", "rank", "int"),
                 ("world_size", "world size", "int"), ("batch_size", "batch", "batch"),
@@ -102,9 +102,9 @@ def _slow_ranks_section(a: Analysis) -> str:
                      "wait is the rank's compute minus their median: their exposed "
                      "communication grows by it)</summary>"
                      + table(frame, cols, "slowranks") + "</details>")
-    pairs = model.link_pair_rows(a)
+    pairs = tables.link_pair_rows(a)
     if pairs.empty:
-        parts.append(f'<p class="note">{esc(model.LINK_PAIRS_NOTE)}</p>')
+        parts.append(f'<p class="note">{esc(tables.LINK_PAIRS_NOTE)}</p>')
         return "\n".join(parts)
     flagged = int((pairs["flag"] != "").sum())
     when = ", ".join(sorted(set(pairs["measured_at"])))
@@ -122,7 +122,7 @@ def _slow_ranks_section(a: Analysis) -> str:
 
 def _cost_section(a: Analysis) -> str:
     """Cost per million images across node count x link rate, where the sweep set a price."""
-    price, frame = model.cost_rows(a)
+    price, frame = tables.cost_rows(a)
     if price is None:
         return ""
     parts = ['<h2 id="cost">Cost per million images</h2>',
@@ -239,7 +239,7 @@ def _intra_note(a: Analysis) -> str:
 def _emulation_section(a: Analysis) -> str:
     """Emulated accelerators: fidelity per point, the model against the measurement, and
     predictions beyond the measured points."""
-    df = model.emulation_rows(a)
+    df = tables.emulation_rows(a)
     if df.empty:
         return ""
     src = sorted(set(df["accelerator_source"].astype(str)) - {""})
@@ -264,10 +264,10 @@ def _emulation_section(a: Analysis) -> str:
             ("compute_time_mean_s", "emulated compute (ms)", "ms"),
             ("host_cpu_idle", "host idle", "pct"), ("link_utilisation", "link busy", "pct"),
             ("fidelity_text", "fidelity", "str")]
-    if model.mixed(df):
+    if tables.mixed(df):
         cols.insert(6, ("predicted_by", "predicted by", "str"))
     parts.append(table(df, cols, "emulation"))
-    wf = model.what_if_rows(a, df)
+    wf = tables.what_if_rows(a, df)
     if not wf.empty:
         wf["link"] = wf["link_mbit"].map(rate_label)
 
@@ -396,7 +396,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
              "slow ranks</a>, <a href=\"#failed\">"
              "failed runs</a>, <a href=\"#runs\">all runs</a>.</p>",
              '<h2 id="summary">Summary</h2>']
-    found = model.findings(a)
+    found = tables.findings(a)
     if found:
         parts.insert(2, '<section class="findings"><h2 id="findings">What this sweep found</h2><ul>'
                      + "".join(f"<li>{esc(x)}</li>" for x in found) + "</ul></section>")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab.report import model
+from scalelab.report import tables
 
 
 def esc(value: Any) -> str:
@@ -66,7 +66,7 @@ def col_text(series: pd.Series, kind: str) -> pd.Series:
     elif kind == "num":
         out = series.astype(float).map(lambda v: readable(v, 4))
     elif kind == "ms":  # a time in seconds, shown in ms rounded as verdict.ms writes it
-        out = series.astype(float).map(lambda v: readable(model._ms_number(v), 4))
+        out = series.astype(float).map(lambda v: readable(tables._ms_number(v), 4))
     elif kind == "int":
         out = series.map(lambda v: "" if pd.isna(v) else str(int(v)))
     else:

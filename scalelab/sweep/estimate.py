@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from scalelab.model import accel, analysis
-from scalelab.model.models import MODELS, gradient_bytes
+from scalelab.model.networks import MODELS, gradient_bytes
 from scalelab.sweep.planner import RunPlan
 from scalelab.sweep.starts import run_starts_directly
 

@@ -51,7 +51,7 @@ from scalelab.core.errors import InputError
 from scalelab.core.units import format_rate
 from scalelab.model import fabric
 from scalelab.model.comm import comm_label
-from scalelab.model.models import MODELS
+from scalelab.model.networks import MODELS
 from scalelab.sweep import memory, starts
 from scalelab.sweep.settings import (
     PARAM_KEYS,

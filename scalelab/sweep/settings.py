@@ -24,7 +24,7 @@ from typing import Any
 from scalelab.core.errors import InputError
 from scalelab.model import accel
 from scalelab.model.comm import COMM_DEFAULTS, COMPRESSIONS
-from scalelab.model.models import MODELS
+from scalelab.model.networks import MODELS
 from scalelab.sweep import values
 from scalelab.sweep.values import SYNTHETIC
 

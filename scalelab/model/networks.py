@@ -1,5 +1,6 @@
-"""What the planner knows of each model, read from the one model registry
-(bench/workloads/models.json, which the workloads read too).
+"""The networks `--model` names and what scalelab knows of each (parameters, FLOPs,
+activations), read from the one registry, bench/workloads/models.json, which the workloads
+read too.
 """
 
 from __future__ import annotations
