@@ -165,8 +165,13 @@ def _check_intra_link(spec: Any) -> None:
 
 
 SETTINGS: tuple[Setting, ...] = (
+    # the layout of each run: what is swept over the cluster
     Setting("nodes", "nodes", "list[int]", lambda x, w: values.int_list(x, w), dataclasses.MISSING,
             "node counts to sweep: 4, 1-10, 1,2,4,8 or 1-16:2"),
+    # None: the GPUs torch sees per node on GPU nodes, 1 elsewhere (scalelab.cluster.gpu)
+    Setting("procs_per_node", "procs_per_node", "list[int] | None",
+            lambda x, w: values.int_list(x, w), None,
+            "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8"),
     Setting("batch_size", "batch_sizes", "list[int]", lambda x, w: values.int_list(x, w),
             dataclasses.MISSING,
             "per-worker batch sizes, e.g. 32,64,96 (weak scaling: each rank keeps its batch)"),
@@ -178,23 +183,13 @@ SETTINGS: tuple[Setting, ...] = (
             "beside or instead of --batch-size)"),
     Setting("bandwidth", "bandwidths", "list[float | None]", values.rates, [None],
             "link rates to sweep, e.g. 1gbit,10gbit (native = unshaped)"),
-    # None: the GPUs torch sees per node on GPU nodes, 1 elsewhere (scalelab.cluster.gpu)
-    Setting("procs_per_node", "procs_per_node", "list[int] | None",
-            lambda x, w: values.int_list(x, w), None,
-            "ranks per node (GPUs per node on GPU clusters), e.g. 1,4,8"),
+    # the workload
     Setting("model", "model", "str", lambda x, w: values.choice(x, w, list(MODELS)), "resnet50",
             "resnet18/34/50/101/152 (ImageNet) or resnet20/32/44/56 (CIFAR-style)",
             record="model"),
     Setting("engine", "engine", "str", lambda x, w: values.choice(x, w, ENGINES), "ddp",
             "ddp (torchrun; on the local target ranks are forked from a per-node server that "
             "has torch imported) or horovod (horovodrun)", record="engine"),
-    Setting("precision", "precisions", "list[str]",
-            lambda x, w: values.choice_list(x, w, PRECISIONS), ["fp32"],
-            "precisions to sweep: fp32 (TF32 off), tf32, amp (fp16 with loss scaling), "
-            "bf16, or several, e.g. fp32,amp; tf32 and amp need GPUs",
-            variant=True, single="fp32", tag=str, series=False, record="precision"),
-    Setting("repeats", "repeats", "int", lambda x, w: values.one_int(x, w, 1), 3,
-            "repeats of every configuration (3 gives a 95% confidence interval)"),
     Setting("steps", "steps", "int", lambda x, w: values.one_int(x, w, 1), 30,
             "timed training steps per run (after warm-up)", record="steps"),
     Setting("warmup", "warmup", "int", lambda x, w: values.one_int(x, w, 0), 5,
@@ -206,63 +201,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("data", "data", "str", values.data, SYNTHETIC,
             "synthetic, or an absolute dataset path on the nodes (class folders or tar "
             "shards)", bench=False, record="data"),
-    Setting("timeout_s", "timeout_s", "float", values.seconds, 900.0,
-            "seconds a run may take, launch to exit, before it is ended (and its Slurm job "
-            "cancelled)", cli="timeout"),
-    Setting("allreduce_probe", "allreduce_probe", "bool", values.flag, True,
-            "one allreduce probe per link rate, node count and ranks per node", bench=False),
-    Setting("netprobe", "netprobe", "bool", values.flag, True,
-            "measure each link rate once it is set (link_mbit_measured)", bench=False),
-    # on nodes that share one host's cores: ranks are forked from a warm-start server with
-    # torch imported (scalelab.run.warmstart); off: every rank starts its interpreter
-    Setting("warm_start", "warm_start", "bool", values.flag, True,
-            "on nodes that share one host's cores, fork ranks from warm-start servers with "
-            "torch imported (default); --no-warm-start: every rank starts its own interpreter",
-            switch=True),
-    # up to 256 MB: NCCL reaches its bus bandwidth only with messages this large
-    Setting("allreduce_sizes", "allreduce_sizes", "list[int]", values.sizes,
-            [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20],
-            "allreduce probe message sizes, e.g. 4K,64K,1M,16M,256M (the default: NCCL "
-            "reaches its bus bandwidth only near 256M)"),
-    Setting("allreduce_iters", "allreduce_iters", "int", lambda x, w: values.one_int(x, w, 1), 10,
-            "timed allreduces per message size of a probe (its params' steps)", bench=False),
-    Setting("description", "description", "str", lambda x, w: str(x).strip(), "",
-            "one line on what the sweep is for, kept in sweep.json's plan", bench=False),
-    Setting("accelerator", "accelerator", "str | None", values.accelerator, None,
-            "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "
-            "profile): real gradients over the real links, compute from the profile",
-            record="accelerator", column="accelerator", since=2, before=None,
-            check=_check_accelerator),
-    # None: the driver picks k per link rate and records the k it chose
-    Setting("dilation", "dilation", "float | None", values.dilation, None,
-            "time dilation k with --accelerator (a number >= 1, or auto: the smallest k the "
-            "host keeps up with)", record="dilation", since=2, before=None),
-    # None: the cluster's default (ssh where scalelab reaches the nodes, slurm behind a login)
-    Setting("launcher", "launcher", "str | None", lambda x, w: values.choice(x, w, LAUNCHERS), None,
-            "ssh (ranks started over SSH) or slurm (every run a Slurm job on the head node's "
-            "Slurm; set it up with invoke configure --tags slurm)"),
-    Setting("partition", "partition", "str | None", values.partition, None,
-            "with --launcher slurm: the partition (default: the cluster's default one)"),
-    # recorded resolved from the nodes' facts (never auto)
-    Setting("device", "device", "str", lambda x, w: values.choice(x, w, DEVICES), "auto",
-            "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
-            record="device", since=3, before=Planned("cpu")),
-    Setting("fabric", "fabric", "str", lambda x, w: values.choice(x, w, FABRICS), "auto",
-            "tcp, rdma or auto (default: rdma where every node has an active RDMA port and no "
-            "rate is shaped; a shaped rate is always tcp)",
-            record="fabric", since=3, before=Planned("tcp")),
-    Setting("fabric_profile", "fabric_profile", "str", values.fabric_profile, "ideal",
-            "what an allreduce achieves on the fabric: ethernet-tcp or rdma (shaped links "
-            "carry its share of the line rate, sourced in bench/fabrics/, and the model uses "
-            "it) or ideal (the default: the line rate as tc gives it)",
-            record="fabric_profile", column="fabric_profile", since=7, before="ideal"),
-    # None: each node's loopback unshaped, which the model takes as free
-    Setting("intra_link", "intra_link", "str | None", values.intra_link, None,
-            "with --accelerator and --procs-per-node 2 or more on a local cluster: the path "
-            "between the GPUs of one node, pcie3, pcie4, nvlink-v100 or a rate such as 64gbit "
-            "(each node's loopback is shaped to it and the model takes it; default: unshaped, "
-            "taken as free)", record="intra_link", column="intra_link", since=8, before=None,
-            check=_check_intra_link),
+    Setting("loader_workers", "loader_workers", "int", lambda x, w: values.one_int(x, w, 0), 2,
+            "real data (a sweep file's data: key): DataLoader workers per rank (default 2)",
+            record="loader_workers", since=3, before=Planned(2)),
+    Setting("pin_memory", "pin_memory", "str", lambda x, w: values.choice(x, w, PIN_MEMORY), "auto",
+            "real data: on, off or auto (on when the ranks train on GPUs)",
+            record="pin_memory", since=3, before=Planned("auto")),
+    # variant axes: every value its own runs (the product in this order), named in the run id
+    Setting("precision", "precisions", "list[str]",
+            lambda x, w: values.choice_list(x, w, PRECISIONS), ["fp32"],
+            "precisions to sweep: fp32 (TF32 off), tf32, amp (fp16 with loss scaling), "
+            "bf16, or several, e.g. fp32,amp; tf32 and amp need GPUs",
+            variant=True, single="fp32", tag=str, series=False, record="precision"),
     Setting("memory_format", "memory_formats", "list[str]",
             lambda x, w: values.choice_list(x, w, MEMORY_FORMATS), ["contiguous"],
             "memory formats to sweep: contiguous (NCHW, the default), channels_last (NHWC), or "
@@ -275,20 +225,6 @@ SETTINGS: tuple[Setting, ...] = (
             lambda x, w: ["channels_last" if values.flag(x, w) else "contiguous"], None,
             "NHWC memory format (faster convolutions on tensor cores); the same as "
             "--memory-format channels_last", switch=False, alias_of="memory_format"),
-    Setting("loader_workers", "loader_workers", "int", lambda x, w: values.one_int(x, w, 0), 2,
-            "real data (a sweep file's data: key): DataLoader workers per rank (default 2)",
-            record="loader_workers", since=3, before=Planned(2)),
-    Setting("pin_memory", "pin_memory", "str", lambda x, w: values.choice(x, w, PIN_MEMORY), "auto",
-            "real data: on, off or auto (on when the ranks train on GPUs)",
-            record="pin_memory", since=3, before=Planned("auto")),
-    Setting("runtime", "runtime", "str", lambda x, w: values.choice(x, w, RUNTIMES), "host",
-            "host (ranks on the nodes) or container (every rank in a container of the "
-            "training image: invoke image, then invoke configure --image)",
-            record="runtime", column="runtime", since=4, before=Planned("host")),
-    # the report then tables the cost per million images across node count x link rate
-    Setting("price_per_node_hour", "price_per_node_hour", "float | None", values.price, None,
-            "what a node-hour costs (any currency): the report adds the cost per million "
-            "images across node count x link rate"),
     # communication settings: each engine has its own (an engine without one records None)
     _comm("bucket_cap_mb", "bk", ("ddp",), "25,50",
           "DDP gradient bucket sizes in MB to sweep, e.g. 10,25,50 (default 25, torch's own)"),
@@ -303,6 +239,77 @@ SETTINGS: tuple[Setting, ...] = (
         parse=lambda x, w: values.choice_list(x, w, COMPRESSIONS), tag=str,
         help="gradient compression to sweep: none, fp16 or none,fp16 (DDP: the fp16 compress "
              "hook's cast; Horovod: hvd.Compression.fp16)"),
+    # emulation: accelerators and the links between them
+    Setting("accelerator", "accelerator", "str | None", values.accelerator, None,
+            "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "
+            "profile): real gradients over the real links, compute from the profile",
+            record="accelerator", column="accelerator", since=2, before=None,
+            check=_check_accelerator),
+    # None: the driver picks k per link rate and records the k it chose
+    Setting("dilation", "dilation", "float | None", values.dilation, None,
+            "time dilation k with --accelerator (a number >= 1, or auto: the smallest k the "
+            "host keeps up with)", record="dilation", since=2, before=None),
+    Setting("fabric_profile", "fabric_profile", "str", values.fabric_profile, "ideal",
+            "what an allreduce achieves on the fabric: ethernet-tcp or rdma (shaped links "
+            "carry its share of the line rate, sourced in bench/fabrics/, and the model uses "
+            "it) or ideal (the default: the line rate as tc gives it)",
+            record="fabric_profile", column="fabric_profile", since=7, before="ideal"),
+    # None: each node's loopback unshaped, which the model takes as free
+    Setting("intra_link", "intra_link", "str | None", values.intra_link, None,
+            "with --accelerator and --procs-per-node 2 or more on a local cluster: the path "
+            "between the GPUs of one node, pcie3, pcie4, nvlink-v100 or a rate such as 64gbit "
+            "(each node's loopback is shaped to it and the model takes it; default: unshaped, "
+            "taken as free)", record="intra_link", column="intra_link", since=8, before=None,
+            check=_check_intra_link),
+    # where and how the ranks run
+    # recorded resolved from the nodes' facts (never auto)
+    Setting("device", "device", "str", lambda x, w: values.choice(x, w, DEVICES), "auto",
+            "cuda, cpu or auto (default: cuda on nodes with GPUs, never their CPUs)",
+            record="device", since=3, before=Planned("cpu")),
+    Setting("fabric", "fabric", "str", lambda x, w: values.choice(x, w, FABRICS), "auto",
+            "tcp, rdma or auto (default: rdma where every node has an active RDMA port and no "
+            "rate is shaped; a shaped rate is always tcp)",
+            record="fabric", since=3, before=Planned("tcp")),
+    Setting("runtime", "runtime", "str", lambda x, w: values.choice(x, w, RUNTIMES), "host",
+            "host (ranks on the nodes) or container (every rank in a container of the "
+            "training image: invoke image, then invoke configure --image)",
+            record="runtime", column="runtime", since=4, before=Planned("host")),
+    # None: the cluster's default (ssh where scalelab reaches the nodes, slurm behind a login)
+    Setting("launcher", "launcher", "str | None", lambda x, w: values.choice(x, w, LAUNCHERS), None,
+            "ssh (ranks started over SSH) or slurm (every run a Slurm job on the head node's "
+            "Slurm; set it up with invoke configure --tags slurm)"),
+    Setting("partition", "partition", "str | None", values.partition, None,
+            "with --launcher slurm: the partition (default: the cluster's default one)"),
+    # on nodes that share one host's cores: ranks are forked from a warm-start server with
+    # torch imported (scalelab.run.warmstart); off: every rank starts its interpreter
+    Setting("warm_start", "warm_start", "bool", values.flag, True,
+            "on nodes that share one host's cores, fork ranks from warm-start servers with "
+            "torch imported (default); --no-warm-start: every rank starts its own interpreter",
+            switch=True),
+    # repeats, probes and limits
+    Setting("repeats", "repeats", "int", lambda x, w: values.one_int(x, w, 1), 3,
+            "repeats of every configuration (3 gives a 95% confidence interval)"),
+    Setting("timeout_s", "timeout_s", "float", values.seconds, 900.0,
+            "seconds a run may take, launch to exit, before it is ended (and its Slurm job "
+            "cancelled)", cli="timeout"),
+    Setting("allreduce_probe", "allreduce_probe", "bool", values.flag, True,
+            "one allreduce probe per link rate, node count and ranks per node", bench=False),
+    Setting("netprobe", "netprobe", "bool", values.flag, True,
+            "measure each link rate once it is set (link_mbit_measured)", bench=False),
+    # up to 256 MB: NCCL reaches its bus bandwidth only with messages this large
+    Setting("allreduce_sizes", "allreduce_sizes", "list[int]", values.sizes,
+            [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20],
+            "allreduce probe message sizes, e.g. 4K,64K,1M,16M,256M (the default: NCCL "
+            "reaches its bus bandwidth only near 256M)"),
+    Setting("allreduce_iters", "allreduce_iters", "int", lambda x, w: values.one_int(x, w, 1), 10,
+            "timed allreduces per message size of a probe (its params' steps)", bench=False),
+    # what the report adds
+    Setting("description", "description", "str", lambda x, w: str(x).strip(), "",
+            "one line on what the sweep is for, kept in sweep.json's plan", bench=False),
+    # the report then tables the cost per million images across node count x link rate
+    Setting("price_per_node_hour", "price_per_node_hour", "float | None", values.price, None,
+            "what a node-hour costs (any currency): the report adds the cost per million "
+            "images across node count x link rate"),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
