@@ -258,7 +258,7 @@ def test_typo_in_a_sweep_file_names_key_file_and_fix(tmp_path):
 
 def test_unknown_key_without_a_close_match_lists_the_keys(tmp_path):
     f = write(tmp_path / "x.yml", "nodes: 1-3\nbatch_size: 32\ncolour: blue\n")
-    with pytest.raises(InputError, match=r"unknown key 'colour'; valid keys: nodes, batch_size"):
+    with pytest.raises(InputError, match=r"unknown key 'colour'; valid keys: nodes, procs_per_node, batch_size"):
         load_sweep_file(f)
 
 
