@@ -6,20 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# appended since communication settings became axes: DDP's bucket size, Horovod's fusion
-# threshold and cycle time, gradient compression. A setting the run's engine does not have is
-# None (a DDP run has no fusion threshold), and an allreduce probe has none of them. A store
-# without these keys ran at the defaults (store.same_params)
+# the communication settings: DDP's bucket size, Horovod's fusion threshold and cycle time,
+# gradient compression. Which engine has each, its run-id tag and what an older store reads
+# as are their entries of the settings table (scalelab.sweep.settings)
 COMM_KEYS = ("bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression")
 COMPRESSIONS = ("none", "fp16")
 # the engines' own defaults: torch DDP's bucket_cap_mb; Horovod's HOROVOD_FUSION_THRESHOLD
 # (128 MB, and HOROVOD_CYCLE_TIME 1 ms, since Horovod 0.21: horovodrun --help of 0.28)
 COMM_DEFAULTS: dict[str, Any] = {"bucket_cap_mb": 25.0, "fusion_threshold_mb": 128.0,
                                  "cycle_time_ms": 1.0, "compression": "none"}
-# which settings each engine has, and the spec field (a list, None = the default) of each
-COMM_ENGINE = {"bucket_cap_mb": ("ddp",), "fusion_threshold_mb": ("horovod",),
-               "cycle_time_ms": ("horovod",), "compression": ("ddp", "horovod")}
-COMM_TAGS = {"bucket_cap_mb": "bk", "fusion_threshold_mb": "fu", "cycle_time_ms": "ct"}
 COMM_NAMES = {"bucket_cap_mb": "bucket {:g} MB", "fusion_threshold_mb": "fusion {:g} MB",
               "cycle_time_ms": "cycle {:g} ms"}
 

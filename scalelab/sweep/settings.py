@@ -42,7 +42,6 @@ PIN_MEMORY = ("auto", "on", "off")
 KINDS = ("train", "allreduce")
 
 
-
 class Planned:
     """A store from before the setting was recorded ran it as the plan says now (resume
     compares it so); read alone, such a record holds `value`."""
@@ -97,7 +96,7 @@ class Setting:
         """The bench option's name (a Python identifier, as invoke takes it)."""
         return self.cli or self.key
 
-    def values(self, spec: Any) -> list[Any]:
+    def planned_values(self, spec: Any) -> list[Any]:
         """A variant's values in a sweep of spec ([None] where its engine lacks it)."""
         if self.engines and spec.engine not in self.engines:
             return [None]
@@ -428,7 +427,7 @@ def variant_values(spec: Any) -> list[dict[str, Any]]:
     product in table order (the first axis outermost)."""
     combos: list[dict[str, Any]] = [{}]
     for s in VARIANTS:
-        combos = [{**c, s.key: x} for c in combos for x in s.values(spec)]
+        combos = [{**c, s.key: x} for c in combos for x in s.planned_values(spec)]
     return combos
 
 
