@@ -48,5 +48,5 @@ def test_the_report_names_the_faster_bucket_size_per_rate(local_cluster, tmp_pat
              for tr in re.findall(r"<tr>(.*?)</tr>", table.split("</thead>")[1], re.S)]
     at2 = [dict(zip(head, c, strict=True)) for c in cells]
     at2 = [r for r in at2 if r["world size"] == "2"]
-    assert sorted((r["link"], r["comm settings"]) for r in at2) == [
+    assert sorted((r["link"], r["settings"]) for r in at2) == [
         ("100mbit", ""), ("100mbit", "bucket 1 MB"), ("1gbit", ""), ("1gbit", "bucket 1 MB")]

@@ -65,7 +65,7 @@ PROBE = textwrap.dedent('''
                                              started_at="2026-11-27T00:00:00Z",
                                              ranks=[rank] * r.params["world_size"]
                                              if r.kind == "train" else []))
-    out["series"] = sorted(set(frames.to_frame(frames.load_runs(d))["comm_setting"]))
+    out["series"] = sorted(set(frames.to_frame(frames.load_runs(d))["settings"]))
     out["plan_key"] = json.loads((d / "sweep.json").read_text())["plan"].get("zeta")
     with frames.write_csv(d).open() as f:
         out["csv"] = [(row["run_id"], row["zeta"]) for row in csv.DictReader(f)]

@@ -35,12 +35,13 @@ from scalelab.core.errors import InputError
 from scalelab.model import fabric
 from scalelab.model.stats import ci_half
 
-# comm_setting: the communication settings that differ from the engine's defaults ("" for
-# none; scalelab.results.frames.comm_setting), so runs of other settings are separate series
+# settings: the variant settings that differ from their defaults, communication settings and
+# any variant axis that names its own series ("" for none; scalelab.results.frames), so runs
+# of other settings are separate series
 # scaling: weak (batch_size is each worker's) or strong (batch_size is the global batch, split
 # over the ranks: batch_per_worker shrinks as the world grows); see scalelab.results.frames._scaling
 SERIES_KEYS = ("sweep_id", "model", "engine", "precision", "data", "batch_size", "bandwidth",
-               "procs_per_node", "comm_setting", "memory_format", "scaling")
+               "procs_per_node", "settings", "memory_format", "scaling")
 
 # Per-hop latency of one ring step (software + wire) for TCP transports (gloo) on Ethernet,
 # used when no allreduce probe gives a fit. 50 us is the order measured for small-message
@@ -131,15 +132,15 @@ def batch_text(batch: Any, scaling: Any = "weak") -> str:
 
 
 def with_series_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame with every SERIES_KEYS column: a frame from before comm_setting,
+    """The frame with every SERIES_KEYS column: a frame from before settings,
     memory_format or strong scaling (or made by hand) gets them as "" (the engine's defaults),
     "contiguous" and "weak", and batch_per_worker as its batch_size.
 
     >>> f = with_series_columns(pd.DataFrame({"model": ["m"], "batch_size": [32]}))
-    >>> list(f["comm_setting"]), list(f["memory_format"]), list(f["scaling"]), list(f["batch_per_worker"])
+    >>> list(f["settings"]), list(f["memory_format"]), list(f["scaling"]), list(f["batch_per_worker"])
     ([''], ['contiguous'], ['weak'], [32])
     """
-    missing = {k: v for k, v in (("comm_setting", ""), ("memory_format", "contiguous"),
+    missing = {k: v for k, v in (("settings", ""), ("memory_format", "contiguous"),
                                  ("scaling", "weak")) if k not in frame.columns}
     if "batch_per_worker" not in frame.columns and "batch_size" in frame.columns:
         missing["batch_per_worker"] = frame["batch_size"]
@@ -277,7 +278,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         busbw_mb_s=("busbw_mb_s", "mean"),
         gradient_bytes=("gradient_bytes", "mean"),
         batch_per_worker=("batch_per_worker", "first"),
-        # one series holds one communication setting (comm_setting is a series key)
+        # one series holds one communication setting (settings is a series key)
         **{k: (k, "first") for k in ("bucket_cap_mb", "fusion_threshold_mb", "compression")
            if k in work},
         bandwidth_mbit=("bandwidth_mbit", "first"),

@@ -66,7 +66,7 @@ class Layout:
         for col, val in zip(self.style_cols, key, strict=True):
             parts.append({"procs_per_node": f"{val} proc/node", "sweep_id": f"{val}",
                           "bandwidth": f"{val}",
-                          "comm_setting": f"{val or 'default settings'}",
+                          "settings": f"{val or 'default settings'}",
                           "scaling": f"{val} scaling"}.get(col, f"{val}"))
         return " · ".join(parts)
 
@@ -87,7 +87,7 @@ def layout(modelled: pd.DataFrame, compare: bool) -> Layout:
     per_bw_sweeps = modelled.groupby("bandwidth")["sweep_id"].nunique()
     by_panel = not compare or (len(bws) > 1 and bool((per_bw_sweeps > 1).any()))
     candidates = ["sweep_id", "model", "engine", "precision", "memory_format", "data",
-                  "procs_per_node", "comm_setting", "scaling"]
+                  "procs_per_node", "settings", "scaling"]
     if not by_panel:
         candidates.insert(1, "bandwidth")
     style_cols = [c for c in candidates

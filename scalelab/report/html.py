@@ -76,8 +76,8 @@ def _scaling_table(a: Analysis) -> str:
     if len(a.sweeps) > 1:
         cols.insert(0, ("sweep_id", "sweep", "str"))
     varying = [c for c in ("model", "engine", "precision", "memory_format", "data",
-                           "comm_setting") if c in df and df[c].nunique() > 1]
-    names = {"comm_setting": "comm settings", "memory_format": "memory format"}
+                           "settings") if c in df and df[c].nunique() > 1]
+    names = {"settings": "settings", "memory_format": "memory format"}
     for c in reversed(varying):
         cols.insert(1, (c, names.get(c, c), "str"))
     return table(df, cols, "scaling")

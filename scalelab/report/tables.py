@@ -84,7 +84,7 @@ def bottleneck_rows(a: Analysis) -> pd.DataFrame:
                      f"{s['engine']} {s['precision']} {s['data']}"
                      + (f", {s['memory_format']}" if s.get("memory_format") == "channels_last"
                         else "")
-                     + (f", {s['comm_setting']}" if s.get("comm_setting") else ""),
+                     + (f", {s['settings']}" if s.get("settings") else ""),
                      "n": b.world_size, "eff": b.measured_eff, "pred": b.predicted_eff,
                      "model": b.model, "exposed_ms": _ms_number(b.exposed_s),
                      "share": b.comm_share,

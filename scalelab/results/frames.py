@@ -66,8 +66,8 @@ EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s",
                  "data_time_mean_s", "n_ranks",
                  "profile_step_s", "accelerator_source", *TIMELINE_KEYS,  # where a run's wall time went (NaN when not recorded)
-                 # the settings that differ from the engine's defaults, as one series key
-                 "comm_setting",
+                 # the variant settings that differ from their defaults, as one series key
+                 "settings",
                  # the per-hop delay the links added (real time; NaN: none)
                  "hop_delay_us"]
 
@@ -181,7 +181,7 @@ RUN_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world
                *TIMELINE_KEYS, "device", "backend", "transport", "gpus_per_node", "gpu_model",
                "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime", "image_id",
                "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
-               "comm_setting", "memory_format", "scaling", "batch_per_worker", "fabric_profile",
+               "settings", "memory_format", "scaling", "batch_per_worker", "fabric_profile",
                "intra_link", "intra_mbit", "hop_delay_us"]
 RUN_COLUMNS += [c for c in SETTING_COLUMNS if c not in RUN_COLUMNS]
 # each rank's figures as to_frame reads them: short name -> the record's key
@@ -266,7 +266,7 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
         "image_id": str((env.get("image") or {}).get("id") or "")
         if isinstance(env.get("image"), dict) else "",
         **{c: _cell(st, p[st.record]) for c, st in SETTING_COLUMNS.items()},
-        "comm_setting": ", ".join(x for x in (comm_label(p), series_label(p)) if x),
+        "settings": ", ".join(x for x in (comm_label(p), series_label(p)) if x),
         "memory_format": "channels_last" if p["channels_last"] else "contiguous",
         **_scaling(p),
         "intra_mbit": number(p["intra_mbit"]),
