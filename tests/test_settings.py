@@ -53,6 +53,7 @@ PROBE = textwrap.dedent('''
     runs = planner.plan(spec, nodes, can_shape=True)
     out["ids"] = [r.run_id for r in runs]
     out["params"] = [r.params.get("zeta", "absent") for r in runs]
+    out["line"] = planner.describe(runs[1])
     root = Path(sys.argv[2])
     d = store.create_sweep(root, "zeta", {"cluster": "x", "target": "local",
                                          "created_at": "2026-11-27T00:00:00Z",
@@ -110,6 +111,7 @@ def test_a_made_up_axis_declared_once_reaches_every_boundary(with_zeta, tmp_path
                           "allreduce-n02-p1-native", "train-n02-p1-b032-native-z1-r0",
                           "train-n02-p1-b032-native-z2p5-r0"]
     assert out["params"] == [1.0, 2.5, None, 1.0, 2.5]  # recorded; a probe has none
+    assert out["line"].endswith("repeat 0  zeta 2.5")  # the progress line and --dry-run say it
     assert out["plan_key"] == [1.0, 2.5]  # sweep.json's plan says it, so resume plans it
     assert out["csv"] == [["train-n01-p1-b032-native-z1-r0", "1"],
                           ["train-n01-p1-b032-native-z2p5-r0", "2.5"],

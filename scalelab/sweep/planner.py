@@ -59,6 +59,7 @@ from scalelab.sweep.settings import (
     VARIANTS,
     SweepSpec,
     check_emulation,
+    series_label,
     variant_record,
     variant_tag,
     variant_values,
@@ -357,6 +358,8 @@ def describe(run: RunPlan) -> str:
         (["channels_last"] if p.get("channels_last") else []) + \
         ([comm_label(p, " ")] if comm_label(p) else [])
     where += f"  {' '.join(comm)}" if comm else ""
+    # any other variant axis whose value is not what runs before it had (settings.series_label)
+    where += f"  {series_label(p)}" if series_label(p) else ""
     where += "  in a container" if p.get("runtime") == "container" else ""
     where += f"  {p['intra_link']} inside a node" if p.get("intra_link") else ""
     if run.kind == "allreduce":
