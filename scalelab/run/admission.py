@@ -1,10 +1,11 @@
-"""Whether a sweep may run on a cluster, decided in one pass before anything is written.
+"""Whether a sweep may run on a cluster, decided here before anything is written.
 
 The static checks of a sweep (a value in range, a setting its engine has, an accelerator
 profile for every batch) are the settings table's, run when the spec is built
 (scalelab.sweep.settings). What a sweep needs of its cluster is CHECKS below: one row per need,
 with when the sweep has it, whether the cluster meets it and the line that refuses it, as a
-table to read rather than branches to follow; the plan's own refusals (node count, memory, a
+table to read rather than branches to follow (the rows a spec decides run before planning,
+those the planned runs decide after it); the plan's own refusals (node count, memory, a
 global batch that does not split, a precision without GPUs) are the planner's, and where the
 ranks run is scalelab.cluster.gpu's. Then the deeper checks of a container runtime and of
 Slurm, which look at the image and ask the scheduler. Nothing here changes the spec it is given.
