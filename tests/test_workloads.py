@@ -7,6 +7,7 @@ every subprocess has a timeout.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch  # (pinned in the venv: a missing or broken torch fails, never skips)
+from PIL import Image
 
 from scalelab.run import commands
 
@@ -329,6 +331,30 @@ def tiny_dataset(tmp_path_factory) -> Path:
     desc = parse_result(proc.stdout)
     assert desc["num_images"] == 24 and desc["num_shards"] == 4
     return out
+
+
+def test_an_imagenet_like_dataset_weighs_what_imagenet_does(tmp_path, imagedata):
+    """--like imagenet: photos about 110-115 KB each (ImageNet's training set averages about
+    110 KB), mostly 500 px on the long side, which the input pipeline reads from the shards and
+    crops to the model's 224 px like any real data."""
+    proc = run_cmd([PY, str(WORKLOADS / "make_dataset.py"), "--out", str(tmp_path), "--classes",
+                    "4", "--images-per-class", "15", "--like", "imagenet", "--layout", "shards",
+                    "--shard-size", "20"], timeout=120)
+    desc = parse_result(proc.stdout)
+    assert desc["like"] == "imagenet" and desc["num_shards"] == 3
+    sizes, sides = [], []
+    for shard in sorted((tmp_path / "shards").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                if m.name.endswith(".jpg"):
+                    data = tar.extractfile(m).read()
+                    sizes.append(len(data))
+                    sides.append(max(Image.open(io.BytesIO(data)).size))
+    assert len(sizes) == 60 and desc["mean_bytes"] == round(sum(sizes) / 60)
+    assert 100_000 <= desc["mean_bytes"] <= 125_000, desc["mean_bytes"]
+    assert sides.count(500) >= 30 and 300 <= min(sides) and max(sides) <= 800
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    assert tuple(imagedata.TrainTransform(224, seed=0)(img).shape) == (3, 224, 224)
 
 
 def test_make_dataset_writes_both_layouts(tiny_dataset):
