@@ -334,9 +334,9 @@ def tiny_dataset(tmp_path_factory) -> Path:
 
 
 def test_an_imagenet_like_dataset_weighs_what_imagenet_does(tmp_path, imagedata):
-    """--like imagenet: photos about 110-115 KB each (ImageNet's training set averages about
-    110 KB), mostly 500 px on the long side, which the input pipeline reads from the shards and
-    crops to the model's 224 px like any real data."""
+    """--like imagenet: photo-sized JPEGs (mostly 500 px on the long side) of 100-125 KB on
+    average, as ImageNet's training photos average 110-115 KB, which the input pipeline reads
+    from the shards and crops to the model's 224 px like any real data."""
     proc = run_cmd([PY, str(WORKLOADS / "make_dataset.py"), "--out", str(tmp_path), "--classes",
                     "4", "--images-per-class", "15", "--like", "imagenet", "--layout", "shards",
                     "--shard-size", "20"], timeout=120)

@@ -1,7 +1,7 @@
 """What one CPU core's input pipeline delivers on ImageNet-like photos: the decode cost.
 
-Writes --images ImageNet-like JPEGs (bench/workloads/make_dataset.py --like imagenet: about
-110 KB each, mostly 500 px on the long side) in memory, then on one thread, pinned to one CPU,
+Writes --images photo-sized JPEGs weighing what ImageNet's do (bench/workloads/make_dataset.py
+--like imagenet: about 112 KB each, mostly 500 px on the long side) in memory, then on one thread, pinned to one CPU,
 times over --rounds rounds:
   * decode: the JPEG to an RGB image (PIL, as the workloads' DataLoader workers do);
   * pipeline: decode, random-resized crop to --size, flip, to a normalised tensor

@@ -8,9 +8,10 @@ Writes OUT/folders/class_NNN/NNNNNN.jpg and/or OUT/shards/shard-NNNNNN.tar (webd
 members NNNNNN.jpg + NNNNNN.cls, the label as decimal text), plus OUT/dataset.json describing
 both. Images are smooth random colour fields with noise (a blurred upscale of a tiny random
 image), so JPEG sizes and decode costs resemble photos more than white noise would. With
---like imagenet the images are sized as ImageNet's photos mostly are (500 px on the long side,
-4:3 or 3:2) and built of detail at every scale, saved at JPEG quality 90: about 110 KB each,
-the mean of ImageNet's training set, so reading and decoding them costs what ImageNet does.
+--like imagenet the images are photo-sized (500 px on the long side three times in four, else
+300-800 px; 4:3 or 3:2 mostly) and built of detail at every scale, saved at JPEG quality 90:
+about 112 KB each, as ImageNet's training photos average 110-115 KB, so that reading and
+decoding them costs about what ImageNet's do.
 The same seed gives byte-identical images. Prints one `SCALELAB_RESULT {json}` line.
 """
 
@@ -49,7 +50,7 @@ _ASPECTS = ((4 / 3, 0.5), (3 / 2, 0.25), (3 / 4, 0.15), (1.0, 0.1))
 
 
 def imagenet_like_jpeg(rng: random.Random) -> bytes:
-    """One JPEG sized and detailed like an ImageNet training photo (about 110 KB on average):
+    """One photo-sized JPEG weighing what an ImageNet training photo does (112 KB on average):
     500 px on the long side three times in four, else 300-800 px; detail at five scales, the
     finest as strong as a photo's texture, saved at quality 90."""
     aspect = rng.choices([a for a, _ in _ASPECTS], [w for _, w in _ASPECTS])[0]
