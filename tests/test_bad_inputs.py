@@ -274,6 +274,9 @@ CASES = [
      "--batch-size 100000: resnet50 needs about"),
     ("bench-rate-zero", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                   "--bandwidth", "0mbit"], "is zero"),
+    ("bench-data-relative", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                      "--data", "imagenet"],
+     "--data: 'imagenet' must be 'synthetic' or an absolute dataset path on the nodes"),
     # a fabric profile stands for a network on emulated links, never for real NICs
     ("bench-profile-on-real-hosts", "static+facts",
      ["bench", "--nodes", "1", "--batch-size", "16", "--fabric-profile", "ethernet-tcp"],

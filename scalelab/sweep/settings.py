@@ -198,10 +198,10 @@ SETTINGS: tuple[Setting, ...] = (
             "input images' side in pixels (default: the model's own)", bench=False,
             record="image_size"),
     Setting("data", "data", "str", values.data, SYNTHETIC,
-            "synthetic, or an absolute dataset path on the nodes (class folders or tar "
-            "shards)", bench=False, record="data"),
+            "synthetic (the default), or an absolute path on the nodes of a dataset in class "
+            "folders or tar shards, e.g. /data/imagenet", record="data"),
     Setting("loader_workers", "loader_workers", "int", lambda x, w: values.one_int(x, w, 0), 2,
-            "real data (a sweep file's data: key): DataLoader workers per rank (default 2)",
+            "real data (--data): DataLoader workers per rank (default 2)",
             record="loader_workers", since=3, before=Planned(2)),
     Setting("pin_memory", "pin_memory", "str", lambda x, w: values.choice(x, w, PIN_MEMORY), "auto",
             "real data: on, off or auto (on when the ranks train on GPUs)",
