@@ -22,7 +22,7 @@ from scalelab.core.state import write_atomic
 from scalelab.core.units import format_rate
 from scalelab.model import analysis
 from scalelab.model.comm import comm_label
-from scalelab.results.records import RunRecord, number, typed
+from scalelab.results.records import RunRecord, number, text, typed
 from scalelab.results.store import SWEEP_FILE, TIMELINE_KEYS, read_records
 from scalelab.sweep.settings import SETTINGS, Setting, series_label
 
@@ -152,9 +152,7 @@ def _scaling(p: dict[str, Any]) -> dict[str, Any]:
 
 def _cell(setting: Setting, value: Any) -> Any:
     """A setting's results.csv cell: a number (NaN where the run has none) or text ("")."""
-    if setting.numeric:
-        return number(value)
-    return "" if value is None else str(value)
+    return number(value) if setting.numeric else text(value)
 
 
 def plan_min_nodes(meta: dict[str, Any]) -> dict[str, int]:
@@ -240,8 +238,8 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
     env, placed = rec.env, rec.placement
     return {
         "sweep_id": rec.sweep_id, "run_id": rec.run_id, "target": rec.target, "nodes": nodes,
-        "procs_per_node": ppn, "world_size": ws, "model": _text(p["model"]),
-        "engine": _text(p["engine"]), "precision": _text(p["precision"]),
+        "procs_per_node": ppn, "world_size": ws, "model": text(p["model"]),
+        "engine": text(p["engine"]), "precision": text(p["precision"]),
         "batch_size": number(p["batch_size"]), "bandwidth_mbit": bw, "repeat": number(p["repeat"]),
         "status": rec.status, "link_mbit_measured": rec.link_mbit_measured,
         "link_error": rec.link_error, "started_at": rec.started_at,
@@ -273,10 +271,6 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
         # the per-hop delay the links added (real time; a fabric profile's latency times k)
         "hop_delay_us": number(env.get("hop_delay_us")),
     }
-
-
-def _text(value: Any) -> str:
-    return "" if value is None else str(value)
 
 
 def _rank_rows(idx: int, rec: RunRecord) -> list[tuple]:

@@ -17,7 +17,8 @@ from typing import Any
 from scalelab.sweep.settings import RunParams
 
 
-def _text(value: Any) -> str:
+def text(value: Any) -> str:
+    """A text field: "" where there is none."""
     return "" if value is None else str(value)
 
 
@@ -77,18 +78,18 @@ class RunRecord:
         """
         params = raw.get("params")
         return cls(
-            sweep_id=_text(raw.get("sweep_id")), run_id=_text(raw.get("run_id")),
-            kind=_text(raw.get("kind") or "train"), status=_text(raw.get("status")),
+            sweep_id=text(raw.get("sweep_id")), run_id=text(raw.get("run_id")),
+            kind=text(raw.get("kind") or "train"), status=text(raw.get("status")),
             params=RunParams.of(params if isinstance(params, dict) else {}),
-            target=_text(raw.get("target")),
+            target=text(raw.get("target")),
             node_names=tuple(n for n in raw.get("node_names") or [] if isinstance(n, str))
             if isinstance(raw.get("node_names"), list) else (),
             ranks=_items(raw.get("ranks")), allreduce=_items(raw.get("allreduce")),
             gradient_bytes=number(raw.get("gradient_bytes")),
             link_mbit_measured=number(raw.get("link_mbit_measured")),
             link_mbit_single_stream=number(raw.get("link_mbit_single_stream")),
-            link_error=_text(raw.get("link_error")), started_at=_text(raw.get("started_at")),
-            duration_s=number(raw.get("duration_s")), error=_text(raw.get("error")),
+            link_error=text(raw.get("link_error")), started_at=text(raw.get("started_at")),
+            duration_s=number(raw.get("duration_s")), error=text(raw.get("error")),
             env=_part(raw.get("env")), timeline=_part(raw.get("timeline")),
             accelerator=_part(raw.get("accelerator")), slurm=_part(raw.get("slurm")),
             placement=_part(raw.get("placement")), comm=_part(raw.get("comm")))

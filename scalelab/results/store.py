@@ -530,7 +530,7 @@ def same_params(stored: Any, planned: dict[str, Any]) -> bool:
     for r in RECORD:
         if r.key in stored or r.key not in planned:
             continue
-        as_planned = r.setting is not None and isinstance(r.setting.before, Planned)
+        as_planned = isinstance(r.before, Planned)
         stored = {**stored, r.key: planned[r.key] if as_planned else r.old_value(stored)}
     if planned.get("dilation") is None:
         stored = {**stored, "dilation": None}

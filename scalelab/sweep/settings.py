@@ -316,7 +316,7 @@ BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 # in sweep.json is read as the version its params' keys say (store_version_of). 9 is the first
 # that says its version; a setting declared with a later `since` makes that the version.
 STORE_VERSION = max([9, *(s.since for s in SETTINGS)])
-SWEEP_KEYS = tuple(BY_KEY)
+FILE_KEYS = tuple(BY_KEY)
 VARIANTS = tuple(s for s in SETTINGS if s.variant)
 
 # params keys the planner fills from a run's layout rather than from one setting: the layout
@@ -390,8 +390,7 @@ def _params_class() -> type:
         "RunParams", [(r.key, Any) for r in RECORD], frozen=True, namespace={
             "__doc__": "A run's params as runs.jsonl holds them (PARAM_KEYS; RunParams.of "
                        "reads a record of any store version).",
-            "of": classmethod(lambda cls, p: cls(**upgrade_params(p))),
-            "as_dict": lambda self: dataclasses.asdict(self)})
+            "of": classmethod(lambda cls, p: cls(**upgrade_params(p)))})
     cls.__module__ = __name__
     return cls
 

@@ -18,7 +18,7 @@ from scalelab.cluster.nodes import nodes_of
 from scalelab.core.errors import InputError, suggest
 from scalelab.core.state import PROJECT_ROOT
 from scalelab.core.units import format_rate
-from scalelab.sweep.settings import BY_KEY, SETTINGS, SWEEP_KEYS, SweepSpec, check_spec
+from scalelab.sweep.settings import BY_KEY, FILE_KEYS, SETTINGS, SweepSpec, check_spec
 from scalelab.sweep.values import given
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def _mapping_fields(data: Any, source: str) -> dict[str, Any]:
                          "bandwidth (see bench/sweeps/demo.yml)")
     for key in data:
         if key not in BY_KEY:
-            hint = suggest(str(key), SWEEP_KEYS) or f"valid keys: {', '.join(SWEEP_KEYS)}"
+            hint = suggest(str(key), FILE_KEYS) or f"valid keys: {', '.join(FILE_KEYS)}"
             # a key that is no name is not echoed: a wrong path (a credentials file, say)
             # must not put that file's content into the terminal or a CI log
             shown = repr(key) if re.fullmatch(r"[A-Za-z_][\w.-]{0,39}", str(key)) else \
