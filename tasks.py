@@ -26,25 +26,12 @@ from scalelab.cluster.targets import DEFAULT_TARGET
 from scalelab.cluster.targets.tf import accept_lost_state
 from scalelab.core import lock
 from scalelab.core.errors import ScalelabError
-from scalelab.core.state import (
-    check_cluster_name,
-    cluster_dir,
-    list_clusters,
-    load_cluster,
-    reports_dir,
-)
+from scalelab.core.state import check_cluster_name, cluster_dir, list_clusters, load_cluster, reports_dir
 from scalelab.model import accel
 from scalelab.results import store
-from scalelab.run import (
-    admission,
-    lifecycle,
-    linkprobe,
-)
+from scalelab.run import admission, lifecycle, linkprobe
 from scalelab.run.progress import Bar
-from scalelab.sweep import (
-    planner,
-    sweepfile,
-)
+from scalelab.sweep import planner, sweepfile
 
 
 def _setup_logging() -> None:
@@ -117,7 +104,6 @@ def destroy(c, cluster="demo", all_clusters=False, state_lost=False):
     for name in list_clusters() if all_clusters else [cluster]:
         with lock.hold(name):
             if state_lost:
-
                 accept_lost_state(name)
             done, kept = lifecycle.destroy(reports_dir(), name)
         for line in done:
@@ -169,7 +155,6 @@ def check(c, cluster="demo", links=False, seconds="1"):
     def show(k, total, m) -> None:
         rate = f"{m.mbit:8.1f} Mbit/s" if m.mbit is not None else f"failed: {m.error}"
         print(f"  [{k}/{total}] {m.client} -> {m.server}: {rate}", flush=True)
-
 
     with lock.hold(cluster):  # no sweep's rates or iperf3 ports beside these
         results = linkprobe.check_links(nodes, load_cluster(cluster)["known_hosts"],
@@ -237,7 +222,6 @@ def bench(c, cluster="demo", sweep="", dry_run=False, resume="", retry_failed=Fa
     asked = {"cluster": cluster, "sweep": sweep, **settings}
     import datetime as dt
     import threading
-
 
     root = reports_dir()
     if resume:
@@ -365,13 +349,11 @@ def image(c, wheel_dir="", force=False, dry_run=False, base=""):
     """Build the training image (Debian + the bundle's wheelhouse + workloads) as an archive."""
     from pathlib import Path
 
-
     dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
         [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
               Path.home() / ".cache" / "scalelab" / "wheels")]
     constraints = Path(__file__).resolve().parent / "constraints.txt"
     if base:
-
         if dry_run:
             print(f"image on {base}: its layers as they are, then /opt/scalelab (a venv over its "
                   "Python, Horovod where it lacks one and the wheel fits, bench/workloads)")
@@ -397,7 +379,6 @@ def image(c, wheel_dir="", force=False, dry_run=False, base=""):
 def bundle(c, out="bundle", wheel_dir=""):
     """Build an offline bundle (Debian packages + wheelhouse) for hosts without internet."""
     from pathlib import Path
-
 
     dirs = [Path(d).expanduser() for d in wheel_dir.split(",") if d.strip()] if wheel_dir else \
         [Path(os.environ.get("SCALELAB_WHEEL_CACHE") or
@@ -426,7 +407,6 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
             output="", channels_last=False):
     """Measure a device profile on this machine (per-layer forward/backward times) for --accelerator."""
     import subprocess
-
 
     cmd, tmp, out, what = accel.profile_command(model, batch_size, precision, device, steps,
                                                 output, channels_last)
@@ -534,7 +514,6 @@ def test(c, k="", fast=False, no_lint=False, gpu=False):
 def lint(c):
     """ruff, yamllint, ansible-lint (production profile) and terraform fmt -check."""
     from pathlib import Path
-
 
     bindir = Path(sys.executable).parent
     c.run(f"{bindir}/ruff check scalelab tests bench tasks.py playbooks")

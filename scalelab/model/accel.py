@@ -243,7 +243,6 @@ def profile_command(model: str, batch_size: str | int, precision: str, device: s
     be profiled here, before anything runs."""
     import sys
 
-
     if model not in MODELS:
         raise InputError(f"unknown model {model!r}{suggest(model, list(MODELS))}; known: "
                          f"{', '.join(MODELS)}")
