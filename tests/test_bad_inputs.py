@@ -276,7 +276,7 @@ CASES = [
                                   "--bandwidth", "0mbit"], "is zero"),
     ("bench-data-relative", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                       "--data", "imagenet"],
-     "--data: 'imagenet' must be 'synthetic' or an absolute dataset path on the nodes"),
+     "--data: 'imagenet' must be synthetic, an absolute path on the nodes (e.g. /data/imagenet) or a shard URL"),
     # a fabric profile stands for a network on emulated links, never for real NICs
     ("bench-profile-on-real-hosts", "static+facts",
      ["bench", "--nodes", "1", "--batch-size", "16", "--fabric-profile", "ethernet-tcp"],

@@ -186,7 +186,7 @@ def test_plan_size_and_unique_ids_for_any_axes(nodes, batches, rates, ppns, repe
     ("procs_per_node", "0", "--procs-per-node: 0"),
     ("timeout_s", "-5", "--timeout: '-5' must be a positive number of seconds"),
     ("allreduce_sizes", "1M,huge", "--allreduce-sizes: 'huge' is not a size"),
-    ("data", "imagenet", "--data: 'imagenet' must be 'synthetic' or an absolute dataset path"),
+    ("data", "imagenet", "--data: 'imagenet' must be synthetic, an absolute path on the nodes"),
 ])
 def test_bad_options_are_one_line_input_errors(option, value, message):
     with pytest.raises(InputError) as err:

@@ -15,6 +15,7 @@ where the workload reads it; tests/test_settings.py adds a made-up one and follo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -135,12 +136,20 @@ def _comm(key: str, tag: str, engines: tuple[str, ...], example: str, help: str)
                    column=key, since=5, before=_comm_before(key, engines))
 
 
+def _data_tag(source: str) -> str:
+    """A data source's run-id segment: syn, or d and six hex digits of its text (two paths may
+    share a last name)."""
+    if source == SYNTHETIC:
+        return "syn"
+    return "d" + hashlib.sha1(source.encode()).hexdigest()[:6]
+
+
 def check_emulation(spec: Any, image_size: int,
                     per_worker: Sequence[int] | None = None) -> None:
     """An emulated accelerator must have a usable profile for every batch size per worker (the
     spec's, or per_worker: those the plan's global batches split into), with real (synthetic)
     input only: InputError otherwise, before anything runs."""
-    if spec.data != SYNTHETIC:
+    if spec.data != [SYNTHETIC]:
         raise InputError(f"--accelerator {spec.accelerator} emulates compute and reads no data: "
                          "leave data synthetic")
     for precision in spec.precisions:
@@ -197,9 +206,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("image_size", "image_size", "int | None", lambda x, w: values.one_int(x, w, 8), None,
             "input images' side in pixels (default: the model's own)", bench=False,
             record="image_size"),
-    Setting("data", "data", "str", values.data, SYNTHETIC,
-            "synthetic (the default), or an absolute path on the nodes of a dataset in class "
-            "folders or tar shards, e.g. /data/imagenet", record="data"),
     Setting("loader_workers", "loader_workers", "int", lambda x, w: values.one_int(x, w, 0), 2,
             "real data (--data): DataLoader workers per rank (default 2)",
             record="loader_workers", since=3, before=Planned(2)),
@@ -238,6 +244,12 @@ SETTINGS: tuple[Setting, ...] = (
         parse=lambda x, w: values.choice_list(x, w, COMPRESSIONS), tag=str,
         help="gradient compression to sweep: none, fp16 or none,fp16 (DDP: the fp16 compress "
              "hook's cast; Horovod: hvd.Compression.fp16)"),
+    # a data source per value: where the ranks' batches come from (sources, docs/data.md)
+    Setting("data", "data", "list[str]", values.data, [SYNTHETIC],
+            "data sources to sweep: synthetic (the default), an absolute path on the nodes "
+            "(class folders or tar shards, e.g. /data/imagenet), or tar shards at an http:// "
+            "or nfs:// URL (invoke stage prints one), or several, comma-separated",
+            variant=True, single=SYNTHETIC, tag=_data_tag, series=False, record="data"),
     # emulation: accelerators and the links between them
     Setting("accelerator", "accelerator", "str | None", values.accelerator, None,
             "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "

@@ -134,14 +134,55 @@ def intra_link(value: Any, what: str) -> str | None:
     return None if got is None else got[0]
 
 
-def data(value: Any, what: str) -> str:
+# A dataset path or shard URL: the characters paths and URLs of data sets use, nothing a shell
+# or ssh reads as syntax (a value reaches the ranks' command lines)
+_DATA_CHARS = re.compile(r"[A-Za-z0-9._/{}:@%+=~-]+")
+_SHARD_URL = re.compile(r"(?P<scheme>https?|nfs)://(?P<host>[A-Za-z0-9.-]+)(?::(?P<port>[0-9]{1,5}))?"
+                        r"(?P<path>/[^?#]*\.tar)")
+_BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def data_source(value: Any, what: str) -> str:
+    """One data source: synthetic, an absolute path on the nodes (class folders, tar shards, one
+    .tar), or tar shards at an http(s):// or nfs:// URL, a {000000..000063} range naming a set.
+
+    >>> data_source("http://10.0.0.1:8000/in/shard-{000000..000063}.tar", "--data")
+    'http://10.0.0.1:8000/in/shard-{000000..000063}.tar'
+    >>> data_source("data/in", "--data")
+    Traceback (most recent call last):
+    ...
+    scalelab.core.errors.InputError: --data: 'data/in' must be synthetic, an absolute path on the nodes (e.g. /data/imagenet) or a shard URL (e.g. http://10.0.0.1:8000/imagenet/shard-{000000..000127}.tar)
+    """
     text = str(value).strip()
     if text == SYNTHETIC:
         return text
-    if not text.startswith("/"):
-        raise InputError(f"{what}: {value!r} must be 'synthetic' or an absolute dataset path "
-                         "on the nodes, e.g. /data/imagenet")
+    fix = ("must be synthetic, an absolute path on the nodes (e.g. /data/imagenet) or a shard "
+           "URL (e.g. http://10.0.0.1:8000/imagenet/shard-{000000..000127}.tar)")
+    if not _DATA_CHARS.fullmatch(text) or ".." in _BRACES.sub("", text).split("/"):
+        raise InputError(f"{what}: {text!r} {fix}")
+    if "://" in text:
+        url = _SHARD_URL.fullmatch(text)
+        if not url or (url["port"] and not 0 < int(url["port"]) < 65536):
+            raise InputError(f"{what}: {text!r} {fix}")
+        for low, high in _BRACES.findall(text):
+            if int(low) > int(high) or len(low) != len(high):
+                raise InputError(f"{what}: {text!r}: a shard range needs equal widths, low to "
+                                 "high, e.g. {000000..000127}")
+        return text
+    if not text.startswith("/") or "{" in text or "}" in text:
+        raise InputError(f"{what}: {text!r} {fix}")
     return text
+
+
+def data(value: Any, what: str) -> list[str]:
+    """Data sources to sweep, comma-separated or a YAML list, in the order given, no repeats."""
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    out: list[str] = []
+    for item in items:
+        got = data_source(item, what)
+        if got not in out:
+            out.append(got)
+    return out
 
 
 def accelerator(value: Any, what: str) -> str | None:
