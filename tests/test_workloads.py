@@ -385,22 +385,57 @@ def test_train_transform_crops_flips_and_normalises(imagedata, tiny_dataset):
             assert 0 <= left < right <= w and 0 <= top < bottom <= h
 
 
+def _one_epoch(imagedata, shards, rank, world, n):
+    ds = imagedata.TarShardDataset(shards, imagedata.TrainTransform(16), rank, world)
+    return [sample for _, sample in zip(range(n), ds, strict=False)]
+
+
 def test_tar_shards_are_split_disjointly_across_ranks(imagedata, tiny_dataset):
-    shards = imagedata.find_shards(str(tiny_dataset / "shards"))
-    seen = []
-    for rank in range(2):
-        ds = imagedata.TarShardDataset(shards, imagedata.TrainTransform(16), rank, 2)
-        it = iter(ds)
-        seen.append([next(it)[1] for _ in range(12)])  # one epoch = 24 / 2 samples
-    assert sorted(seen[0] + seen[1]) == sorted([c for c in range(3) for _ in range(8)])
-    # fewer shards than (rank, worker) slots: split by sample instead, still disjoint
-    ds5 = [imagedata.TarShardDataset(shards[:1], imagedata.TrainTransform(16), r, 5) for r in range(5)]
-    counts = []
-    for ds in ds5:
-        it = iter(ds)
-        counts.append(sum(1 for _ in zip(range(2), it, strict=False)))
-    assert counts == [2, 2, 2, 2, 2]
-    assert imagedata.tar_num_classes(shards) == 3
+    """Each rank reads whole shards of its own (WebDataset's tar reading), every sample once per
+    epoch, and counts the bytes it read: the shards' own, tar headers included."""
+    shards = imagedata.shard_urls(str(tiny_dataset / "shards"))
+    got = [_one_epoch(imagedata, shards, rank, 2, 12) for rank in range(2)]  # 24 / 2 samples
+    labels = [label for part in got for _, label, _ in part]
+    assert sorted(labels) == sorted([c for c in range(3) for _ in range(8)])
+    read = sum(nbytes for part in got for _, _, nbytes in part)
+    members = 0
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            members += sum(m.size for m in tar.getmembers())
+    assert members < read <= sum(os.path.getsize(s) for s in shards)
+    # fewer shards than (rank, worker) slots: refused, naming the fix
+    with pytest.raises(ValueError, match=r"1 shard\(s\) for 2 rank\(s\) x 1 loader worker\(s\)"
+                       r".*give at least 2 shards or fewer loader workers"):
+        imagedata.make_loader(shards[0], image_size=16, batch_size=2, workers=0, rank=0,
+                              world=2, num_classes=None, pin_memory=False)
+
+
+def test_tar_shards_are_read_from_a_web_server_as_from_disk(imagedata, tiny_dataset):
+    """Shards at http:// URLs (a {low..high} range) are the same samples as on disk, through a
+    real HTTP server; a server that is gone fails the read with curl's reason."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
+                                directory=str(tiny_dataset / "shards"))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/shard-{{000000..000003}}.tar"
+        urls = imagedata.shard_urls(url)
+        assert len(urls) == 4
+        web = _one_epoch(imagedata, urls, 0, 1, 24)
+        disk = _one_epoch(imagedata, imagedata.shard_urls(str(tiny_dataset / "shards")), 0, 1, 24)
+        assert [label for _, label, _ in web] == [label for _, label, _ in disk]
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(web, disk, strict=True))
+        assert sum(n for *_, n in web) == sum(n for *_, n in disk)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(OSError, match="exit 7"):  # curl: could not connect
+        _one_epoch(imagedata, urls, 0, 1, 1)
 
 
 @pytest.mark.slow
@@ -424,12 +459,19 @@ def test_resnet_trains_on_real_data(tiny_dataset, layout):
             "1",
             "--data",
             str(tiny_dataset / layout),
+            # folders count their classes; shards are not read up front for theirs
+            *(["--num-classes", "3"] if layout == "shards" else []),
         ],
         timeout=120,
     )
     res = parse_result(proc.stdout)
     check_train_result(res, 1)
     assert res["data_layout"] == layout and res["num_classes"] == 3
+    # what the loader read for the 12 images the timed steps trained on: the JPEGs' bytes (and
+    # the shards' tar headers), each image read once
+    jpeg = sum(p.stat().st_size for p in (tiny_dataset / "folders").rglob("*.jpg")) / 24
+    assert 0.5 * jpeg < res["data_bytes_per_image"] < 3 * jpeg + 2048, (res["data_bytes_per_image"], jpeg)
+    assert res["data_bytes"] == res["ranks"][0]["data_bytes"] > 0
     assert res["gradient_bytes"] == 4 * (269_722 - 7 * 65)  # fc has 3 outputs, not 10
 
 

@@ -4,31 +4,40 @@ DataLoader workers with PIL, sharded across ranks. No torchvision.
 Two layouts are read, from a local path or a shared mount:
 
 * class folders: ``ROOT/<class>/<image>.jpg`` (classes = sorted sub-directory names);
-* webdataset tar shards: ``ROOT/*.tar`` (or one .tar file), each sample a pair of members
+* webdataset tar shards: ``ROOT/*.tar``, one .tar file or shard URLs, each sample a pair of members
   ``<key>.jpg`` + ``<key>.cls`` (the label as decimal text), members of a sample adjacent.
 
 Training augmentation is the usual ImageNet one: random-resized-crop (scale 0.08-1, aspect
 3/4-4/3), horizontal flip with p=0.5, ImageNet mean/std normalisation.
 
+Shards are read with WebDataset's tar expansion and sample grouping, from a path, or from
+http(s):// URLs through curl and nfs:// URLs through nfs-cat, a {000000..000127} range naming a
+set; the loader counts the bytes it reads from storage. Shards whose class count is not given
+(--num-classes) are taken to have ImageNet's 1,000 classes (counting them would read the set).
+
 Sharding: class folders use DistributedSampler (every rank the same number of samples). Tar
-shards are split by shard across (rank, worker) when there are enough shards, else by sample
-index. Both streams repeat epochs, so every rank can draw exactly warmup+steps batches and no
-rank runs dry before the others (which would hang the collective).
+shards are split by shard across the (rank, worker) slots, and a set with fewer shards than
+slots is refused. Both streams repeat epochs, so every rank can draw exactly warmup+steps
+batches and no rank runs dry before the others (which would hang the collective).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import random
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from braceexpand import braceexpand
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from webdataset.gopen import Pipe
+from webdataset.tariterators import group_by_keys, tar_file_expander
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -122,101 +131,117 @@ class FolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
         path, label = self.samples[i]
         with open(path, "rb") as f:
-            return self.transform(decode(f.read())), label
+            data = f.read()
+        return self.transform(decode(data)), label, len(data)
 
 
-def iter_tar_samples(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Yield (key, {ext: bytes}) for each sample of a webdataset shard, streaming."""
-    key, parts = None, {}
-    with tarfile.open(path, mode="r|*") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            base = os.path.basename(member.name)
-            if "." not in base:
-                continue
-            k, ext = base.split(".", 1)
-            k = os.path.join(os.path.dirname(member.name), k)
-            if k != key:
-                if key is not None:
-                    yield key, parts
-                key, parts = k, {}
-            f = tar.extractfile(member)
-            parts[ext.lower()] = f.read() if f else b""
-    if key is not None:
-        yield key, parts
+class Counted(io.RawIOBase):
+    """A shard's stream that counts the bytes read through it (what crossed the storage path)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.count = stream, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        data = self.stream.read(len(buf))
+        buf[: len(data)] = data
+        self.count += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        finally:
+            super().close()
 
 
-def _image_part(parts: dict[str, bytes]) -> bytes | None:
+def open_shard(url: str) -> Any:
+    """A shard as a byte stream: a file, an http(s) URL through curl (as WebDataset opens web
+    servers, with a short retry so that a dead server fails the run in seconds), an nfs URL
+    through libnfs's nfs-cat (user space, where no kernel client mounts the share)."""
+    if url.startswith(("http://", "https://")):
+        return Pipe(["curl", "--connect-timeout", "10", "--retry", "2", "--retry-delay",
+                               "1", "-f", "-s", "-S", "-L", url], mode="rb", bufsize=1 << 20,
+                              ignore_status=[141, 23])
+    if url.startswith("nfs://"):
+        return Pipe(["nfs-cat", url], mode="rb", bufsize=1 << 20, ignore_status=[141])
+    return open(url, "rb", buffering=1 << 20)
+
+
+def shard_urls(source: str) -> list[str]:
+    """The shards of a source: a {low..high} range of URLs, one .tar, or a directory's .tar files."""
+    if "://" in source:
+        return list(braceexpand(source))
+    if os.path.isfile(source) and source.endswith(".tar"):
+        return [source]
+    if os.path.isdir(source):
+        return sorted(os.path.join(source, f) for f in os.listdir(source) if f.endswith(".tar"))
+    return []
+
+
+def _image_part(sample: dict[str, Any]) -> bytes | None:
     for ext in ("jpg", "jpeg", "png"):
-        if ext in parts:
-            return parts[ext]
+        if ext in sample:
+            return sample[ext]
     return None
 
 
 class TarShardDataset(IterableDataset):
-    """Webdataset-layout shards, split over (rank, worker), repeating epochs forever."""
+    """WebDataset shards split by shard over the (rank, worker) slots, every slot at least one
+    shard (make_loader refuses fewer), in an order shuffled per epoch the same on every rank;
+    epochs repeat forever. Yields (image, label, bytes read from storage since the last)."""
 
-    def __init__(self, shards: list[str], transform: TrainTransform, rank: int, world: int, seed: int = 0) -> None:
+    def __init__(self, shards: list[str], transform: TrainTransform, rank: int, world: int,
+                 seed: int = 0) -> None:
         if not shards:
             raise ValueError("no .tar shards")
         self.shards = sorted(shards)
         self.transform = transform
         self.rank, self.world, self.seed = rank, world, seed
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+    def _opened(self, mine: list[str], counters: list[Counted]) -> Iterator[dict[str, Any]]:
+        for url in mine:
+            stream = Counted(open_shard(url))
+            counters.append(stream)
+            try:
+                yield {"url": url, "stream": stream}
+            except GeneratorExit:  # left mid-shard: a reader cut off is no error of its own
+                with contextlib.suppress(OSError):
+                    stream.close()
+                raise
+            stream.close()  # a reader that failed after its last byte fails here
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int]]:
         info = torch.utils.data.get_worker_info()
         wid, nworkers = (info.id, info.num_workers) if info else (0, 1)
         slots = self.world * nworkers
         slot = self.rank * nworkers + wid
+        if len(self.shards) < slots:
+            raise ValueError(f"{len(self.shards)} shard(s) for {slots} (rank, worker) slots")
         self.transform.reseed(self.seed * 1_000_003 + slot)
-        by_shard = len(self.shards) >= slots
         for epoch in range(1 << 30):  # bounded by the caller, which draws a fixed batch count
             order = list(self.shards)
             random.Random(self.seed + epoch).shuffle(order)  # same order on every rank
-            if by_shard:
-                mine = order[slot::slots]
-            else:
-                mine = order
-            n = 0
-            for shard in mine:
-                for i, (key, parts) in enumerate(iter_tar_samples(shard)):
-                    if not by_shard and i % slots != slot:
-                        continue
-                    img = _image_part(parts)
-                    if img is None or "cls" not in parts:
-                        raise ValueError(f"{shard}: sample {key} lacks .jpg/.cls")
-                    n += 1
-                    yield self.transform(decode(img)), int(parts["cls"].decode().strip())
-            if n == 0:
-                raise ValueError(
-                    f"rank {self.rank} worker {wid}: no samples in its share of {len(self.shards)} shard(s)"
-                )
+            counters: list[Counted] = []
+            told = 0
+            for sample in group_by_keys(tar_file_expander(self._opened(order[slot::slots],
+                                                                        counters))):
+                img = _image_part(sample)
+                if img is None or "cls" not in sample:
+                    raise ValueError(f"{sample['__url__']}: sample {sample['__key__']} lacks "
+                                     ".jpg/.cls")
+                read = sum(c.count for c in counters)
+                yield (self.transform(decode(img)), int(sample["cls"].decode().strip()),
+                       read - told)
+                told = read
 
 
-def find_shards(path: str) -> list[str]:
-    if os.path.isfile(path) and path.endswith(".tar"):
-        return [path]
-    if os.path.isdir(path):
-        return sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".tar"))
-    return []
-
-
-def tar_num_classes(shards: list[str]) -> int:
-    """max label + 1 over all shards (reads every .cls member; pass --num-classes to skip)."""
-    top = -1
-    for shard in shards:
-        with tarfile.open(shard, mode="r|*") as tar:
-            for m in tar:
-                if m.isfile() and m.name.endswith(".cls"):
-                    f = tar.extractfile(m)
-                    top = max(top, int(f.read().decode().strip()) if f else -1)
-    if top < 0:
-        raise ValueError("no .cls members in the shards")
-    return top + 1
+IMAGENET_CLASSES = 1000  # the classes of shards whose count is not given (--num-classes)
 
 
 @dataclass
@@ -226,6 +251,7 @@ class RealData:
     layout: str  # "folders" | "shards"
     num_samples: int | None  # None for shards (not counted up front)
     _sampler: DistributedSampler | None = None
+    bytes_read: int = 0  # bytes the loader's workers read from storage for the batches yielded
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Endless batches (epochs repeat); the caller takes a fixed count."""
@@ -233,15 +259,16 @@ class RealData:
             if self._sampler is not None:
                 self._sampler.set_epoch(epoch)
             got = 0
-            for batch in self.loader:
+            for x, y, nbytes in self.loader:
                 got += 1
-                yield batch
+                self.bytes_read += int(nbytes.sum())
+                yield x, y
             if got == 0:
                 raise ValueError("dataset yields no full batch for this rank; lower --batch-size or add images")
 
 
 def make_loader(
-    path: str,
+    source: str,
     *,
     image_size: int,
     batch_size: int,
@@ -253,11 +280,12 @@ def make_loader(
     seed: int = 0,
     timeout_s: float = 0.0,
 ) -> RealData:
-    """A DataLoader over `path` (folders or tar shards), this rank's share of it.
-    timeout_s bounds the wait for a batch from the workers (0 = no bound; needs workers > 0)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"--data {path}: no such file or directory")
-    shards = find_shards(path)
+    """A DataLoader over `source` (class folders, or tar shards at a path or URLs), this rank's
+    share of it. timeout_s bounds the wait for a batch from the workers (0 = no bound; needs
+    workers > 0)."""
+    if "://" not in source and not os.path.exists(source):
+        raise FileNotFoundError(f"--data {source}: no such file or directory")
+    shards = shard_urls(source)
     common = dict(
         batch_size=batch_size,
         num_workers=workers,
@@ -266,10 +294,14 @@ def make_loader(
         timeout=timeout_s if workers > 0 else 0.0,
     )
     if shards:
+        slots = world * max(workers, 1)
+        if len(shards) < slots:
+            raise ValueError(f"--data {source}: {len(shards)} shard(s) for {world} rank(s) x "
+                             f"{max(workers, 1)} loader worker(s): every worker reads whole "
+                             f"shards, so give at least {slots} shards or fewer loader workers")
         ds = TarShardDataset(shards, TrainTransform(image_size, seed), rank, world, seed)
-        k = num_classes or tar_num_classes(shards)
-        return RealData(DataLoader(ds, **common), k, "shards", None)
-    ds = FolderDataset(path, TrainTransform(image_size, seed + rank))
+        return RealData(DataLoader(ds, **common), num_classes or IMAGENET_CLASSES, "shards", None)
+    ds = FolderDataset(source, TrainTransform(image_size, seed + rank))
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=False)
     loader = DataLoader(ds, sampler=sampler, worker_init_fn=_reseed_worker, **common)
     return RealData(loader, num_classes or ds.num_classes, "folders", len(ds), sampler)

@@ -148,6 +148,7 @@ class Timed:
     t_first: float  # perf_counter at the first timed step
     t_last: float  # perf_counter after the last
     window: dict  # common.sample_delta over the timed steps (the fidelity guard's figures)
+    data_bytes: int | None  # bytes the loader read from storage for the timed steps (real data)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -356,6 +357,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     model, optimizer, clock, timer, grad_ready = eng.model, eng.optimizer, eng.clock, eng.timer, eng.grad_ready
     steps_rec: list[dict[str, float]] = []
     t_first = None
+    real, bytes_first = data.real, 0
     it = data.batches()
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
@@ -363,6 +365,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
             sample_start = common.host_sample()  # before the clock starts: not in the window
             t_first = time.perf_counter()
             TIMELINE["timed_start"] = time.time()
+            bytes_first = real.bytes_read if real is not None else 0
         timer.reset()
         grad_ready.clear()
         start = clock.mark()
@@ -405,7 +408,8 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     it.close()
     if t_first is None or len(steps_rec) != a.steps:
         raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected {a.steps}")
-    return Timed(steps_rec, t_first, t_last, window)
+    data_bytes = real.bytes_read - bytes_first if real is not None else None
+    return Timed(steps_rec, t_first, t_last, window, data_bytes)
 
 
 def _step_record(a: argparse.Namespace, hvd, eng: Engine, start, t_data, t_bwd, t_sync, t_end,
@@ -473,6 +477,10 @@ def _rank_record(a: argparse.Namespace, me: Rank, eng: Engine, timed: Timed) -> 
         "comm_time_mean_s": common.mean([s["comm_s"] for s in steps_rec]),
         "comm_inflight_mean_s": common.mean([s["inflight_s"] for s in steps_rec]),
         "data_time_mean_s": common.mean([s["data_s"] for s in steps_rec]),
+        # what its loader read from storage over the timed steps, and at what rate (real data)
+        "data_bytes": timed.data_bytes,
+        "data_read_mb_s": None if timed.data_bytes is None
+        else timed.data_bytes / 1e6 / max(timed.t_last - timed.t_first, 1e-9),
         "step_times_s": step_times,
         "final_loss": steps_rec[-1]["loss"],
         # the fidelity guard's figures over the timed steps (wall time, not dilated)
@@ -513,6 +521,10 @@ def _result(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine
         "num_params": t.num_params,
         "data": a.data,
         "data_layout": data.layout,
+        # bytes read from storage for the timed steps, all ranks, and per image trained on
+        "data_bytes": None if real is None else sum(r["data_bytes"] for r in ranks),
+        "data_bytes_per_image": None if real is None else sum(r["data_bytes"] for r in ranks)
+        / (a.batch_size * a.steps * me.world),
         "workers": a.workers if real is not None else 0,
         "loader_workers": a.workers if real is not None else None,
         "pin_memory": data.pin_memory if real is not None else None,

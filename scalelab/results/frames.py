@@ -57,6 +57,9 @@ CSV_COLUMNS = [
     # the path between the ranks of one node as stated (--intra-link) and its Mbit/s per ring
     # edge; empty: the node's loopback unshaped, which the model takes as free
     "intra_link", "intra_mbit",
+    # real data: what the ranks' loaders read from storage in the timed steps, MB/s all ranks
+    # together, and bytes per image trained on (tar headers included); empty for synthetic
+    "data_read_mb_s", "data_bytes_per_image",
 ]
 # the settings declared since (scalelab.sweep.settings, Setting.column), after those above
 SETTING_COLUMNS = {st.column: st for st in SETTINGS if st.column}
@@ -186,7 +189,8 @@ RUN_COLUMNS += [c for c in SETTING_COLUMNS if c not in RUN_COLUMNS]
 RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step_time_p95_s",
                "compute": "compute_time_mean_s", "comm": "comm_time_mean_s",
                "inflight": "comm_inflight_mean_s", "idle": "host_cpu_idle", "tx": "nic_tx_bytes",
-               "wall": "timed_wall_s", "data": "data_time_mean_s"}
+               "wall": "timed_wall_s", "data": "data_time_mean_s", "rbytes": "data_bytes",
+               "rrate": "data_read_mb_s"}
 
 
 def to_frame(records: Sequence[RunRecord | dict[str, Any]],
@@ -220,6 +224,8 @@ def to_frame(records: Sequence[RunRecord | dict[str, Any]],
     target, _ = analysis.fabric_terms(frame, analysis.DEFAULT_ALPHA_S)
     frame["link_utilisation"] = frame["tx_mbit"] / (target / frame["dilation"])
     frame["fidelity"] = analysis.fidelity(frame, target)
+    frame["data_bytes_per_image"] = frame["data_bytes"] / (
+        frame["batch_size"] * frame["steps"] * frame["n_ranks"]).astype(float)
     frame["baseline_world_size"] = analysis.baseline_world_size(frame, min_nodes)
     frame["scaling_efficiency"] = (analysis.add_efficiency(
         frame, base_ws=frame["baseline_world_size"]) if len(frame) else [])
@@ -300,6 +306,8 @@ def _per_run(rank_rows: list[tuple]) -> pd.DataFrame:
         "comm_time_mean_s": g["comm"].mean(),
         "comm_inflight_mean_s": g["inflight"].mean(),
         "data_time_mean_s": g["data"].mean(),  # waiting for the input batch
+        "data_read_mb_s": g["rrate"].sum(min_count=1),
+        "data_bytes": g["rbytes"].sum(min_count=1),
         "n_ranks": g.size(),
         "host_cpu_idle": g["idle"].min(),  # the worst moment any rank saw
         "tx_mbit": g["tx_mbit"].mean(),
