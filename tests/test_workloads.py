@@ -57,7 +57,7 @@ ENV_KEYS = {"torch", "python", "gloo", "nccl", "horovod", "cpu_model", "gpu_mode
 def load_workload(name: str):
     """Import bench/workloads/<name>.py without leaving its sibling imports on sys.path."""
     saved_path = list(sys.path)
-    saved_mods = {m: sys.modules.get(m) for m in ("common", "models", "imagedata")}
+    saved_mods = {m: sys.modules.get(m) for m in ("common", "models", "imagedata", "shards")}
     try:
         sys.path.insert(0, str(WORKLOADS))
         spec = importlib.util.spec_from_file_location(f"_scalelab_wl_{name}", WORKLOADS / f"{name}.py")

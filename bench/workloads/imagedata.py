@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from braceexpand import braceexpand
 from PIL import Image
+from shards import Counted, open_shard, shard_urls
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
-from webdataset.gopen import Pipe
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
@@ -136,52 +135,6 @@ class FolderDataset(Dataset):
         with open(path, "rb") as f:
             data = f.read()
         return self.transform(decode(data)), label, len(data)
-
-
-class Counted(io.RawIOBase):
-    """A shard's stream that counts the bytes read through it (what crossed the storage path)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream, self.count = stream, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: Any) -> int:
-        data = self.stream.read(len(buf))
-        buf[: len(data)] = data
-        self.count += len(data)
-        return len(data)
-
-    def close(self) -> None:
-        try:
-            self.stream.close()
-        finally:
-            super().close()
-
-
-def open_shard(url: str) -> Any:
-    """A shard as a byte stream: a file, an http(s) URL through curl (as WebDataset opens web
-    servers, with a short retry so that a dead server fails the run in seconds), an nfs URL
-    through libnfs's nfs-cat (user space, where no kernel client mounts the share)."""
-    if url.startswith(("http://", "https://")):
-        return Pipe(["curl", "--connect-timeout", "10", "--retry", "2", "--retry-delay",
-                               "1", "-f", "-s", "-S", "-L", url], mode="rb", bufsize=1 << 20,
-                              ignore_status=[141, 23])
-    if url.startswith("nfs://"):
-        return Pipe(["nfs-cat", url], mode="rb", bufsize=1 << 20, ignore_status=[141])
-    return open(url, "rb", buffering=1 << 20)
-
-
-def shard_urls(source: str) -> list[str]:
-    """The shards of a source: a {low..high} range of URLs, one .tar, or a directory's .tar files."""
-    if "://" in source:
-        return list(braceexpand(source))
-    if os.path.isfile(source) and source.endswith(".tar"):
-        return [source]
-    if os.path.isdir(source):
-        return sorted(os.path.join(source, f) for f in os.listdir(source) if f.endswith(".tar"))
-    return []
 
 
 def _image_part(sample: dict[str, Any]) -> bytes | None:

@@ -66,6 +66,7 @@ class RunRecord:
     slurm: dict[str, Any]
     placement: dict[str, Any]
     comm: dict[str, Any]
+    storage: dict[str, Any]  # a real-data run: what its source gave (scalelab.run.storageprobe)
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> RunRecord:
@@ -92,7 +93,8 @@ class RunRecord:
             duration_s=number(raw.get("duration_s")), error=text(raw.get("error")),
             env=_part(raw.get("env")), timeline=_part(raw.get("timeline")),
             accelerator=_part(raw.get("accelerator")), slurm=_part(raw.get("slurm")),
-            placement=_part(raw.get("placement")), comm=_part(raw.get("comm")))
+            placement=_part(raw.get("placement")), comm=_part(raw.get("comm")),
+            storage=_part(raw.get("storage")))
 
 
 def typed(records: Any) -> list[RunRecord]:

@@ -32,12 +32,14 @@ from scalelab.cluster import gpu, image, netshape, ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import fabric
+from scalelab.model.networks import MODELS
 from scalelab.results import store
-from scalelab.run import commands, containers, launch, linkprobe, slurm
+from scalelab.run import commands, containers, launch, linkprobe, slurm, storageprobe
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool
 from scalelab.sweep import planner, starts
+from scalelab.sweep.values import SYNTHETIC
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                single_mbit: float | None = None,
                image: dict[str, Any] | None = None,
                connections: dict[str, int] | None = None,
-               intra: float | None = None, delay_us: float = 0.0) -> dict[str, Any]:
+               intra: float | None = None, delay_us: float = 0.0,
+               storage: dict[str, Any] | None = None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
@@ -197,6 +200,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
         measured["comm"] = result["comm"]
     if job is not None:
         measured["slurm"] = job
+    if storage:
+        measured["storage"] = storage
     if connections is not None:
         measured["ssh"] = connections
     if run.kind == "allreduce":
@@ -359,6 +364,9 @@ class _Execution:
                              marker=cluster_dir(cluster) / SHAPED)
         # per tc rate: the parallel probe's rate, why it is missing, the single-stream rate
         self.links: dict[Any, tuple[float | None, str, float | None]] = {}
+        # per (source, nodes, tc rate, streams): the storage probe; per source: the decode probe
+        self.reads: dict[tuple, storageprobe.StorageProbe] = {}
+        self.decodes: dict[str, storageprobe.DecodeProbe] = {}
         self.container = None
         if runtime == "container":
             self.container = containers.Spec(rec["image"]["tag"], rec["image"]["id"])
@@ -374,6 +382,25 @@ class _Execution:
 
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
+
+    def probe_storage(self, run, rate: float | None, netprobe: bool) -> dict[str, Any] | None:
+        """A real-data run's source probed once per node count and link rate (read) and once
+        per sweep (decode), over the links as this run has them; None for synthetic data."""
+        p = run.params
+        source = p.get("data")
+        if run.kind != "train" or not netprobe or source in (None, SYNTHETIC):
+            return None
+        used = self.all_nodes[: p["nodes"]]
+        streams = max(1, int(p.get("loader_workers") or 1)) * p["procs_per_node"]
+        key = (source, len(used), rate, streams)
+        if key not in self.reads:
+            self.reads[key] = storageprobe.measure_read(used, self.rt, source, streams,
+                                                        stop=self.stop)
+        if source not in self.decodes:
+            size = p.get("image_size") or MODELS[p["model"]].image_size
+            self.decodes[source] = storageprobe.measure_decode(used[0], self.rt, source, size,
+                                                               stop=self.stop)
+        return {**self.reads[key].as_record(), **self.decodes[source].as_record()}
 
     def one(self, k: int, run, timeout_s: float, netprobe: bool) -> tuple[dict[str, Any], bool]:
         """Shape, probe, stage and launch one run; its record, committed, and whether the
@@ -401,6 +428,7 @@ class _Execution:
         if rate not in self.links:
             self.links[rate] = (self.starter.probe_link(self.all_nodes, k, self.stop)
                                 if netprobe else (None, "", None))
+        storage = self.probe_storage(run, rate, netprobe)
         profile = self.emu.stage(run)
         if self.stopped():
             raise KeyboardInterrupt
@@ -427,7 +455,7 @@ class _Execution:
         c = self.container
         record = run_record(self.sweep_dir.name, run, self.rec["target"], res, started,
                             measured_mbit, rate, why, launcher_name, job, single_mbit=single,
-                            intra=lo, delay_us=delay_us,
+                            intra=lo, delay_us=delay_us, storage=storage,
                             image={"id": c.image_id, "tag": c.image} if c is not None else None,
                             connections={key: v - before[key]
                                          for key, v in ssh.connections().items()})

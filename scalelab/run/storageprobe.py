@@ -1,0 +1,127 @@
+"""What a data source delivers to the nodes that read it: the storage probe and the decode probe.
+
+The storage probe reads the source's shards from N nodes at once (bench/workloads/dataprobe.py
+read), each node with as many streams as a rank has loader workers, each stream whole shards,
+for a fixed time: their bytes summed over the longest of their times is the aggregate rate the
+storage gives N readers, measured in the data's own access pattern and over the links the
+training uses (shaped as the run's are). The decode probe times the model's input pipeline on
+one core of one node over the source's own images (dataprobe.py decode).
+
+Both run through scalelab.run.launch like the workloads (process groups reaped by pid), bounded
+in time by the probe itself and by launch's timeout; a failure comes back as a reason, never as
+an exception, and the run goes on without the figure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab.cluster.nodes import Node
+from scalelab.core.errors import ScalelabError
+from scalelab.run import commands, launch
+
+log = logging.getLogger(__name__)
+
+READ_SECONDS = 4.0  # each storage probe point: long enough for TCP to reach a shaped rate
+DECODE_SECONDS = 3.0
+SLACK_S = 60.0  # ssh, interpreter start (decode imports torch) and reaping
+
+
+@dataclass(frozen=True)
+class StorageProbe:
+    """N nodes reading a source at once: MB/s in all (None: not measured, and why)."""
+
+    source: str
+    nodes: int
+    streams: int  # per node
+    mb_s: float | None
+    per_node_mb_s: tuple[float, ...] = ()
+    seconds: float = 0.0
+    error: str = ""
+
+    def as_record(self) -> dict[str, Any]:
+        return {"read_mb_s": self.mb_s, "read_nodes": self.nodes, "read_streams": self.streams,
+                "read_per_node_mb_s": list(self.per_node_mb_s), "read_seconds": self.seconds,
+                "read_error": self.error}
+
+
+@dataclass(frozen=True)
+class DecodeProbe:
+    """One core's input pipeline on one node, over the source's images."""
+
+    source: str
+    img_s_per_core: float | None
+    bytes_per_image: float | None = None
+    error: str = ""
+
+    def as_record(self) -> dict[str, Any]:
+        return {"decode_img_s_per_core": self.img_s_per_core,
+                "bytes_per_image": self.bytes_per_image, "decode_error": self.error}
+
+
+def _script(rt: launch.Runtime) -> str:
+    return f"{rt.workdir}/{commands.WORKLOADS}/dataprobe.py"
+
+
+def read_commands(nodes: list[Node], rt: launch.Runtime, source: str, streams: int,
+                  seconds: float) -> list[commands.RankCommand]:
+    """Every node's reader, node i reading slot i of len(nodes).
+
+    >>> rt = launch.Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local")]
+    >>> " ".join(read_commands(ns, rt, "/d/in", 2, 4.0)[0].argv)
+    '/v/bin/python /w/bench/workloads/dataprobe.py read --data /d/in --slot 0 --slots 1 --streams 2 --seconds 4'
+    """
+    return [commands.RankCommand(n, [rt.python, _script(rt), "read", "--data", source,
+                                     "--slot", str(i), "--slots", str(len(nodes)),
+                                     "--streams", str(streams), "--seconds", f"{seconds:g}"])
+            for i, n in enumerate(nodes)]
+
+
+def _why(res: launch.LaunchResult) -> str:
+    for o in res.outcomes:
+        if o.returncode not in (0, None):
+            last = [x for x in o.stderr.strip().splitlines() if x.strip()]
+            return f"{o.node}: {last[-1][:300] if last else f'exit {o.returncode}'}"
+    return res.error.splitlines()[0][:300] if res.error else res.status
+
+
+def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: int,
+                 seconds: float = READ_SECONDS,
+                 stop: threading.Event | None = None) -> StorageProbe:
+    """The aggregate rate these nodes read the source at, all at once."""
+    try:
+        res = launch.run(read_commands(nodes, rt, source, streams, seconds), rt,
+                         timeout_s=seconds + SLACK_S, stop=stop, fail_grace_s=1.0)
+    except (ScalelabError, OSError) as exc:
+        return StorageProbe(source, len(nodes), streams, None, error=f"could not start: {exc}")
+    got = [launch.parse_result(o.stdout) for o in res.outcomes]
+    if any(g is None for g in got) or any(o.returncode != 0 for o in res.outcomes):
+        why = _why(res)
+        log.warning("storage probe of %s from %d node(s) failed: %s", source, len(nodes), why)
+        return StorageProbe(source, len(nodes), streams, None, error=why)
+    longest = max(float(g["seconds"]) for g in got)
+    per_node = tuple(round(g["bytes"] / float(g["seconds"]) / 1e6, 2) for g in got)
+    total = round(sum(g["bytes"] for g in got) / longest / 1e6, 2)
+    log.info("storage %s: %.1f MB/s to %d node(s) at once", source, total, len(nodes))
+    return StorageProbe(source, len(nodes), streams, total, per_node, round(longest, 3))
+
+
+def measure_decode(node: Node, rt: launch.Runtime, source: str, image_size: int,
+                   seconds: float = DECODE_SECONDS,
+                   stop: threading.Event | None = None) -> DecodeProbe:
+    """Images/s one core of this node decodes and crops the source's images at."""
+    cmd = commands.RankCommand(node, [rt.python, _script(rt), "decode", "--data", source,
+                                      "--seconds", f"{seconds:g}", "--image-size",
+                                      str(image_size)])
+    try:
+        res = launch.run([cmd], rt, timeout_s=seconds + SLACK_S, stop=stop)
+    except (ScalelabError, OSError) as exc:
+        return DecodeProbe(source, None, error=f"could not start: {exc}")
+    got = launch.parse_result(res.outcomes[0].stdout) if res.outcomes else None
+    if got is None or res.outcomes[0].returncode != 0:
+        return DecodeProbe(source, None, error=_why(res))
+    return DecodeProbe(source, float(got["img_s_per_core"]), float(got["bytes_per_image"]))
