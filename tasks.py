@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scalelab.cluster import bundle as bundles
 from scalelab.cluster import configure as cfg
 from scalelab.cluster import image as images
-from scalelab.cluster import imagebase, provisioning, terraform
+from scalelab.cluster import imagebase, provisioning, storage, terraform
 from scalelab.cluster.nodes import nodes_of
 from scalelab.cluster.targets import DEFAULT_TARGET
 from scalelab.cluster.targets.tf import accept_lost_state
@@ -168,6 +168,38 @@ def check(c, cluster="demo", links=False, seconds="1"):
         raise Exit(f"error: {len(slow)} of {len(results)} pairs are slow or failed; fix those "
                    "links before trusting a sweep", code=1)
     print(f"links: all {len(results)} pairs within 80 % of the median")
+
+
+@task(help={"cluster": "cluster whose nodes get the data",
+            "name": "the data set's name (a-z, 0-9, -), e.g. imagenet-like",
+            "to": "http: one node's disk, served by a web server there (the ranks read it over "
+                  "the cluster network); nodes: a copy on every node's own disk",
+            "images": "synthetic images in all (default 2000)",
+            "classes": "classes (default 1000, ImageNet's)",
+            "shard_size": "images per tar shard (default 100)",
+            "like": "imagenet: photo-sized JPEGs of about 112 KB each, as ImageNet's (default); "
+                    "small: 96-pixel images",
+            "node": "with --to http: the node that serves the set (default: the last node)",
+            "port": "with --to http: the web server's port (default 8610)",
+            "from_dir": "a directory of your own .tar shards on this machine, copied unchanged "
+                        "instead of a synthetic set",
+            "remove": "remove the set --name (and its web server if no other set needs it)"})
+@friendly
+def stage(c, cluster="demo", name="imagenet-like", to="http", images="2000", classes="1000",
+          shard_size="100", like="imagenet", node="", port=str(storage.DEFAULT_PORT),
+          from_dir="", remove=False):
+    """Put a data set where the ranks read it (one node's web server, or every node's disk) and
+    print the --data value that reads it."""
+    if remove:
+        for line in storage.remove_named(cluster, name):
+            print(f"{cluster}: {line}")
+        return
+    req = storage.check_request(name, to, images, classes, shard_size,
+                                "" if like == "small" else like, node, port, from_dir)
+    entry = storage.stage(cluster, req)
+    print(f"{cluster}: data set {name}: {entry['num_shards']} shards on "
+          f"{', '.join(entry['nodes'])}")
+    print(f"read it with: invoke bench --cluster {cluster} --data {entry['data']}")
 
 
 @task(help={"cluster": "cluster to change", "bandwidth": "new link rate, e.g. 1gbit or native"})
@@ -527,5 +559,5 @@ def lint(c):
     print("lint: all clean")
 
 
-ns = Collection(provision, destroy, status, check, shape, configure, bundle, image, bench, profile,
+ns = Collection(provision, destroy, status, check, shape, configure, bundle, image, stage, bench, profile,
                 report, demo, test, lint)

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalelab.cluster import configure, ssh, targets
+from scalelab.cluster import configure, ssh, storage, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core import lock
 from scalelab.core.errors import ClusterError
@@ -70,6 +70,10 @@ def _destroy(cluster: str) -> list[str]:
         raise
     caps = targets.capabilities(rec)
     kept: list[str] = []
+    if not caps.owns_hosts and (rec.get("staged") or rec.get("servers")):
+        # staged data and its servers (on hosts the cluster made, they go with the nodes)
+        for line in storage.remove(cluster, rec):
+            log.info("%s: %s", cluster, line)
 
     # any configure that started, finished or not (configure.mark_touched records it before
     # Ansible first changes a host)

@@ -60,6 +60,9 @@ CSV_COLUMNS = [
     # real data: what the ranks' loaders read from storage in the timed steps, MB/s all ranks
     # together, and bytes per image trained on (tar headers included); empty for synthetic
     "data_read_mb_s", "data_bytes_per_image",
+    # real data: what the source gave in the storage probe (MB/s to the run's nodes reading at
+    # once) and the decode probe (images/s one core's input pipeline makes of its images)
+    "storage_read_mb_s", "decode_img_s_per_core",
 ]
 # the settings declared since (scalelab.sweep.settings, Setting.column), after those above
 SETTING_COLUMNS = {st.column: st for st in SETTINGS if st.column}
@@ -183,7 +186,8 @@ RUN_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world
                "gpu_mem_peak_mb", "link_mbit_single_stream", "runtime", "image_id",
                "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms", "compression",
                "settings", "memory_format", "scaling", "batch_per_worker", "fabric_profile",
-               "intra_link", "intra_mbit", "hop_delay_us"]
+               "intra_link", "intra_mbit", "hop_delay_us", "storage_read_mb_s",
+               "decode_img_s_per_core"]
 RUN_COLUMNS += [c for c in SETTING_COLUMNS if c not in RUN_COLUMNS]
 # each rank's figures as to_frame reads them: short name -> the record's key
 RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step_time_p95_s",
@@ -276,6 +280,8 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
         "intra_mbit": number(p["intra_mbit"]),
         # the per-hop delay the links added (real time; a fabric profile's latency times k)
         "hop_delay_us": number(env.get("hop_delay_us")),
+        "storage_read_mb_s": number(rec.storage.get("read_mb_s")),
+        "decode_img_s_per_core": number(rec.storage.get("decode_img_s_per_core")),
     }
 
 

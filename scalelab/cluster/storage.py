@@ -1,0 +1,303 @@
+"""Data staged on a cluster's nodes, and the storage servers that serve it (invoke stage).
+
+A staged set is tar shards in WebDataset's layout (bench/workloads/make_dataset.py writes a
+synthetic one, ImageNet-like with --like imagenet; --from copies a user's own set unchanged),
+in one place per set:
+
+* ``http``: one node's disk, served by a web server on that node (Python's http.server,
+  started detached with a pid file) at ``http://<its cluster address>:<port>/<name>/``; the
+  ranks read it with curl as WebDataset reads web servers;
+* ``nodes``: a copy on every node's own disk at ``<workdir>/data/<name>``.
+
+The cluster record keeps every set (``staged``) and every server (``servers``) before it
+exists, so that destroy, or invoke stage --remove, ends the server by its pid (checked to be
+that server) and removes the data, on hosts scalelab made and on hosts it did not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalelab.cluster import ssh
+from scalelab.cluster.nodes import Node, nodes_of
+from scalelab.core import lock
+from scalelab.core.errors import ClusterError, InputError
+from scalelab.core.state import load_cluster, save_cluster
+
+log = logging.getLogger(__name__)
+
+PLACES = ("http", "nodes")
+DEFAULT_PORT = 8610
+NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+GENERATE_TIMEOUT_S = 3600.0
+SERVER_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """What invoke stage was asked for, checked."""
+
+    name: str
+    to: str
+    images: int
+    classes: int
+    shard_size: int
+    like: str  # "imagenet" or "" (small images)
+    node: str | None  # the storage node for http (default: the cluster's last node)
+    port: int
+    from_dir: Path | None
+
+
+def check_request(name: str, to: str, images: int | str, classes: int | str,
+                  shard_size: int | str, like: str, node: str, port: int | str,
+                  from_dir: str) -> Request:
+    """InputError with the fix for the first bad value."""
+    if not NAME.fullmatch(name):
+        raise InputError(f"--name {name!r}: a data set's name is 1-32 of a-z, 0-9 and -, "
+                         "starting with a letter, e.g. imagenet-like")
+    if to not in PLACES:
+        raise InputError(f"--to {to!r}: choose http (a web server on one node) or nodes (a "
+                         "copy on every node's own disk)")
+    nums = {}
+    for flag, value, low in (("--images", images, 1), ("--classes", classes, 1),
+                             ("--shard-size", shard_size, 1), ("--port", port, 1024)):
+        try:
+            nums[flag] = int(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{flag} {value!r}: give a whole number") from None
+        if nums[flag] < low:
+            raise InputError(f"{flag} {value!r}: give {low} or more")
+    if nums["--port"] > 65535:
+        raise InputError(f"--port {port}: give a TCP port up to 65535")
+    if like not in ("", "imagenet"):
+        raise InputError(f"--like {like!r}: imagenet (photo-sized, about 112 KB each) or leave "
+                         "it out (small images)")
+    src = None
+    if from_dir:
+        src = Path(from_dir).expanduser()
+        if not src.is_dir() or not any(src.glob("*.tar")):
+            raise InputError(f"--from {from_dir}: not a directory of .tar shards; give the "
+                             "directory that holds your set's shard-NNNNNN.tar files")
+    return Request(name, to, nums["--images"], nums["--classes"], nums["--shard-size"], like,
+                   node or None, nums["--port"], src)
+
+
+def _facts(node: Node) -> tuple[str, str]:
+    f = node.facts or {}
+    if not f.get("python") or not f.get("workdir"):
+        raise ClusterError(f"node {node.name} has no training stack recorded; run invoke "
+                           "configure first")
+    return f["python"], f["workdir"]
+
+
+def set_dir(node: Node, name: str) -> str:
+    return f"{_facts(node)[1]}/data/{name}"
+
+
+def _run(node: Node, known_hosts: str, line: str, timeout: float = 60.0) -> str:
+    return ssh.run(node, known_hosts, line, timeout=timeout).stdout
+
+
+def _generate(node: Node, known_hosts: str, req: Request, out: str) -> dict[str, Any]:
+    """The synthetic set written on the node by the workloads' make_dataset.py."""
+    python, workdir = _facts(node)
+    per_class = max(1, req.images // req.classes)
+    argv = [python, f"{workdir}/bench/workloads/make_dataset.py", "--out", out, "--classes",
+            str(req.classes), "--images-per-class", str(per_class), "--layout", "shards",
+            "--shard-size", str(req.shard_size)] + (["--like", req.like] if req.like else [])
+    text = _run(node, known_hosts, " ".join(shlex.quote(a) for a in argv), GENERATE_TIMEOUT_S)
+    for line in text.splitlines():
+        if line.startswith("SCALELAB_RESULT "):
+            return json.loads(line.split(" ", 1)[1])
+    raise ClusterError(f"{node.name}: make_dataset.py printed no result")
+
+
+def _copy(node: Node, known_hosts: str, src: Path, dest: str) -> dict[str, Any]:
+    """A user's own shards, copied unchanged into dest/shards on the node."""
+    shards = sorted(src.glob("*.tar"))
+    _run(node, known_hosts, f"mkdir -p {shlex.quote(dest + '/shards')}")
+    for shard in shards:
+        with open(shard, "rb") as fh:
+            proc = subprocess.run(ssh.ssh_args(node, known_hosts) + [
+                "--", f"cat > {shlex.quote(dest + '/shards/' + shard.name)}"], stdin=fh,
+                capture_output=True, timeout=GENERATE_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise ClusterError(f"{node.name}: could not copy {shard.name}: "
+                               f"{proc.stderr.decode(errors='replace').strip()[-300:]}")
+    return {"num_shards": len(shards), "num_images": None, "from": str(src)}
+
+
+def _url(node: Node, port: int, name: str, shards: list[str]) -> str:
+    return f"http://{node.private_address}:{port}/{name}/{_range(shards)}"
+
+
+def _range(shards: list[str]) -> str:
+    """shard-{000000..000063}.tar for make_dataset's names; the one name for a single shard."""
+    if len(shards) == 1:
+        return shards[0]
+    stems = [re.fullmatch(r"(.*?)(\d+)\.tar", s) for s in shards]
+    if not all(stems) or len({m[1] for m in stems}) != 1 or len({len(m[2]) for m in stems}) != 1:
+        raise ClusterError("the shards are not named PREFIX-NNNNNN.tar with one prefix; rename "
+                           "them so that one {low..high} range names them all")
+    nums = sorted(int(m[2]) for m in stems)
+    width = len(stems[0][2])
+    if nums != list(range(nums[0], nums[0] + len(nums))):
+        raise ClusterError("the shards' numbers have gaps; one {low..high} range must name all")
+    return f"{stems[0][1]}{{{nums[0]:0{width}d}..{nums[-1]:0{width}d}}}.tar"
+
+
+def _start_server(node: Node, known_hosts: str, port: int) -> int:
+    """http.server on the node's cluster address, serving <workdir>/data; its pid."""
+    python, workdir = _facts(node)
+    pidfile = f"{workdir}/tmp/http-{port}.pid"
+    log_file = f"{workdir}/tmp/http-{port}.log"
+    argv = [python, "-m", "http.server", str(port), "--bind", node.private_address,
+            "--directory", f"{workdir}/data"]
+    line = (f"mkdir -p {shlex.quote(workdir + '/tmp')}; "
+            f"setsid {' '.join(shlex.quote(a) for a in argv)} "
+            f"</dev/null >{shlex.quote(log_file)} 2>&1 & echo $! > {shlex.quote(pidfile)}; "
+            f"cat {shlex.quote(pidfile)}")
+    pid = int(_run(node, known_hosts, line).strip().splitlines()[-1])
+    # up when it answers on its port (bounded: SERVER_WAIT_S)
+    check = (f"for i in $(seq 1 {int(SERVER_WAIT_S * 10)}); do "
+             f"curl -sf -o /dev/null http://{node.private_address}:{port}/ && exit 0; "
+             f"kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; "
+             f"tail -n 3 {shlex.quote(log_file)} >&2; exit 1")
+    try:
+        _run(node, known_hosts, check, SERVER_WAIT_S + 30)
+    except ClusterError as exc:
+        _stop_server(node, known_hosts, pid, port)
+        raise ClusterError(f"{node.name}: the web server did not answer on port {port}: "
+                           f"{exc}") from None
+    return pid
+
+
+def _stop_server(node: Node, known_hosts: str, pid: int, port: int) -> None:
+    """End the server by its pid, only if that pid is still our http.server on that port."""
+    line = (f"if tr '\\0' ' ' < /proc/{int(pid)}/cmdline 2>/dev/null | "
+            f"grep -q -- 'http.server {int(port)} '; then kill {int(pid)}; "
+            f"for i in $(seq 1 50); do kill -0 {int(pid)} 2>/dev/null || exit 0; sleep 0.1; "
+            f"done; kill -9 {int(pid)}; fi")
+    _run(node, known_hosts, line, 30)
+
+
+def stage(cluster: str, req: Request) -> dict[str, Any]:
+    """Write (or copy) the set to its place, start its server; the staged entry, recorded."""
+    with lock.hold(cluster):
+        rec = load_cluster(cluster)
+        nodes = nodes_of(rec)
+        if req.name in (rec.get("staged") or {}):
+            raise InputError(f"cluster {cluster} already has a data set {req.name!r}; give "
+                             f"another --name or remove it: invoke stage --cluster {cluster} "
+                             f"--name {req.name} --remove")
+        if req.node and req.node not in [n.name for n in nodes]:
+            raise InputError(f"--node {req.node}: cluster {cluster} has "
+                             f"{', '.join(n.name for n in nodes)}")
+        if req.to == "http":
+            where = [next(n for n in nodes if n.name == req.node) if req.node else nodes[-1]]
+        else:
+            where = nodes
+        for n in where:
+            _facts(n)
+        entry: dict[str, Any] = {"to": req.to, "nodes": [n.name for n in where],
+                                 "dir": set_dir(where[0], req.name)}
+        if req.to == "http":
+            entry["port"] = req.port
+        staged = dict(rec.get("staged") or {})
+        staged[req.name] = entry  # before anything is written: destroy removes what follows
+        rec["staged"] = staged
+        save_cluster(cluster, rec)
+        try:
+            return _stage(cluster, rec, req, entry, where)
+        except BaseException:
+            # undone: the set, and a server nothing else needs (the record as before)
+            try:
+                remove(cluster, rec, [req.name])
+            finally:
+                save_cluster(cluster, rec)
+            raise
+
+
+def _stage(cluster: str, rec: dict[str, Any], req: Request, entry: dict[str, Any],
+           where: list[Node]) -> dict[str, Any]:
+    kh = rec["known_hosts"]
+    desc = {}
+    for n in where:
+        out = set_dir(n, req.name)
+        desc = (_copy(n, kh, req.from_dir, out) if req.from_dir
+                else _generate(n, kh, req, out))
+    shards = sorted(Path(x).name for x in _run(
+        where[0], kh, f"ls {shlex.quote(entry['dir'] + '/shards')}").split())
+    entry.update({"num_shards": len(shards), "num_images": desc.get("num_images"),
+                  "mean_bytes": desc.get("mean_bytes"), "classes": desc.get("classes")})
+    if req.to == "http":
+        server = _server_of(rec, where[0], req.port)
+        if server is None:
+            pid = _start_server(where[0], kh, req.port)
+            rec.setdefault("servers", []).append({"node": where[0].name, "port": req.port,
+                                                 "pid": pid, "kind": "http"})
+        entry["data"] = f"http://{where[0].private_address}:{req.port}/{req.name}/shards/" \
+                        f"{_range(shards)}"
+    else:
+        entry["data"] = f"{entry['dir']}/shards"
+    rec["staged"][req.name] = entry
+    save_cluster(cluster, rec)
+    return entry
+
+
+def _server_of(rec: dict[str, Any], node: Node, port: int) -> dict[str, Any] | None:
+    for s in rec.get("servers") or []:
+        if s["node"] == node.name and s["port"] == port:
+            return s
+    return None
+
+
+def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
+           keep_data: bool = False) -> list[str]:
+    """End the servers no remaining set needs and remove the named sets (all: None) from their
+    nodes; the record saved without them. What was done, one line each."""
+    staged = dict(rec.get("staged") or {})
+    nodes = {n.name: n for n in nodes_of(rec)}
+    kh = rec.get("known_hosts") or ""
+    said = []
+    for name in list(staged) if names is None else names:
+        entry = staged.pop(name)
+        if not keep_data:
+            for node_name in entry["nodes"]:
+                if node_name in nodes:
+                    _run(nodes[node_name], kh, f"rm -rf -- {shlex.quote(entry['dir'])}", 300)
+            said.append(f"data set {name} removed from {', '.join(entry['nodes'])}")
+    needed = {(n, e["port"]) for e in staged.values() if e["to"] == "http"
+              for n in e["nodes"]}
+    servers = []
+    for s in rec.get("servers") or []:
+        if (s["node"], s["port"]) in needed or s["node"] not in nodes:
+            servers.append(s)
+            continue
+        _stop_server(nodes[s["node"]], kh, s["pid"], s["port"])
+        said.append(f"web server on {s['node']}:{s['port']} ended")
+    rec["staged"], rec["servers"] = staged, servers
+    if not staged:
+        rec.pop("staged")
+    if not servers:
+        rec.pop("servers")
+    return said
+
+
+def remove_named(cluster: str, name: str) -> list[str]:
+    """invoke stage --remove: one set and the server no other set needs."""
+    with lock.hold(cluster):
+        rec = load_cluster(cluster)
+        if name not in (rec.get("staged") or {}):
+            have = ", ".join(rec.get("staged") or {}) or "none"
+            raise InputError(f"cluster {cluster} has no data set {name!r} (it has: {have})")
+        said = remove(cluster, rec, [name])
+        save_cluster(cluster, rec)
+        return said
