@@ -212,21 +212,25 @@ class SshLinks:
             check_restorable(n.name, n.iface, qdiscs[n.name])
         return {n.name: {"iface": n.iface, "qdisc": qdiscs[n.name]} for n in self.nodes}
 
+    def _set(self, n: Node, mbit: float | None) -> None:
+        if mbit is None:
+            line = (f"if tc qdisc show dev {n.iface} root | grep -q '^qdisc tbf '; then "
+                    f"tc qdisc del dev {n.iface} root; fi")
+        else:
+            line = shell_command(n.iface, mbit)
+        self._run(n, line)
+        got = parse_qdisc_rate(self._run(n, f"tc -j qdisc show dev {n.iface} root"))
+        if got != mbit:
+            raise ClusterError(f"{n.iface} reads {describe(got)} after setting "
+                               f"{describe(mbit)}")
+
     def apply(self, mbit: float | None, delay_us: float = 0.0) -> None:
         only_links_scalelab_made(delay_us)
+        self._each(lambda n: self._set(n, mbit))
 
-        def one(n: Node) -> None:
-            if mbit is None:
-                line = (f"if tc qdisc show dev {n.iface} root | grep -q '^qdisc tbf '; then "
-                        f"tc qdisc del dev {n.iface} root; fi")
-            else:
-                line = shell_command(n.iface, mbit)
-            self._run(n, line)
-            got = parse_qdisc_rate(self._run(n, f"tc -j qdisc show dev {n.iface} root"))
-            if got != mbit:
-                raise ClusterError(f"{n.iface} reads {describe(got)} after setting "
-                                   f"{describe(mbit)}")
-        self._each(one)
+    def apply_node(self, name: str, mbit: float | None) -> None:
+        """One node's link at its own rate (a storage node's); restore() puts it back too."""
+        self._set(next(n for n in self.nodes if n.name == name), mbit)
 
     def apply_intra(self, mbit: float | None) -> None:
         only_own_loopbacks(mbit)

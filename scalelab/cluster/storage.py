@@ -301,3 +301,78 @@ def remove_named(cluster: str, name: str) -> list[str]:
         said = remove(cluster, rec, [name])
         save_cluster(cluster, rec)
         return said
+
+
+def serving_node(nodes: list[Node], source: str | None) -> Node | None:
+    """The node whose cluster address a shard URL names (its storage node), if any.
+
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local"),
+    ...       Node("c-n1", "192.0.2.11", "10.0.0.11", "worker", "local")]
+    >>> serving_node(ns, "http://10.0.0.11:8610/in/shards/shard-{000000..000009}.tar").name
+    'c-n1'
+    >>> serving_node(ns, "/data/in") is None
+    True
+    """
+    m = re.match(r"(?:https?|nfs)://([^/:]+)", source or "")
+    return next((n for n in nodes if m and n.private_address == m[1]), None)
+
+
+def expand(source: str) -> list[str]:
+    """A source's {low..high} ranges expanded, as the ranks' loaders expand them.
+
+    >>> expand("http://h:1/s-{08..10}.tar")
+    ['http://h:1/s-08.tar', 'http://h:1/s-09.tar', 'http://h:1/s-10.tar']
+    """
+    m = re.search(r"\{(\d+)\.\.(\d+)\}", source)
+    if not m:
+        return [source]
+    width = len(m[1])
+    return [x for i in range(int(m[1]), int(m[2]) + 1)
+            for x in expand(source[:m.start()] + f"{i:0{width}d}" + source[m.end():])]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a node sees of a data source: its shard count (None: class folders), or why not."""
+
+    shards: int | None
+    error: str = ""
+    fix: str = ""
+
+
+_PATH_KIND = r'''p={path}
+if [ -f "$p" ]; then case "$p" in *.tar) echo shards 1;; *) echo notset;; esac
+elif [ -d "$p" ]; then
+  n=$(find "$p" -maxdepth 1 -name '*.tar' | wc -l)
+  if [ "$n" -gt 0 ]; then echo shards "$n"
+  elif find "$p" -mindepth 2 -maxdepth 2 \( -iname '*.jpg' -o -iname '*.jpeg' -o -iname '*.png' \) | head -n 1 | grep -q .; then echo folders
+  else echo notset; fi
+else echo missing; fi'''
+
+
+def shards_seen(node: Node, known_hosts: str, source: str) -> Seen:
+    """Ask the node: a path is a shard set or class folders; a URL's first and last shards
+    answer (curl, nfs-cat)."""
+    if "://" not in source:
+        out = _run(node, known_hosts, _PATH_KIND.format(path=shlex.quote(source))).split()
+        if out[:1] == ["shards"]:
+            return Seen(int(out[1]))
+        if out[:1] == ["folders"]:
+            return Seen(None)
+        if out[:1] == ["missing"]:
+            return Seen(None, "no such file or directory", "stage a set there (invoke stage "
+                        "--to nodes) or give the path the nodes mount it at")
+        return Seen(None, "not a data set: no .tar shards and no class folders of images",
+                    "give the directory holding shard-NNNNNN.tar files or class folders")
+    urls = expand(source)
+    for url in dict.fromkeys((urls[0], urls[-1])):
+        q = shlex.quote(url)
+        line = (f"curl -sS -f -r 0-0 --connect-timeout 5 --max-time 20 -o /dev/null {q}"
+                if url.startswith("http") else
+                f"timeout 20 nfs-cat {q} | head -c 1 | wc -c | grep -qx 1")
+        proc = ssh.run(node, known_hosts, line, timeout=40, check=False)
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
+            return Seen(None, f"{url.rsplit('/', 1)[-1]}: {why}",
+                        "check the server runs (invoke stage prints the URL it serves)")
+    return Seen(len(urls))

@@ -208,6 +208,8 @@ def _input_bound(row: pd.Series, synth: pd.Series, n: int, sure: bool
     step = float(row["step_time_mean_s"])
     wait = float(row.get("data_time_mean_s", math.nan))
     pace = "sets" if sure else "likely sets"
+    if row.get("model_input_bound") is True:
+        return "input-bound", input_said(row, n, pace), ""
     if wait == wait and step > 0 and wait >= INPUT_SHARE * step:
         return "input-bound", (
             f"At {n} ranks each step waits {ms(wait)} for its input batch ({_pct(wait / step)} "
@@ -221,6 +223,26 @@ def _input_bound(row: pd.Series, synth: pd.Series, n: int, sure: bool
             f"synthetic data at {n} ranks, so the input pipeline, not the network, {pace} "
             "the pace."), ""
     return None
+
+
+def input_said(row: Any, n: int, pace: str) -> str:
+    """The input ceiling that binds at a point, with the probes' numbers."""
+    storage, decode = _num(row, "input_storage_ips"), _num(row, "input_decode_ips")
+    parts = []
+    if storage == storage:
+        nodes = int(_num(row, "nodes"))
+        parts.append(f"the storage delivers {_num(row, 'storage_read_mb_s'):.1f} MB/s to {nodes} "
+                     f"node{'s' if nodes > 1 else ''} reading at once, at "
+                     f"{_num(row, 'data_bytes_per_image') / 1e3:.0f} KB an image "
+                     f"{storage:,.0f} images/s")
+    if decode == decode:
+        workers = max(_num(row, "loader_workers"), 1.0) * n
+        parts.append(f"the loaders decode {_num(row, 'decode_img_s_per_core'):,.0f} images/s a "
+                     f"core x {workers:.0f} workers, {decode:,.0f} images/s")
+    limit = "storage" if row.get("input_limit") == "storage" else "decoding on the loaders"
+    return (f"At {n} ranks training would take {_num(row, 'input_demand_ips'):,.0f} images/s "
+            f"but the input gives {_num(row, 'input_ips'):,.0f}: {', and '.join(parts)}; so the "
+            f"{limit} {pace} the pace.")
 
 
 # ---------------------------------------------------------------------------- slow ranks

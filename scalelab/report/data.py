@@ -13,7 +13,7 @@ import pandas as pd
 
 from scalelab.core.errors import ReportError
 from scalelab.core.state import reports_dir
-from scalelab.model import analysis, bucket_model, fabric, stragglers, verdict
+from scalelab.model import analysis, bucket_model, datapath, fabric, stragglers, verdict
 from scalelab.results import frames, store
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,8 @@ def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> An
     # each rank's compute against its peers': the slow ranks, and each point's wait for them
     slow = stragglers.find(pd.concat([s.ranks for s in sweeps], ignore_index=True), runs)
     modelled = stragglers.add_to_points(modelled, slow)
+    # real data: the storage's and the loaders' ceilings on what training is fed
+    modelled = datapath.add_input_ceiling(modelled)
     limits = {s.sweep_id: analysis.host_limits(s.meta) for s in sweeps}
     judged, error, bottlenecks = verdict.judge(modelled, limits)
     return Analysis(sweeps, runs, ar, judged, bottlenecks, alpha, source, overlap, error, slow)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.cluster import facts, slurmctl, targets
+from scalelab.cluster import facts, slurmctl, storage, targets
 from scalelab.cluster import image as images
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.errors import InputError
@@ -28,6 +28,7 @@ from scalelab.core.units import format_rate
 from scalelab.run.slurm import short_hostname
 from scalelab.sweep import estimate, planner, starts
 from scalelab.sweep.planner import RunPlan
+from scalelab.sweep.values import SYNTHETIC
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,16 @@ CHECKS: tuple[Check, ...] = (
           lambda c, s, runs: f"--intra-link {s.intra_link}: with one rank per node no two ranks "
                              "share a node; add --procs-per-node 2 or more, or leave "
                              "--intra-link out", planned=True),
+    Check("a storage node outside the runs, for a storage rate",
+          lambda s, runs: bool(s.storage_bandwidths),
+          lambda c, s, runs: c.caps.shape_links and all(
+              (node := storage.serving_node(c.nodes, d)) is not None and node not in _used(c, runs)
+              for d in s.data if d != SYNTHETIC),
+          lambda c, s, runs: "--storage-bandwidth: the rate is a link of a node that serves the "
+                             "data and trains no rank; stage the set on a node past the runs' "
+                             f"(invoke stage --cluster {c.name} --to http, on the last node by "
+                             "default) and sweep fewer nodes than the cluster has, with --data "
+                             "the URL it prints", planned=True),
     Check("passwordless sudo, for tc to set a rate",
           lambda s, runs: bool(_shaped(runs)), lambda c, s, runs: not _no_sudo(c, runs),
           _sudo_refusal, planned=True),
@@ -180,6 +191,8 @@ def prepare(cluster: str, spec: Any) -> Prepared:
     hint = layout_hint(runs)
     if hint:
         log.info("%s", hint)
+    if runs:
+        check_data_sources(c, spec, runs)
     if spec.runtime == "container" and runs:
         check_container_runtime(cluster, rec, spec, runs, c.nodes)
     if spec.launcher == "slurm" and runs:
@@ -295,3 +308,23 @@ def _warm(caps: targets.Capabilities, spec) -> bool:
                               spec.warm_start)
 
 
+def check_data_sources(c: Cluster, spec: Any, runs: list[RunPlan]) -> None:
+    """Every real data source is a data set the first node reads, with a shard for every loader
+    worker of the largest run: InputError naming the source and the fix, before any run."""
+    train = [r for r in runs if r.kind == "train"]
+    for source in dict.fromkeys(r.params.get("data") for r in train):
+        if source in (None, SYNTHETIC):
+            continue
+        mine = [r for r in train if r.params.get("data") == source]
+        slots = max(r.params["nodes"] * r.params["procs_per_node"]
+                    * max(1, int(r.params.get("loader_workers") or 1)) for r in mine)
+        node = c.nodes[0]
+        found = storage.shards_seen(node, c.rec["known_hosts"], source)
+        if found.error:
+            raise InputError(f"--data {source}: {node.name} cannot read it ({found.error}); "
+                             f"{found.fix or 'give a source the nodes reach'}")
+        if found.shards is not None and found.shards < slots:
+            raise InputError(f"--data {source}: {found.shards} shard(s) for {slots} loader "
+                             "workers (ranks x --loader-workers) in the largest run; every "
+                             "worker reads whole shards, so stage more shards (invoke stage "
+                             "--shard-size smaller) or give fewer --loader-workers")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import gpu, image, netshape, ssh, targets
+from scalelab.cluster import gpu, image, netshape, ssh, storage, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import fabric
@@ -367,6 +367,7 @@ class _Execution:
         # per (source, nodes, tc rate, streams): the storage probe; per source: the decode probe
         self.reads: dict[tuple, storageprobe.StorageProbe] = {}
         self.decodes: dict[str, storageprobe.DecodeProbe] = {}
+        self.storage_shaped: set[str] = set()  # nodes whose link is at a storage rate now
         self.container = None
         if runtime == "container":
             self.container = containers.Spec(rec["image"]["tag"], rec["image"]["id"])
@@ -383,6 +384,17 @@ class _Execution:
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
 
+    def shape_storage(self, p: dict[str, Any], rate: float | None) -> None:
+        """The storage node's link at the run's storage rate, or back at the cluster's."""
+        want = p.get("storage_bandwidth_mbit")
+        node = storage.serving_node(self.all_nodes, p.get("data")) if want else None
+        for name in [n for n in self.storage_shaped if node is None or n != node.name]:
+            self.shaper.set_node(name, rate)
+            self.storage_shaped.discard(name)
+        if node is not None:
+            self.shaper.set_node(node.name, want)
+            self.storage_shaped.add(node.name)
+
     def probe_storage(self, run, rate: float | None, netprobe: bool) -> dict[str, Any] | None:
         """A real-data run's source probed once per node count and link rate (read) and once
         per sweep (decode), over the links as this run has them; None for synthetic data."""
@@ -392,7 +404,7 @@ class _Execution:
             return None
         used = self.all_nodes[: p["nodes"]]
         streams = max(1, int(p.get("loader_workers") or 1)) * p["procs_per_node"]
-        key = (source, len(used), rate, streams)
+        key = (source, len(used), rate, p.get("storage_bandwidth_mbit"), streams)
         if key not in self.reads:
             self.reads[key] = storageprobe.measure_read(used, self.rt, source, streams,
                                                         stop=self.stop)
@@ -419,6 +431,7 @@ class _Execution:
         delay_us = (fab.per_hop_latency_s * 1e6 * dilation
                     if fab and rate and self.caps.hop_delay else 0.0)
         self.shaper.set(rate, delay_us)
+        self.shape_storage(p, rate)
         # the path between each node's ranks, also in the emulated device's time, on nodes
         # whose loopback is their own (the record says what it was set to only there)
         lo = fabric.loopback_mbit(p.get("intra_mbit"), p["nodes"], p["procs_per_node"])

@@ -82,6 +82,13 @@ class Shaper:
         self.links.apply_intra(mbit)
         self.intra = mbit
 
+    def set_node(self, name: str, mbit: float | None) -> None:
+        """One node's link at its own rate after set(): a storage node's (restore() puts it
+        back with the others)."""
+        if self.original is UNSET:
+            self.set(None if self.current is UNSET else self.current, self.delay_us)
+        self.links.apply_node(name, mbit)
+
     def restore(self) -> None:
         """Put the links back as they were; a failure is logged, never raised (cleanup path)."""
         if self.original is UNSET:

@@ -70,6 +70,8 @@ class Setting:
     # a variant axis: every value is planned as its own train runs, the product in table order
     variant: bool = False
     engines: tuple[str, ...] = ()  # a variant only these engines have: others record None
+    # a variant only the combinations of the axes before it that pass this have (others None)
+    applies: Callable[[Mapping[str, Any]], bool] | None = None
     single: Any = None  # the value planned when a variant is not given
     tag: Callable[[Any], str] | None = None  # a variant value's run-id segment
     # tag a lone value too where it is not `single` (run ids of the defaults stay unchanged)
@@ -208,7 +210,7 @@ SETTINGS: tuple[Setting, ...] = (
             record="image_size"),
     Setting("loader_workers", "loader_workers", "int", lambda x, w: values.one_int(x, w, 0), 2,
             "real data (--data): DataLoader workers per rank (default 2)",
-            record="loader_workers", since=3, before=Planned(2)),
+            record="loader_workers", column="loader_workers", since=3, before=Planned(2)),
     Setting("pin_memory", "pin_memory", "str", lambda x, w: values.choice(x, w, PIN_MEMORY), "auto",
             "real data: on, off or auto (on when the ranks train on GPUs)",
             record="pin_memory", since=3, before=Planned("auto")),
@@ -250,6 +252,14 @@ SETTINGS: tuple[Setting, ...] = (
             "(class folders or tar shards, e.g. /data/imagenet), or tar shards at an http:// "
             "or nfs:// URL (invoke stage prints one), or several, comma-separated",
             variant=True, single=SYNTHETIC, tag=_data_tag, series=False, record="data"),
+    # None: the storage node's link at the cluster's rate
+    Setting("storage_bandwidth", "storage_bandwidths", "list[float | None] | None", values.rates,
+            None, "with shards a node outside the run serves (invoke stage --to http): that "
+            "node's link rates to sweep, e.g. 20mbit,1gbit (default: the cluster's rate)",
+            variant=True, single=None, tag=lambda x: "st" + _num_tag(x), tag_lone=True,
+            applies=lambda combo: combo.get("data") != SYNTHETIC,
+            record="storage_bandwidth_mbit", column="storage_bandwidth_mbit", since=10,
+            before=None),
     # emulation: accelerators and the links between them
     Setting("accelerator", "accelerator", "str | None", values.accelerator, None,
             "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "
@@ -438,7 +448,9 @@ def variant_values(spec: Any) -> list[dict[str, Any]]:
     product in table order (the first axis outermost)."""
     combos: list[dict[str, Any]] = [{}]
     for s in VARIANTS:
-        combos = [{**c, s.key: x} for c in combos for x in s.planned_values(spec)]
+        combos = [{**c, s.key: x} for c in combos
+                  for x in (s.planned_values(spec) if s.applies is None or s.applies(c)
+                            else [None])]
     return combos
 
 
