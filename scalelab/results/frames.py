@@ -76,6 +76,7 @@ EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "settings",
                  # the per-hop delay the links added (real time; NaN: none)
                  "hop_delay_us"]
+EXTRA_COLUMNS = [c for c in EXTRA_COLUMNS if c not in CSV_COLUMNS]
 
 ALLREDUCE_COLUMNS = ["sweep_id", "run_id", "status", "nodes", "procs_per_node", "world_size",
                      "bandwidth_mbit", "bandwidth", "repeat", "size_bytes", "time_s",
@@ -254,7 +255,7 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
         "status": rec.status, "link_mbit_measured": rec.link_mbit_measured,
         "link_error": rec.link_error, "started_at": rec.started_at,
         "duration_s": rec.duration_s, "error": rec.error,
-        "data": str(p["data"] or "synthetic"), "bandwidth": _bandwidth_label(bw),
+        "bandwidth": _bandwidth_label(bw),
         "steps": number(p["steps"]), "image_size": number(p["image_size"]),
         "gradient_bytes": rec.gradient_bytes,
         "dilation": number(p["dilation"]) if p["accelerator"] else 1.0,
@@ -274,6 +275,7 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
         "image_id": str((env.get("image") or {}).get("id") or "")
         if isinstance(env.get("image"), dict) else "",
         **{c: _cell(st, p[st.record]) for c, st in SETTING_COLUMNS.items()},
+        "data": str(p["data"] or "synthetic"),
         "settings": ", ".join(x for x in (comm_label(p), series_label(p)) if x),
         "memory_format": "channels_last" if p["channels_last"] else "contiguous",
         **_scaling(p),

@@ -251,7 +251,8 @@ SETTINGS: tuple[Setting, ...] = (
             "data sources to sweep: synthetic (the default), an absolute path on the nodes "
             "(class folders or tar shards, e.g. /data/imagenet), or tar shards at an http:// "
             "or nfs:// URL (invoke stage prints one), or several, comma-separated",
-            variant=True, single=SYNTHETIC, tag=_data_tag, series=False, record="data"),
+            variant=True, single=SYNTHETIC, tag=_data_tag, series=False, record="data",
+            column="data"),
     # None: the storage node's link at the cluster's rate
     Setting("storage_bandwidth", "storage_bandwidths", "list[float | None] | None", values.rates,
             None, "with shards a node outside the run serves (invoke stage --to http): that "

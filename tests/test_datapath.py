@@ -1,0 +1,168 @@
+"""The datapath on a real local cluster: a data set staged behind a web server on a storage
+node, read by the ranks over the cluster network with the storage node's link shaped, the
+storage and decode probes, the model's input ceiling and verdict, the refusals of sources that
+cannot be read, a server that dies mid-run, and destroy taking it all back."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, invoke, unique_name, wait_until
+
+pytestmark = pytest.mark.slow
+
+STORAGE_MBIT = 20.0  # the storage node's link: 2.5 MB/s, far below what two ranks would read
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """Three nodes: two train, the last serves a staged set (60 photo-sized JPEGs in 6 shards)."""
+    from scalelab.cluster.targets.local import LocalCluster
+
+    lc = LocalCluster(unique_name("dp"))
+    lc.provision(3)
+    proc = invoke("stage", "--cluster", lc.name, "--images", "60", "--classes", "3",
+                  "--shard-size", "10", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    url = re.search(r"--data (\S+)", proc.stdout)[1]
+    yield lc, url
+    lc.destroy()
+
+
+def _state(name: str) -> dict:
+    return json.loads((Path(os.environ["SCALELAB_HOME"]) / "clusters" / name / "cluster.json")
+                      .read_text())
+
+
+def _rows(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "results.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_model_says(
+        lab, tmp_path):
+    lc, url = lab
+    served = lc.nodes()[-1]
+    assert url == (f"http://{served.private_address}:8610/imagenet-like/shards/"
+                   "shard-{000000..000005}.tar")
+    reports = tmp_path / "reports"
+    proc = invoke("bench", "--cluster", lc.name, "--nodes", "1-2", "--batch-size", "8",
+                  "--model", "resnet20", "--steps", "10", "--repeats", "1", "--data",
+                  f"synthetic,{url}", "--storage-bandwidth", f"{STORAGE_MBIT:g}mbit",
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    rows = {(int(r["nodes"]), r["data"] != "synthetic"): r for r in _rows(sweep_dir)}
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values())
+    for n in (1, 2):
+        real, synth = rows[(n, True)], rows[(n, False)]
+        # the storage probe read the set from the run's nodes at the storage link's rate
+        assert 0.85 * STORAGE_MBIT / 8 < float(real["storage_read_mb_s"]) <= 1.05 * STORAGE_MBIT / 8
+        # the loaders read every image once, JPEG and tar headers: about 112 KB
+        assert 100_000 < float(real["data_bytes_per_image"]) < 130_000
+        assert float(real["data_read_mb_s"]) <= 1.1 * STORAGE_MBIT / 8
+        assert float(real["decode_img_s_per_core"]) > 20
+        assert synth["storage_read_mb_s"] == "" and synth["data_read_mb_s"] == ""
+        # the storage, not the ranks, sets the pace: far below the same run on synthetic data
+        assert float(real["images_per_sec"]) < 0.5 * float(synth["images_per_sec"])
+
+    # the report: input-bound where the model's storage ceiling binds, with its numbers, and
+    # the modelled efficiency near the measured one; synthetic data is not input-bound
+    from scalelab.report import data as report_data
+
+    analysis = report_data.analyse(
+        [report_data.load_sweep_data(sweep_dir)], None, False)
+    points = {(int(r["world_size"]), r["data"] != "synthetic"): r
+              for _, r in analysis.modelled.iterrows()}
+    real = points[(2, True)]
+    assert real["verdict"] == "input-bound" and real["input_limit"] == "storage"
+    assert "so the storage" in real["verdict_why"] and "MB/s to 2 nodes" in real["verdict_why"]
+    assert abs(float(real["model_eff"]) - float(real["eff_mean"])) < 0.10, real
+    assert points[(2, False)]["verdict"] != "input-bound"
+    # every link is back at the cluster's rate: the storage node's too
+    assert set(lc.link_rates().values()) == {(None, None)}
+
+
+def test_sources_the_nodes_cannot_read_are_refused_before_any_run(lab, tmp_path):
+    lc, url = lab
+    reports = tmp_path / "reports"
+    base = ["bench", "--cluster", lc.name, "--nodes", "1-2", "--batch-size", "8", "--model",
+            "resnet20"]
+    cases = [
+        (["--data", url.replace(":8610/", ":8611/")], "Couldn't connect to server"),
+        (["--data", url.replace("000005", "000009")], "shard-000009.tar: curl: (22)"),
+        (["--data", url, "--loader-workers", "4"],
+         "6 shard(s) for 8 loader workers (ranks x --loader-workers) in the largest run"),
+        (["--data", str(ROOT / "docs")], "not a data set: no .tar shards and no class folders"),
+        (["--data", "/no/such/set"], "no such file or directory"),
+        (["--data", url, "--nodes", "1-3", "--storage-bandwidth", "20mbit"],
+         "--storage-bandwidth: the rate is a link of a node that serves the data and trains no "
+         "rank"),
+    ]
+    for args, said in cases:
+        proc = invoke(*base, *args, env={"SCALELAB_REPORTS": str(reports)}, timeout=120)
+        assert proc.returncode != 0, args
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], \
+            (args, proc.stderr[-1000:])
+    assert not reports.exists() or not any(reports.iterdir())  # nothing written
+
+
+def test_a_storage_server_that_dies_mid_run_fails_that_run_and_the_sweep_goes_on(lab, tmp_path):
+    lc, url = lab
+    reports = tmp_path / "reports"
+    server = next(s for s in _state(lc.name)["servers"])
+    node = next(n for n in lc.nodes() if n.name == server["node"])
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--nodes", "1",
+         "--batch-size", "8", "--model", "resnet20", "--steps", "400", "--repeats", "1",
+         "--data", f"{url},synthetic", "--no-report"], cwd=ROOT,
+        env={**os.environ, "SCALELAB_REPORTS": str(reports)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        # the web server ends (its own pid, inside the storage node) while the ranks read
+        from scalelab.cluster import ssh
+
+        wait_until(lambda: "resnet.py" in ssh.run(
+            lc.nodes()[0], _state(lc.name)["known_hosts"], "ps -eo args= || true",
+            timeout=30).stdout, 240, "the ranks to train")
+        ssh.run(node, _state(lc.name)["known_hosts"], f"kill {int(server['pid'])}", timeout=30)
+        out, err = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGINT)
+            sweep.wait(timeout=120)
+    assert sweep.returncode == 1, err[-2000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    rows = {r["data"] != "synthetic": r for r in _rows(sweep_dir)}
+    assert rows[True]["status"] == "failed", rows[True]
+    assert "shard" in rows[True]["error"] and ("curl" in rows[True]["error"]
+                                              or "exit" in rows[True]["error"]), rows[True]["error"]
+    assert rows[False]["status"] == "ok"  # the sweep went on to its next run
+
+
+def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
+    """Last in the module: remove, then destroy. invoke stage --remove ends the server and
+    removes the set from the node; destroy leaves no namespace behind."""
+    lc, url = lab
+    rec = _state(lc.name)
+    proc = invoke("stage", "--cluster", lc.name, "--name", "imagenet-like", "--remove")
+    assert proc.returncode == 0, proc.stderr
+    assert "data set imagenet-like removed from" in proc.stdout
+    from scalelab.cluster import ssh
+
+    node = next(n for n in lc.nodes() if n.name == rec["staged"]["imagenet-like"]["nodes"][0])
+    left = ssh.run(node, rec["known_hosts"], f"test -e {rec['staged']['imagenet-like']['dir']} "
+                   "&& echo present || echo gone; ps -eo args= | grep -c '[h]ttp.server' || true",
+                   timeout=30).stdout.split()
+    assert left[0] == "gone"
+    after = _state(lc.name)
+    assert "staged" not in after and "servers" not in after
