@@ -28,6 +28,7 @@ import io
 import math
 import os
 import random
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +138,31 @@ class FolderDataset(Dataset):
         return self.transform(decode(data)), label, len(data)
 
 
+class DataReadError(RuntimeError):
+    """A shard could not be read to its end: which, how far, and what the reader said."""
+
+
+# curl's exit codes a storage that fails mid-run gives
+CURL_EXITS = {7: "could not connect: the server is down or the port closed",
+              18: "the transfer ended early: the server went away mid-shard",
+              22: "the server answered with an HTTP error", 28: "timed out",
+              52: "the server sent nothing", 56: "the connection was cut"}
+
+
+def read_failure(stream: Counted, exc: BaseException) -> str:
+    """One line: the shard, the bytes read of it, and the reader's exit status or error."""
+    proc = getattr(stream.stream, "proc", None)
+    status = None
+    if proc is not None:
+        with contextlib.suppress(Exception):
+            status = proc.wait(timeout=5)
+    said = f"{getattr(stream, 'url', '?')}: reading stopped after {stream.count} bytes"
+    if status:
+        tool = "curl" if "curl" in str(proc.args) else "nfs-cat"
+        return f"{said}: {tool} exit {status} ({CURL_EXITS.get(status, 'see its stderr')})"
+    return f"{said}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+
 def _image_part(sample: dict[str, Any]) -> bytes | None:
     for ext in ("jpg", "jpeg", "png"):
         if ext in sample:
@@ -160,6 +186,7 @@ class TarShardDataset(IterableDataset):
     def _opened(self, mine: list[str], counters: list[Counted]) -> Iterator[dict[str, Any]]:
         for url in mine:
             stream = Counted(open_shard(url))
+            stream.url = url
             counters.append(stream)
             try:
                 yield {"url": url, "stream": stream}
@@ -182,8 +209,14 @@ class TarShardDataset(IterableDataset):
             random.Random(self.seed + epoch).shuffle(order)  # same order on every rank
             counters: list[Counted] = []
             told = 0
-            for sample in group_by_keys(tar_file_expander(self._opened(order[slot::slots],
-                                                                        counters))):
+            samples = group_by_keys(tar_file_expander(self._opened(order[slot::slots], counters)))
+            while True:
+                try:
+                    sample = next(samples, None)
+                except (OSError, tarfile.TarError) as exc:
+                    raise DataReadError(read_failure(counters[-1], exc)) from None
+                if sample is None:
+                    break
                 img = _image_part(sample)
                 if img is None or "cls" not in sample:
                     raise ValueError(f"{sample['__url__']}: sample {sample['__key__']} lacks "
@@ -212,10 +245,15 @@ class RealData:
             if self._sampler is not None:
                 self._sampler.set_epoch(epoch)
             got = 0
-            for x, y, nbytes in self.loader:
-                got += 1
-                self.bytes_read += int(nbytes.sum())
-                yield x, y
+            try:
+                for x, y, nbytes in self.loader:
+                    got += 1
+                    self.bytes_read += int(nbytes.sum())
+                    yield x, y
+            except DataReadError as exc:
+                # a worker's error comes with its traceback: the run's reason is its last line
+                lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+                raise DataReadError(lines[-1].split("DataReadError: ", 1)[-1]) from None
             if got == 0:
                 raise ValueError("dataset yields no full batch for this rank; lower --batch-size or add images")
 
