@@ -87,6 +87,11 @@ def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_mod
     assert "so the storage" in real["verdict_why"] and "MB/s to 2 nodes" in real["verdict_why"]
     assert abs(float(real["model_eff"]) - float(real["eff_mean"])) < 0.10, real
     assert points[(2, False)]["verdict"] != "input-bound"
+    # the report's datapath section: each real-data point's supply and demand, and the sizing
+    # of storage and loader cores for real devices from these probes
+    html = (sweep_dir / "index.html").read_text()
+    section = html[html.index('id="datapath"'):]
+    assert "storage gives images/s" in section and "MLPerf Storage emulated H100" in section
     # every link is back at the cluster's rate: the storage node's too
     assert set(lc.link_rates().values()) == {(None, None)}
 

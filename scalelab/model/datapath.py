@@ -91,3 +91,48 @@ def add_input_ceiling(modelled: pd.DataFrame) -> pd.DataFrame:
             if out.at[i, "model_input_bound"]:
                 out.at[i, "model_step_s"] = float(out.at[i, "model_input_s"])
     return out
+
+
+# ---------------------------------------------------------------------------- sizing
+
+# MLPerf Storage's ResNet-50 workload: an emulated H100 consumes 1,786 samples/s of 114,660
+# bytes, and a storage setup passes while accelerators stay busy 90 % of the time (AU)
+MLPERF_H100 = ("MLPerf Storage emulated H100 (AU 90%)", 1786.0, 114_660.0, 0.90)
+GPUS_PER_NODE = 8
+SIZING_NODES = (1, 4, 16, 64)
+SIZING_BATCH = 64
+
+
+def profile_rates(model: str = "resnet50", batch: int = SIZING_BATCH) -> list[tuple[str, float]]:
+    """(label, images/s of one GPU) for the shipped device profiles of a model, at a batch."""
+    from scalelab.model import accel
+
+    out = []
+    for (name, m, precision), path in sorted(accel.shipped().items()):
+        if m == model:
+            doc = accel.scaled(accel.load(path), batch)
+            out.append((f"{name.upper()} {model} {precision}", batch / accel.step_s(doc)))
+    return out
+
+
+def sizing(bytes_per_image: float, decode_per_core: float, storage_mb_s: float,
+           rates: list[tuple[str, float]]) -> pd.DataFrame:
+    """What storage and loader cores each device needs to be fed, and how many of them the
+    measured storage feeds: one row per device, the MLPerf Storage H100 last.
+
+    >>> row = sizing(112_000, 300.0, 250.0, [("X", 1000.0)]).iloc[0]
+    >>> round(row["mb_s_per_gpu"]), float(round(row["cores_per_gpu"], 2)), int(row["gpus_fed"])
+    (112, 3.33, 2)
+    """
+    rows = []
+    for label, ips, size, share in [*[(x, r, bytes_per_image, 1.0) for x, r in rates],
+                                    MLPERF_H100]:
+        need = ips * size * share / 1e6  # MB/s one device must be given
+        row = {"device": label, "images_per_gpu": ips, "mb_s_per_gpu": need,
+               "cores_per_gpu": ips * share / decode_per_core if decode_per_core > 0 else math.nan,
+               "gpus_fed": math.floor(storage_mb_s / need) if storage_mb_s == storage_mb_s
+               else math.nan}
+        for n in SIZING_NODES:
+            row[f"gb_s_{n}"] = need * GPUS_PER_NODE * n / 1e3
+        rows.append(row)
+    return pd.DataFrame(rows)

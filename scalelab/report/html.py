@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from scalelab.model import analysis, bucket_model, fabric, published, verdict
+from scalelab.model import analysis, bucket_model, datapath, fabric, published, verdict
 from scalelab.model.analysis import batch_text
 from scalelab.model.verdict import VERDICT_COLUMNS
 from scalelab.report import tables
@@ -137,6 +137,56 @@ def _cost_section(a: Analysis) -> str:
     if len(a.sweeps) > 1:
         cols.insert(0, ("sweep_id", "sweep", "str"))
     parts.append(table(frame, cols, "cost"))
+    return "\n".join(parts)
+
+
+def _datapath_section(a: Analysis) -> str:
+    """Where runs read real data: what the input gave against what training would take, per
+    point, and the sizing of storage and loader cores for real devices from the probes."""
+    df = a.modelled
+    if df.empty or "input_ips" not in df:
+        return ""
+    real = df[df["data"].astype(str) != "synthetic"].copy()
+    if real.empty:
+        return ""
+    real["kb"] = real["data_bytes_per_image"].astype(float) / 1e3
+    parts = ['<h2 id="datapath">Data and storage</h2>',
+             '<p class="note">Each real-data point: the images/s training would take (the network '
+             "and compute model), and what the input can give: the storage probe&#39;s MB/s to "
+             "the point&#39;s nodes reading at once over the bytes an image, and one core&#39;s "
+             "decode rate (the decode probe) times the loader workers. The smaller is the "
+             "input&#39;s ceiling; where it is below the demand, the point is modelled and "
+             'judged input-bound (docs/data.md).</p>']
+    cols = [("data", "data", "wrap"), ("world_size", "ranks", "int"),
+            ("thr_mean", "measured images/s", "num"),
+            ("input_demand_ips", "training would take", "num"),
+            ("storage_read_mb_s", "storage MB/s", "num"), ("kb", "KB an image", "num"),
+            ("input_storage_ips", "storage gives images/s", "num"),
+            ("decode_img_s_per_core", "decode images/s a core", "num"),
+            ("input_decode_ips", "loaders give images/s", "num"),
+            ("input_limit", "input limit", "str"), ("verdict", "verdict", "str")]
+    parts.append(table(real, cols, "datapath"))
+    probed = real[real["storage_read_mb_s"].astype(float) > 0]
+    if probed.empty:
+        return "\n".join(parts)
+    best = probed.loc[probed["storage_read_mb_s"].astype(float).idxmax()]
+    sized = datapath.sizing(float(best["data_bytes_per_image"]),
+                            float(best["decode_img_s_per_core"]),
+                            float(best["storage_read_mb_s"]), datapath.profile_rates())
+    parts.append(
+        f'<p class="note">Sizing from these probes: {float(best["data_bytes_per_image"]) / 1e3:.0f} '
+        f'KB an image, {float(best["decode_img_s_per_core"]):,.0f} images/s decoded a core, and '
+        f'{float(best["storage_read_mb_s"]):,.1f} MB/s from the storage to '
+        f'{int(best["nodes"])} node(s). Each device: the MB/s and loader cores that keep it '
+        f"fed at its profile&#39;s ResNet-50 rate (batch {datapath.SIZING_BATCH}), the storage "
+        f"GB/s for nodes of {datapath.GPUS_PER_NODE}, and how many such devices this storage "
+        "feeds. The decode rate is this cluster&#39;s CPU at the sweep&#39;s input size.</p>")
+    cols = [("device", "device", "str"), ("images_per_gpu", "images/s", "num"),
+            ("mb_s_per_gpu", "MB/s each", "num"), ("cores_per_gpu", "loader cores each", "num"),
+            *[(f"gb_s_{n}", f"GB/s, {n} node{'s' if n > 1 else ''}", "num")
+              for n in datapath.SIZING_NODES],
+            ("gpus_fed", "this storage feeds", "int")]
+    parts.append(table(sized, cols, "sizing"))
     return "\n".join(parts)
 
 
@@ -422,6 +472,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
     parts.append('<h2 id="scaling">Scaling table</h2>')
     parts.append(_scaling_table(a))
     parts.append(_slow_ranks_section(a))
+    parts.append(_datapath_section(a))
     parts.append(_cost_section(a))
     comm = _comm_settings_section(a)  # only where a sweep varies a setting
     if comm:
