@@ -156,6 +156,53 @@ def test_a_storage_server_that_dies_mid_run_fails_that_run_and_the_sweep_goes_on
     assert rows[False]["status"] == "ok"  # the sweep went on to its next run
 
 
+def test_a_failed_stage_is_undone_and_only_its_own_server_is_ended(lab):
+    """A port another process holds: the new server cannot listen, so the stage fails in one
+    line and takes back the set it wrote; and a recorded pid that is no longer scalelab's
+    server is left alone when its set is removed."""
+    from scalelab.cluster import ssh
+
+    lc, _ = lab
+    n0 = lc.nodes()[0]
+    kh = _state(lc.name)["known_hosts"]
+    # someone else's web server on n0's port 8620, bounded in time
+    py = _state(lc.name)["nodes"][0]["facts"]["python"]
+    decoy = int(ssh.run(n0, kh, f"setsid timeout 300 {py} -m http.server 8620 --bind "
+                        f"{n0.private_address} </dev/null >/dev/null 2>&1 & echo $!",
+                        timeout=30).stdout.split()[-1])
+    wait_until(lambda: ssh.run(n0, kh, f"curl -sf -o /dev/null http://{n0.private_address}:8620/",
+                               timeout=30, check=False).returncode == 0, 30, "the decoy to listen")
+    before = _state(lc.name)
+    proc = invoke("stage", "--cluster", lc.name, "--name", "second", "--node", n0.name,
+                  "--port", "8620", "--images", "20", "--classes", "2", "--shard-size", "10",
+                  "--like", "small", timeout=300)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the web server did not answer on port 8620" in lines[0], lines
+    after = _state(lc.name)
+    assert after.get("staged") == before.get("staged") and after.get("servers") == before.get("servers")
+    gone = ssh.run(n0, kh, f"test -e {ROOT}/data/second && echo present || echo gone; "
+                   f"kill -0 {decoy} && echo decoy-alive", timeout=30, check=False).stdout
+    assert "gone" in gone and "decoy-alive" in gone  # the set taken back, the decoy untouched
+    # a set whose recorded server pid now belongs to someone else's process (pid reuse):
+    # removing it leaves that process alone
+    proc = invoke("stage", "--cluster", lc.name, "--name", "third", "--node", n0.name,
+                  "--port", "8630", "--images", "20", "--classes", "2", "--shard-size", "10",
+                  "--like", "small", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rec = _state(lc.name)
+    own = next(s for s in rec["servers"] if s["port"] == 8630)
+    ssh.run(n0, kh, f"kill {int(own['pid'])}", timeout=30)
+    own["pid"] = decoy
+    (Path(os.environ["SCALELAB_HOME"]) / "clusters" / lc.name / "cluster.json").write_text(
+        json.dumps(rec))
+    proc = invoke("stage", "--cluster", lc.name, "--name", "third", "--remove")
+    assert proc.returncode == 0, proc.stderr
+    assert ssh.run(n0, kh, f"kill -0 {decoy} && echo alive", timeout=30,
+                   check=False).stdout.strip() == "alive"
+    ssh.run(n0, kh, f"kill {decoy}", timeout=30)
+
+
 def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
     """Last in the module: remove, then destroy. invoke stage --remove ends the server and
     removes the set from the node; destroy leaves no namespace behind."""

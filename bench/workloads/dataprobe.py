@@ -6,8 +6,9 @@
 
 read: W streams at once, each reading whole shards of this node's share (the shards of slots
 I*W .. I*W+W-1 of N*W, in the order the loaders use, as a rank's W loader workers read them) for
-T seconds, and counting the bytes; every node of a storage probe starts at once, so their sum
-over the longest time is what the storage delivers to N nodes reading together.
+T seconds from --start-at, and counting the bytes; every node of a storage probe starts at the
+same instant, so their sum over the span from the first start to the last end is what the
+storage delivers to N nodes reading together.
 decode: one thread decodes and crops the images of the first shard (the model's input pipeline:
 JPEG decode, random-resized crop, flip, normalise) for T seconds: images/s on one core.
 
@@ -37,6 +38,9 @@ def read(a: argparse.Namespace, urls: list[str]) -> dict:
         raise SystemExit(f"{a.data}: {len(urls)} shard(s) for {slots} reading streams")
     order = list(urls)
     random.Random(0).shuffle(order)  # the loaders' first epoch order (seed 0)
+    # every node of a probe starts at the same instant (the controller's --start-at, bounded)
+    time.sleep(min(max(0.0, a.start_at - time.time()), 60.0))
+    t0 = time.time()
     deadline = time.monotonic() + a.seconds
     counts = [0] * a.streams
     errors: list[str] = []
@@ -68,7 +72,8 @@ def read(a: argparse.Namespace, urls: list[str]) -> dict:
     seconds = time.monotonic() - start
     if errors:
         raise SystemExit(f"{a.data}: {errors[0]}")
-    return {"bytes": sum(counts), "seconds": round(seconds, 4), "streams": a.streams}
+    return {"bytes": sum(counts), "seconds": round(seconds, 4), "streams": a.streams,
+            "t0": t0, "t1": time.time()}
 
 
 def decode(a: argparse.Namespace, urls: list[str]) -> dict:
@@ -103,6 +108,8 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=1)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--start-at", type=float, default=0.0,
+                   help="read: start at this time (seconds since the epoch; at most 60 s on)")
     a = p.parse_args()
     if not (0 <= a.slot < a.slots and a.streams >= 1 and 0 < a.seconds <= 600):
         p.error("need 0 <= --slot < --slots, --streams >= 1 and 0 < --seconds <= 600")

@@ -166,25 +166,30 @@ def _start_server(node: Node, known_hosts: str, port: int) -> int:
             f"cat {shlex.quote(pidfile)}")
     pid = int(_run(node, known_hosts, line).strip().splitlines()[-1])
     # up when it answers on its port (bounded: SERVER_WAIT_S)
+    # its own socket (another process on the port would answer too), then an answer
     check = (f"for i in $(seq 1 {int(SERVER_WAIT_S * 10)}); do "
+             f"kill -0 {pid} 2>/dev/null || break; "
+             f"ss -Hltnp 'sport = :{port}' | grep -q 'pid={pid},' && "
              f"curl -sf -o /dev/null http://{node.private_address}:{port}/ && exit 0; "
-             f"kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; "
-             f"tail -n 3 {shlex.quote(log_file)} >&2; exit 1")
-    try:
-        _run(node, known_hosts, check, SERVER_WAIT_S + 30)
-    except ClusterError as exc:
+             f"sleep 0.1; done; tail -n 1 {shlex.quote(log_file)} >&2; exit 1")
+    proc = ssh.run(node, known_hosts, check, timeout=SERVER_WAIT_S + 30, check=False)
+    if proc.returncode != 0:
         _stop_server(node, known_hosts, pid, port)
-        raise ClusterError(f"{node.name}: the web server did not answer on port {port}: "
-                           f"{exc}") from None
+        why = (proc.stderr.strip().splitlines() or ["it exited"])[-1][:200]
+        raise ClusterError(f"{node.name}: the web server did not answer on port {port} "
+                           f"({why}); give another --port")
     return pid
 
 
 def _stop_server(node: Node, known_hosts: str, pid: int, port: int) -> None:
-    """End the server by its pid, only if that pid is still our http.server on that port."""
+    """End the server by its pid, only if that pid is still our http.server on that port;
+    then its pid and log files go."""
+    workdir = _facts(node)[1]
+    files = " ".join(shlex.quote(f"{workdir}/tmp/http-{int(port)}.{x}") for x in ("pid", "log"))
     line = (f"if tr '\\0' ' ' < /proc/{int(pid)}/cmdline 2>/dev/null | "
             f"grep -q -- 'http.server {int(port)} '; then kill {int(pid)}; "
-            f"for i in $(seq 1 50); do kill -0 {int(pid)} 2>/dev/null || exit 0; sleep 0.1; "
-            f"done; kill -9 {int(pid)}; fi")
+            f"for i in $(seq 1 50); do kill -0 {int(pid)} 2>/dev/null || break; sleep 0.1; "
+            f"done; kill -0 {int(pid)} 2>/dev/null && kill -9 {int(pid)}; fi; rm -f {files}")
     _run(node, known_hosts, line, 30)
 
 
@@ -272,7 +277,9 @@ def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
         if not keep_data:
             for node_name in entry["nodes"]:
                 if node_name in nodes:
-                    _run(nodes[node_name], kh, f"rm -rf -- {shlex.quote(entry['dir'])}", 300)
+                    parent = shlex.quote(str(Path(entry["dir"]).parent))
+                    _run(nodes[node_name], kh, f"rm -rf -- {shlex.quote(entry['dir'])}; "
+                         f"rmdir --ignore-fail-on-non-empty -- {parent} 2>/dev/null; true", 300)
             said.append(f"data set {name} removed from {', '.join(entry['nodes'])}")
     needed = {(n, e["port"]) for e in staged.values() if e["to"] == "http"
               for n in e["nodes"]}

@@ -3,7 +3,8 @@
 The storage probe reads the source's shards from N nodes at once (bench/workloads/dataprobe.py
 read), each node with as many streams as a rank has loader workers, each stream whole shards,
 for a fixed time: their bytes summed over the longest of their times is the aggregate rate the
-storage gives N readers, measured in the data's own access pattern and over the links the
+storage gives N readers (they start at one instant, and the span runs from the first start to
+the last end), measured in the data's own access pattern and over the links the
 training uses (shaped as the run's are). The decode probe times the model's input pipeline on
 one core of one node over the source's own images (dataprobe.py decode).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 READ_SECONDS = 4.0  # each storage probe point: long enough for TCP to reach a shaped rate
 DECODE_SECONDS = 3.0
 SLACK_S = 60.0  # ssh, interpreter start (decode imports torch) and reaping
+START_SLACK_S = 5.0  # the readers start together this long after launch
 
 
 @dataclass(frozen=True)
@@ -67,17 +70,18 @@ def _script(rt: launch.Runtime) -> str:
 
 
 def read_commands(nodes: list[Node], rt: launch.Runtime, source: str, streams: int,
-                  seconds: float) -> list[commands.RankCommand]:
-    """Every node's reader, node i reading slot i of len(nodes).
+                  seconds: float, start_at: float) -> list[commands.RankCommand]:
+    """Every node's reader, node i reading slot i of len(nodes), all from start_at.
 
     >>> rt = launch.Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local")]
-    >>> " ".join(read_commands(ns, rt, "/d/in", 2, 4.0)[0].argv)
-    '/v/bin/python /w/bench/workloads/dataprobe.py read --data /d/in --slot 0 --slots 1 --streams 2 --seconds 4'
+    >>> " ".join(read_commands(ns, rt, "/d/in", 2, 4.0, 1e9)[0].argv)
+    '/v/bin/python /w/bench/workloads/dataprobe.py read --data /d/in --slot 0 --slots 1 --streams 2 --seconds 4 --start-at 1000000000.000'
     """
     return [commands.RankCommand(n, [rt.python, _script(rt), "read", "--data", source,
                                      "--slot", str(i), "--slots", str(len(nodes)),
-                                     "--streams", str(streams), "--seconds", f"{seconds:g}"])
+                                     "--streams", str(streams), "--seconds", f"{seconds:g}",
+                                     "--start-at", f"{start_at:.3f}"])
             for i, n in enumerate(nodes)]
 
 
@@ -93,9 +97,11 @@ def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: in
                  seconds: float = READ_SECONDS,
                  stop: threading.Event | None = None) -> StorageProbe:
     """The aggregate rate these nodes read the source at, all at once."""
+    start_at = time.time() + START_SLACK_S  # after every node's ssh and interpreter start
     try:
-        res = launch.run(read_commands(nodes, rt, source, streams, seconds), rt,
-                         timeout_s=seconds + SLACK_S, stop=stop, fail_grace_s=1.0)
+        res = launch.run(read_commands(nodes, rt, source, streams, seconds, start_at), rt,
+                         timeout_s=seconds + START_SLACK_S + SLACK_S, stop=stop,
+                         fail_grace_s=1.0)
     except (ScalelabError, OSError) as exc:
         return StorageProbe(source, len(nodes), streams, None, error=f"could not start: {exc}")
     got = [launch.parse_result(o.stdout) for o in res.outcomes]
@@ -103,7 +109,9 @@ def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: in
         why = _why(res)
         log.warning("storage probe of %s from %d node(s) failed: %s", source, len(nodes), why)
         return StorageProbe(source, len(nodes), streams, None, error=why)
-    longest = max(float(g["seconds"]) for g in got)
+    # the span every reader read in: first start to last end
+    span = max(float(g["t1"]) for g in got) - min(float(g["t0"]) for g in got)
+    longest = max(span, max(float(g["seconds"]) for g in got))
     per_node = tuple(round(g["bytes"] / float(g["seconds"]) / 1e6, 2) for g in got)
     total = round(sum(g["bytes"] for g in got) / longest / 1e6, 2)
     log.info("storage %s: %.1f MB/s to %d node(s) at once", source, total, len(nodes))
