@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, invoke, unique_name, wait_until
 
+from scalelab.report import data as report_data
+
 pytestmark = pytest.mark.slow
 
 STORAGE_MBIT = 20.0  # the storage node's link: 2.5 MB/s, far below what two ranks would read
@@ -76,8 +78,6 @@ def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_mod
 
     # the report: input-bound where the model's storage ceiling binds, with its numbers, and
     # the modelled efficiency near the measured one; synthetic data is not input-bound
-    from scalelab.report import data as report_data
-
     analysis = report_data.analyse(
         [report_data.load_sweep_data(sweep_dir)], None, False)
     points = {(int(r["world_size"]), r["data"] != "synthetic"): r
@@ -94,6 +94,34 @@ def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_mod
     assert "storage gives images/s" in section and "MLPerf Storage emulated H100" in section
     # every link is back at the cluster's rate: the storage node's too
     assert set(lc.link_rates().values()) == {(None, None)}
+
+
+def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tmp_path):
+    """Emulated V100s train on real batches: the bytes come over the storage node's link,
+    shaped in the device's time like the other links, and the decode is charged at the probe's
+    cost per image; the storage ceiling holds them input-bound where the model says (at
+    10 Gbit/s the ring's 100 MB of gradients take far less than the storage's wait)."""
+    lc, url = lab
+    reports = tmp_path / "reports"
+    proc = invoke("bench", "--cluster", lc.name, "--nodes", "1-2", "--batch-size", "32",
+                  "--model", "resnet50", "--accelerator", "v100", "--bandwidth", "10gbit",
+                  "--steps", "10", "--repeats", "1", "--data", url, "--storage-bandwidth",
+                  "100mbit", "--no-report", env={"SCALELAB_REPORTS": str(reports)},
+                  timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    rows = {int(r["nodes"]): r for r in _rows(sweep_dir)}
+    assert set(rows) == {1, 2} and all(r["status"] == "ok" for r in rows.values())
+    for r in rows.values():
+        # in the device's time: what a 100 Mbit/s storage link gives, whatever the dilation
+        assert 0.85 * 12.5 < float(r["storage_read_mb_s"]) <= 1.05 * 12.5, r
+        assert float(r["data_read_mb_s"]) <= 1.1 * 12.5, r
+        # a V100 takes about 366 images/s; 12.5 MB/s of 112 KB photos is about 110
+        assert float(r["images_per_sec"]) < 150, r
+    analysis = report_data.analyse([report_data.load_sweep_data(sweep_dir)], None, False)
+    two = analysis.modelled[analysis.modelled["world_size"] == 2].iloc[0]
+    assert two["verdict"] == "input-bound" and two["input_limit"] == "storage"
+    assert abs(float(two["model_eff"]) - float(two["eff_mean"])) < 0.10, two
 
 
 def test_sources_the_nodes_cannot_read_are_refused_before_any_run(lab, tmp_path):

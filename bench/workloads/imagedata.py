@@ -29,6 +29,7 @@ import math
 import os
 import random
 import tarfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -176,12 +177,20 @@ class TarShardDataset(IterableDataset):
     epochs repeat forever. Yields (image, label, bytes read from storage since the last)."""
 
     def __init__(self, shards: list[str], transform: TrainTransform, rank: int, world: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, charge_s: float | None = None) -> None:
         if not shards:
             raise ValueError("no .tar shards")
         self.shards = sorted(shards)
         self.transform = transform
         self.rank, self.world, self.seed = rank, world, seed
+        # an emulated device's input: the bytes read, the decode charged (seconds an image)
+        self.charge_s = charge_s
+
+    def _prepare(self, img: bytes) -> torch.Tensor:
+        if self.charge_s is None:
+            return self.transform(decode(img))
+        time.sleep(self.charge_s)
+        return torch.zeros(1)
 
     def _opened(self, mine: list[str], counters: list[Counted]) -> Iterator[dict[str, Any]]:
         for url in mine:
@@ -222,8 +231,7 @@ class TarShardDataset(IterableDataset):
                     raise ValueError(f"{sample['__url__']}: sample {sample['__key__']} lacks "
                                      ".jpg/.cls")
                 read = sum(c.count for c in counters)
-                yield (self.transform(decode(img)), int(sample["cls"].decode().strip()),
-                       read - told)
+                yield self._prepare(img), int(sample["cls"].decode().strip()), read - told
                 told = read
 
 
@@ -270,10 +278,12 @@ def make_loader(
     pin_memory: bool,
     seed: int = 0,
     timeout_s: float = 0.0,
+    charge_s: float | None = None,
 ) -> RealData:
     """A DataLoader over `source` (class folders, or tar shards at a path or URLs), this rank's
     share of it. timeout_s bounds the wait for a batch from the workers (0 = no bound; needs
-    workers > 0)."""
+    workers > 0). charge_s: an emulated device's input, its bytes read and charge_s seconds of
+    decode slept per image instead of decoding (shards only)."""
     if "://" not in source and not os.path.exists(source):
         raise FileNotFoundError(f"--data {source}: no such file or directory")
     shards = shard_urls(source)
@@ -290,8 +300,12 @@ def make_loader(
             raise ValueError(f"--data {source}: {len(shards)} shard(s) for {world} rank(s) x "
                              f"{max(workers, 1)} loader worker(s): every worker reads whole "
                              f"shards, so give at least {slots} shards or fewer loader workers")
-        ds = TarShardDataset(shards, TrainTransform(image_size, seed), rank, world, seed)
+        ds = TarShardDataset(shards, TrainTransform(image_size, seed), rank, world, seed,
+                             charge_s)
         return RealData(DataLoader(ds, **common), num_classes or IMAGENET_CLASSES, "shards", None)
+    if charge_s is not None:
+        raise ValueError(f"--data {source}: an emulated device reads tar shards; stage the set "
+                         "as shards (invoke stage)")
     ds = FolderDataset(source, TrainTransform(image_size, seed + rank))
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=False)
     loader = DataLoader(ds, sampler=sampler, worker_init_fn=_reseed_worker, **common)

@@ -221,7 +221,29 @@ def load_data(a: argparse.Namespace, me: Rank) -> Data:
     mem_fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     real = None
     pin_memory = _pin_memory(a.pin_memory, device)
-    if a.emulated:
+    if a.emulated and a.data != "synthetic":
+        # the emulated device takes real batches: their bytes read from the storage for real,
+        # their decode charged at the measured cost per image (in the device's time)
+        import imagedata
+
+        num_classes = a.num_classes or models.spec(a.model).default_num_classes
+        real = imagedata.make_loader(
+            a.data, image_size=a.image_size, batch_size=a.batch_size, workers=a.workers,
+            rank=rank, world=world, num_classes=num_classes, pin_memory=False, seed=a.seed,
+            timeout_s=a.timeout_s, charge_s=a.decode_cost_s * a.dilation)
+        x_emu = torch.zeros(1)
+
+        def batches():
+            src = real.batches()
+            try:
+                for _ in range(a.warmup + a.steps):
+                    next(src)
+                    yield x_emu, None
+            finally:
+                src.close()
+
+        data_layout = "emulated, " + real.layout
+    elif a.emulated:
         num_classes = a.num_classes or models.spec(a.model).default_num_classes
         x_emu = torch.zeros(1)
 
@@ -479,8 +501,8 @@ def _rank_record(a: argparse.Namespace, me: Rank, eng: Engine, timed: Timed) -> 
         "data_time_mean_s": common.mean([s["data_s"] for s in steps_rec]),
         # what its loader read from storage over the timed steps, and at what rate (real data)
         "data_bytes": timed.data_bytes,
-        "data_read_mb_s": None if timed.data_bytes is None
-        else timed.data_bytes / 1e6 / max(timed.t_last - timed.t_first, 1e-9),
+        "data_read_mb_s": None if timed.data_bytes is None  # in the (emulated) device's time
+        else timed.data_bytes / 1e6 / max(timed.t_last - timed.t_first, 1e-9) * a.dilation,
         "step_times_s": step_times,
         "final_loss": steps_rec[-1]["loss"],
         # the fidelity guard's figures over the timed steps (wall time, not dilated)

@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
         "--data", default="synthetic", help="'synthetic' or a dataset path (class folders or webdataset .tar shards)"
     )
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (real data)")
+    p.add_argument("--decode-cost-s", type=float, default=None,
+                   help="with --profile and real data: read the images' bytes and charge this "
+                        "many seconds of decode per image (times --dilation) instead of decoding")
     p.add_argument(
         "--pin-memory",
         choices=["auto", "on", "off"],
@@ -152,7 +155,8 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             if a.emulated[key] != want:
                 run_is = want if want == getattr(a, key) else f"{a.precision} (emulated with {want} profiles)"
                 p.error(f"the profile {a.profile} is for {key} {a.emulated[key]}, this run's is {run_is}")
-        if a.data != "synthetic":
-            p.error("--profile emulates compute, so it takes no data: leave --data synthetic")
+        if a.data != "synthetic" and not (a.decode_cost_s or 0) > 0:
+            p.error("--profile with real data needs --decode-cost-s (the decode it charges per "
+                    "image), or leave --data synthetic")
     elif a.dilation != 1:
         p.error("--dilation applies to emulated accelerators only (--profile)")

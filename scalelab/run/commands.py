@@ -34,7 +34,8 @@ class RankCommand:
     error_file: bool = False
 
 
-def workload_args(params: dict[str, Any], profile: str | None = None) -> list[str]:
+def workload_args(params: dict[str, Any], profile: str | None = None,
+                  decode_cost_s: float | None = None) -> list[str]:
     """Command-line of bench/workloads/resnet.py for a run's params.
 
     >>> workload_args({"model": "resnet20", "batch_size": 32, "precision": "fp32",
@@ -57,6 +58,8 @@ def workload_args(params: dict[str, Any], profile: str | None = None) -> list[st
                  "--pin-memory", str(params.get("pin_memory") or "auto")]
     if profile:
         args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
+        if decode_cost_s:  # real data on an emulated device: the decode it charges an image
+            args += ["--decode-cost-s", f"{decode_cost_s:.6g}"]
     return args + comm_args(params)
 
 

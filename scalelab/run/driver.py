@@ -384,10 +384,12 @@ class _Execution:
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
 
-    def shape_storage(self, p: dict[str, Any], rate: float | None) -> None:
-        """The storage node's link at the run's storage rate, or back at the cluster's."""
+    def shape_storage(self, p: dict[str, Any], rate: float | None, dilation: float) -> None:
+        """The storage node's link at the run's storage rate (in the emulated device's time:
+        divided by the dilation, as the other links), or back at the cluster's."""
         want = p.get("storage_bandwidth_mbit")
         node = storage.serving_node(self.all_nodes, p.get("data")) if want else None
+        want = want / dilation if want else want
         for name in [n for n in self.storage_shaped if node is None or n != node.name]:
             self.shaper.set_node(name, rate)
             self.storage_shaped.discard(name)
@@ -395,12 +397,16 @@ class _Execution:
             self.shaper.set_node(node.name, want)
             self.storage_shaped.add(node.name)
 
-    def probe_storage(self, run, rate: float | None, netprobe: bool) -> dict[str, Any] | None:
+    def probe_storage(self, run, rate: float | None, netprobe: bool,
+                      dilation: float = 1.0) -> dict[str, Any] | None:
         """A real-data run's source probed once per node count and link rate (read) and once
-        per sweep (decode), over the links as this run has them; None for synthetic data."""
+        per sweep (decode), over the links as this run has them; None for synthetic data. An
+        emulated device's read rate is in its time (the dilated links' rate times k); its
+        decode is always probed, since the run charges what one image costs."""
         p = run.params
         source = p.get("data")
-        if run.kind != "train" or not netprobe or source in (None, SYNTHETIC):
+        if run.kind != "train" or source in (None, SYNTHETIC) or not (
+                netprobe or p.get("accelerator")):
             return None
         used = self.all_nodes[: p["nodes"]]
         streams = max(1, int(p.get("loader_workers") or 1)) * p["procs_per_node"]
@@ -412,7 +418,12 @@ class _Execution:
             size = p.get("image_size") or MODELS[p["model"]].image_size
             self.decodes[source] = storageprobe.measure_decode(used[0], self.rt, source, size,
                                                                stop=self.stop)
-        return {**self.reads[key].as_record(), **self.decodes[source].as_record()}
+        read = self.reads[key].as_record()
+        if dilation != 1.0:
+            read["read_mb_s"] = read["read_mb_s"] and round(read["read_mb_s"] * dilation, 2)
+            read["read_per_node_mb_s"] = [round(x * dilation, 2)
+                                          for x in read["read_per_node_mb_s"]]
+        return {**read, **self.decodes[source].as_record()}
 
     def one(self, k: int, run, timeout_s: float, netprobe: bool) -> tuple[dict[str, Any], bool]:
         """Shape, probe, stage and launch one run; its record, committed, and whether the
@@ -431,7 +442,7 @@ class _Execution:
         delay_us = (fab.per_hop_latency_s * 1e6 * dilation
                     if fab and rate and self.caps.hop_delay else 0.0)
         self.shaper.set(rate, delay_us)
-        self.shape_storage(p, rate)
+        self.shape_storage(p, rate, dilation)
         # the path between each node's ranks, also in the emulated device's time, on nodes
         # whose loopback is their own (the record says what it was set to only there)
         lo = fabric.loopback_mbit(p.get("intra_mbit"), p["nodes"], p["procs_per_node"])
@@ -441,7 +452,7 @@ class _Execution:
         if rate not in self.links:
             self.links[rate] = (self.starter.probe_link(self.all_nodes, k, self.stop)
                                 if netprobe else (None, "", None))
-        storage = self.probe_storage(run, rate, netprobe)
+        storage = self.probe_storage(run, rate, netprobe, dilation)
         profile = self.emu.stage(run)
         if self.stopped():
             raise KeyboardInterrupt
@@ -451,7 +462,10 @@ class _Execution:
             script, args, engine = ("allreduce.py",
                                     commands.allreduce_args(p, run.allreduce_sizes), "ddp")
         else:
-            script, args, engine = "resnet.py", commands.workload_args(p, profile), p["engine"]
+            # an emulated device reading real data charges the decode the probe measured
+            decode = (storage or {}).get("decode_img_s_per_core") if profile else None
+            script, args, engine = ("resnet.py", commands.workload_args(
+                p, profile, 1.0 / decode if decode else None), p["engine"])
         started = utcnow()
         interrupted, job, launcher_name = False, None, self.starter.kind
         try:
