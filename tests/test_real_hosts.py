@@ -354,6 +354,14 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert (sweep_dir / "index.html").exists()
         assert "static" in (sweep_dir / "index.html").read_text()
 
+        # a data set staged on the second host behind a web server, run as the login user:
+        # destroy (below) ends the server and removes the set before it hands the hosts back
+        proc = invoke("stage", "--cluster", lab, "--images", "20", "--classes", "2",
+                      "--shard-size", "10", "--like", "small", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"http://{machines[1].address}:8610/imagenet-like/shards/" in proc.stdout
+        assert _on(machines[1], kh0, "ls /opt/scalelab/data/imagenet-like/shards | wc -l") == "2"
+
         # The sweep's controller killed outright (SIGKILL) mid-run: the hosts stay shaped and
         # the ranks train on. destroy puts the links back and ends the ranks from the notes the
         # sweep wrote before it changed anything, before those notes go with the records.
@@ -386,6 +394,10 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "kept on its hosts, on purpose: /opt/scalelab" in proc.stdout
         assert not os.path.exists(ssh.mux_dir(str(known_hosts)))
+        # the staged set and its server's files are gone (its process: no process of the
+        # user's is left, above)
+        assert _on(machines[1], kh0, "ls -A /opt/scalelab/data /opt/scalelab/tmp 2>/dev/null | "
+                                     "grep -c -e imagenet-like -e http- || true") == "0"
     finally:
         if (state / "cluster.json").exists():
             invoke("destroy", "--cluster", lab, timeout=300)

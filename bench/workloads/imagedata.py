@@ -265,6 +265,19 @@ class RealData:
             if got == 0:
                 raise ValueError("dataset yields no full batch for this rank; lower --batch-size or add images")
 
+    def take(self, n: int, convert: Any) -> Any:
+        """A generator function of n batches, each (x, y) given through convert."""
+
+        def batches() -> Iterator[Any]:
+            src = self.batches()
+            try:
+                for _ in range(n):
+                    yield convert(*next(src))
+            finally:
+                src.close()
+
+        return batches
+
 
 def make_loader(
     source: str,

@@ -221,28 +221,30 @@ def load_data(a: argparse.Namespace, me: Rank) -> Data:
     mem_fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     real = None
     pin_memory = _pin_memory(a.pin_memory, device)
-    if a.emulated and a.data != "synthetic":
-        # the emulated device takes real batches: their bytes read from the storage for real,
-        # their decode charged at the measured cost per image (in the device's time)
+    if a.data != "synthetic":
+        # real data (which decides the classes): a real device's batches are decoded; an
+        # emulated one's are read for real and their decode charged at the measured cost per
+        # image, in the device's time
         import imagedata
 
-        num_classes = a.num_classes or models.spec(a.model).default_num_classes
         real = imagedata.make_loader(
             a.data, image_size=a.image_size, batch_size=a.batch_size, workers=a.workers,
-            rank=rank, world=world, num_classes=num_classes, pin_memory=False, seed=a.seed,
-            timeout_s=a.timeout_s, charge_s=a.decode_cost_s * a.dilation)
+            rank=rank, world=world, seed=a.seed, timeout_s=a.timeout_s,
+            num_classes=a.num_classes or (models.spec(a.model).default_num_classes
+                                          if a.emulated else None),
+            pin_memory=pin_memory and not a.emulated,
+            charge_s=a.decode_cost_s * a.dilation if a.emulated else None)
         x_emu = torch.zeros(1)
 
-        def batches():
-            src = real.batches()
-            try:
-                for _ in range(a.warmup + a.steps):
-                    next(src)
-                    yield x_emu, None
-            finally:
-                src.close()
+        def convert(x, y):
+            if a.emulated:
+                return x_emu, None
+            return (x.to(device, non_blocking=True).contiguous(memory_format=mem_fmt),
+                    y.to(device, non_blocking=True))
 
-        data_layout = "emulated, " + real.layout
+        batches = real.take(a.warmup + a.steps, convert)
+        num_classes = real.num_classes
+        data_layout = ("emulated, " if a.emulated else "") + real.layout
     elif a.emulated:
         num_classes = a.num_classes or models.spec(a.model).default_num_classes
         x_emu = torch.zeros(1)
@@ -252,7 +254,7 @@ def load_data(a: argparse.Namespace, me: Rank) -> Data:
                 yield x_emu, None
 
         data_layout = "emulated"
-    elif a.data == "synthetic":
+    else:
         num_classes = a.num_classes or models.spec(a.model).default_num_classes
         g = torch.Generator().manual_seed(a.seed * 7919 + rank)
         x_syn = torch.randn(a.batch_size, 3, a.image_size, a.image_size, generator=g)
@@ -265,36 +267,6 @@ def load_data(a: argparse.Namespace, me: Rank) -> Data:
                 yield x_syn, y_syn
 
         data_layout = "synthetic"
-    else:
-        import imagedata
-
-        real = imagedata.make_loader(
-            a.data,
-            image_size=a.image_size,
-            batch_size=a.batch_size,
-            workers=a.workers,
-            rank=rank,
-            world=world,
-            num_classes=a.num_classes,
-            pin_memory=pin_memory,
-            seed=a.seed,
-            timeout_s=a.timeout_s,
-        )
-        num_classes = real.num_classes
-        data_layout = real.layout
-
-        def batches():
-            src = real.batches()
-            try:
-                for _ in range(a.warmup + a.steps):
-                    x, y = next(src)
-                    yield (
-                        x.to(device, non_blocking=True).contiguous(memory_format=mem_fmt),
-                        y.to(device, non_blocking=True),
-                    )
-            finally:
-                src.close()
-
     return Data(batches, num_classes, data_layout, real, pin_memory, mem_fmt)
 
 
