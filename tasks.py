@@ -173,7 +173,8 @@ def check(c, cluster="demo", links=False, seconds="1"):
 @task(help={"cluster": "cluster whose nodes get the data",
             "name": "the data set's name (a-z, 0-9, -), e.g. imagenet-like",
             "to": "http: one node's disk, served by a web server there (the ranks read it over "
-                  "the cluster network); nodes: a copy on every node's own disk",
+                  "the cluster network); nodes: a copy on every node's own disk; nfs: the "
+                  "cluster's NFS share (invoke configure --tags nfs sets it up)",
             "images": "synthetic images in all (default 2000)",
             "classes": "classes (default 1000, ImageNet's)",
             "shard_size": "images per tar shard (default 100)",

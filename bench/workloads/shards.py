@@ -50,7 +50,7 @@ def open_shard(url: str) -> Any:
                      "-f", "-s", "-S", "-L", url], mode="rb", bufsize=BUFFER,
                     ignore_status=CUT_OFF + [23])
     if url.startswith("nfs://"):
-        return Pipe(["nfs-cat", url], mode="rb", bufsize=BUFFER, ignore_status=CUT_OFF)
+        return Pipe(["nfs-cat", nfs4(url)], mode="rb", bufsize=BUFFER, ignore_status=CUT_OFF)
     return open(url, "rb", buffering=BUFFER)
 
 
@@ -64,3 +64,8 @@ def shard_urls(source: str) -> list[str]:
     if os.path.isdir(source):
         return sorted(os.path.join(source, f) for f in os.listdir(source) if f.endswith(".tar"))
     return []
+
+
+def nfs4(url: str) -> str:
+    """An nfs:// URL as libnfs reads it over NFSv4 (scalelab's exports speak only version 4)."""
+    return url if "?" in url else url + "?version=4"

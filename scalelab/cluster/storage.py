@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import ssh
+import yaml
+
+from scalelab.cluster import ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core import lock
 from scalelab.core.errors import ClusterError, InputError
@@ -33,7 +35,9 @@ from scalelab.core.state import load_cluster, save_cluster
 
 log = logging.getLogger(__name__)
 
-PLACES = ("http", "nodes")
+PLACES = ("http", "nodes", "nfs")
+GROUP_VARS = Path(__file__).resolve().parents[2] / "playbooks" / "group_vars" / "all.yml"
+SHARE_MARKER = ".scalelab-share"  # the nfs_server role's, in the exported directory
 DEFAULT_PORT = 8610
 NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 GENERATE_TIMEOUT_S = 3600.0
@@ -63,8 +67,8 @@ def check_request(name: str, to: str, images: int | str, classes: int | str,
         raise InputError(f"--name {name!r}: a data set's name is 1-32 of a-z, 0-9 and -, "
                          "starting with a letter, e.g. imagenet-like")
     if to not in PLACES:
-        raise InputError(f"--to {to!r}: choose http (a web server on one node) or nodes (a "
-                         "copy on every node's own disk)")
+        raise InputError(f"--to {to!r}: choose http (a web server on one node), nodes (a "
+                         "copy on every node's own disk) or nfs (the cluster's NFS share)")
     nums = {}
     for flag, value, low in (("--images", images, 1), ("--classes", classes, 1),
                              ("--shard-size", shard_size, 1), ("--port", port, 1024)):
@@ -97,8 +101,13 @@ def _facts(node: Node) -> tuple[str, str]:
     return f["python"], f["workdir"]
 
 
-def set_dir(node: Node, name: str) -> str:
-    return f"{_facts(node)[1]}/data/{name}"
+def shared_dir() -> str:
+    """The directory the nfs roles export and mount (group_vars' scalelab_shared_dir)."""
+    return str(yaml.safe_load(GROUP_VARS.read_text())["scalelab_shared_dir"])
+
+
+def set_dir(node: Node, name: str, to: str = "http") -> str:
+    return f"{shared_dir() if to == 'nfs' else _facts(node)[1]}/data/{name}"
 
 
 def _run(node: Node, known_hosts: str, line: str, timeout: float = 60.0) -> str:
@@ -207,12 +216,20 @@ def stage(cluster: str, req: Request) -> dict[str, Any]:
                              f"{', '.join(n.name for n in nodes)}")
         if req.to == "http":
             where = [next(n for n in nodes if n.name == req.node) if req.node else nodes[-1]]
+        elif req.to == "nfs":  # the head exports the share
+            where = [next((n for n in nodes if n.role == "head"), nodes[0])]
+            marker = f"{shared_dir()}/{SHARE_MARKER}"
+            if ssh.run(where[0], rec["known_hosts"], f"test -e {shlex.quote(marker)}",
+                       timeout=30, check=False).returncode != 0:
+                raise InputError(f"--to nfs: cluster {cluster} exports no NFS share (no "
+                                 f"{marker} on {where[0].name}); set it up with invoke "
+                                 f"configure --cluster {cluster} --tags nfs")
         else:
             where = nodes
         for n in where:
             _facts(n)
         entry: dict[str, Any] = {"to": req.to, "nodes": [n.name for n in where],
-                                 "dir": set_dir(where[0], req.name)}
+                                 "dir": set_dir(where[0], req.name, req.to)}
         if req.to == "http":
             entry["port"] = req.port
         staged = dict(rec.get("staged") or {})
@@ -235,7 +252,7 @@ def _stage(cluster: str, rec: dict[str, Any], req: Request, entry: dict[str, Any
     kh = rec["known_hosts"]
     desc = {}
     for n in where:
-        out = set_dir(n, req.name)
+        out = entry["dir"]
         desc = (_copy(n, kh, req.from_dir, out) if req.from_dir
                 else _generate(n, kh, req, out))
     shards = sorted(Path(x).name for x in _run(
@@ -250,7 +267,10 @@ def _stage(cluster: str, rec: dict[str, Any], req: Request, entry: dict[str, Any
                                                  "pid": pid, "kind": "http"})
         entry["data"] = f"http://{where[0].private_address}:{req.port}/{req.name}/shards/" \
                         f"{_range(shards)}"
-    else:
+    elif req.to == "nfs" and not targets.capabilities(rec).kernel_nfs:
+        # no kernel client mounts the share here: the ranks read it with libnfs
+        entry["data"] = f"nfs://{where[0].private_address}{entry['dir']}/shards/{_range(shards)}"
+    else:  # a copy on every node, or the share every node mounts at the same path
         entry["data"] = f"{entry['dir']}/shards"
     rec["staged"][req.name] = entry
     save_cluster(cluster, rec)
@@ -361,7 +381,13 @@ def shards_seen(node: Node, known_hosts: str, source: str) -> Seen:
     """Ask the node: a path is a shard set or class folders; a URL's first and last shards
     answer (curl, nfs-cat)."""
     if "://" not in source:
-        out = _run(node, known_hosts, _PATH_KIND.format(path=shlex.quote(source))).split()
+        proc = ssh.run(node, known_hosts, _PATH_KIND.format(path=shlex.quote(source)),
+                       timeout=60, check=False)
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
+            return Seen(None, f"it did not answer: {why}", "check that it answers: invoke "
+                        "check --cluster NAME")
+        out = proc.stdout.split()
         if out[:1] == ["shards"]:
             return Seen(int(out[1]))
         if out[:1] == ["folders"]:
@@ -376,7 +402,8 @@ def shards_seen(node: Node, known_hosts: str, source: str) -> Seen:
         q = shlex.quote(url)
         line = (f"curl -sS -f -r 0-0 --connect-timeout 5 --max-time 20 -o /dev/null {q}"
                 if url.startswith("http") else
-                f"timeout 20 nfs-cat {q} | head -c 1 | wc -c | grep -qx 1")
+                f"timeout 20 nfs-cat {shlex.quote(url + '?version=4')} | head -c 1 | wc -c "
+                "| grep -qx 1")
         proc = ssh.run(node, known_hosts, line, timeout=40, check=False)
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
