@@ -26,16 +26,28 @@ STORAGE_MBIT = 20.0  # the storage node's link: 2.5 MB/s, far below what two ran
 
 @pytest.fixture(scope="module")
 def lab():
-    """Three nodes: two train, the last serves a staged set (60 photo-sized JPEGs in 6 shards)."""
+    """Three nodes: two train, the last serves a staged set (60 photo-sized JPEGs in 6 shards)
+    over HTTP; the head exports the same set from the cluster's NFS share (NFS-Ganesha)."""
     from scalelab.cluster.targets.local import LocalCluster
 
     lc = LocalCluster(unique_name("dp"))
     lc.provision(3)
-    proc = invoke("stage", "--cluster", lc.name, "--images", "60", "--classes", "3",
-                  "--shard-size", "10", timeout=300)
+    urls = {}
+    # --to nfs before the share exists: refused in one line, nothing recorded
+    proc = invoke("stage", "--cluster", lc.name, "--to", "nfs", "--name", "onnfs")
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [
+        f"error: --to nfs: cluster {lc.name} exports no NFS share (no /srv/scalelab/"
+        f".scalelab-share on {lc.name}-n0); set it up with invoke configure --cluster "
+        f"{lc.name} --tags nfs"]
+    assert "staged" not in _state(lc.name)
+    proc = invoke("configure", "--cluster", lc.name, "--tags", "nfs", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    url = re.search(r"--data (\S+)", proc.stdout)[1]
-    yield lc, url
+    for to in ("http", "nfs"):
+        proc = invoke("stage", "--cluster", lc.name, "--to", to, "--name", f"on{to}",
+                      "--images", "60", "--classes", "3", "--shard-size", "10", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        urls[to] = re.search(r"--data (\S+)", proc.stdout)[1]
+    yield lc, urls["http"], urls["nfs"]
     lc.destroy()
 
 
@@ -51,9 +63,9 @@ def _rows(sweep_dir: Path) -> list[dict]:
 
 def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_model_says(
         lab, tmp_path):
-    lc, url = lab
+    lc, url, _ = lab
     served = lc.nodes()[-1]
-    assert url == (f"http://{served.private_address}:8610/imagenet-like/shards/"
+    assert url == (f"http://{served.private_address}:8610/onhttp/shards/"
                    "shard-{000000..000005}.tar")
     reports = tmp_path / "reports"
     proc = invoke("bench", "--cluster", lc.name, "--nodes", "1-2", "--batch-size", "8",
@@ -101,7 +113,7 @@ def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tm
     shaped in the device's time like the other links, and the decode is charged at the probe's
     cost per image; the storage ceiling holds them input-bound where the model says (at
     10 Gbit/s the ring's 100 MB of gradients take far less than the storage's wait)."""
-    lc, url = lab
+    lc, url, _ = lab
     reports = tmp_path / "reports"
     proc = invoke("bench", "--cluster", lc.name, "--nodes", "1-2", "--batch-size", "32",
                   "--model", "resnet50", "--accelerator", "v100", "--bandwidth", "10gbit",
@@ -125,7 +137,7 @@ def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tm
 
 
 def test_sources_the_nodes_cannot_read_are_refused_before_any_run(lab, tmp_path):
-    lc, url = lab
+    lc, url, _ = lab
     reports = tmp_path / "reports"
     base = ["bench", "--cluster", lc.name, "--batch-size", "8", "--model", "resnet20"]
     cases = [
@@ -150,14 +162,18 @@ def test_sources_the_nodes_cannot_read_are_refused_before_any_run(lab, tmp_path)
 
 
 def test_a_storage_server_that_dies_mid_run_fails_that_run_and_the_sweep_goes_on(lab, tmp_path):
-    lc, url = lab
+    """The web server killed while the ranks read from it: that run fails with its reason, and
+    the sweep goes on to read synthetic data and the NFS share (nfs-cat through Ganesha)."""
+    lc, url, nfs_url = lab
+    assert nfs_url == (f"nfs://{lc.nodes()[0].private_address}/srv/scalelab/data/onnfs/shards/"
+                       "shard-{000000..000005}.tar")
     reports = tmp_path / "reports"
     server = next(s for s in _state(lc.name)["servers"])
     node = next(n for n in lc.nodes() if n.name == server["node"])
     sweep = subprocess.Popen(
         [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--nodes", "1",
          "--batch-size", "8", "--model", "resnet20", "--steps", "400", "--repeats", "1",
-         "--data", f"{url},synthetic", "--no-report"], cwd=ROOT,
+         "--data", f"{url},synthetic,{nfs_url}", "--no-report"], cwd=ROOT,
         env={**os.environ, "SCALELAB_REPORTS": str(reports)}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -175,7 +191,11 @@ def test_a_storage_server_that_dies_mid_run_fails_that_run_and_the_sweep_goes_on
             sweep.wait(timeout=120)
     assert sweep.returncode == 1, err[-2000:]
     sweep_dir = reports / os.readlink(reports / "latest")
-    rows = {r["data"] != "synthetic": r for r in _rows(sweep_dir)}
+    by_source = {r["data"]: r for r in _rows(sweep_dir)}
+    nfs = by_source.pop(nfs_url)
+    assert nfs["status"] == "ok" and float(nfs["storage_read_mb_s"]) > 1, nfs
+    assert 100_000 < float(nfs["data_bytes_per_image"]) < 130_000
+    rows = {source != "synthetic": r for source, r in by_source.items()}
     assert rows[True]["status"] == "failed", rows[True]
     # the reason names the shard, how far it was read, and what curl said of the server
     why = rows[True]["error"]
@@ -190,7 +210,7 @@ def test_a_failed_stage_is_undone_and_only_its_own_server_is_ended(lab):
     server is left alone when its set is removed."""
     from scalelab.cluster import ssh
 
-    lc, _ = lab
+    lc, _, _ = lab
     n0 = lc.nodes()[0]
     kh = _state(lc.name)["known_hosts"]
     # someone else's web server on n0's port 8620, bounded in time
@@ -232,19 +252,19 @@ def test_a_failed_stage_is_undone_and_only_its_own_server_is_ended(lab):
 
 
 def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
-    """Last in the module: remove, then destroy. invoke stage --remove ends the server and
-    removes the set from the node; destroy leaves no namespace behind."""
-    lc, url = lab
+    """Last in the module: invoke stage --remove ends the web server and removes its set from
+    the node; the set on the NFS share stays until its own removal or destroy."""
+    lc, url, _ = lab
     rec = _state(lc.name)
-    proc = invoke("stage", "--cluster", lc.name, "--name", "imagenet-like", "--remove")
+    proc = invoke("stage", "--cluster", lc.name, "--name", "onhttp", "--remove")
     assert proc.returncode == 0, proc.stderr
-    assert "data set imagenet-like removed from" in proc.stdout
+    assert "data set onhttp removed from" in proc.stdout
     from scalelab.cluster import ssh
 
-    node = next(n for n in lc.nodes() if n.name == rec["staged"]["imagenet-like"]["nodes"][0])
-    left = ssh.run(node, rec["known_hosts"], f"test -e {rec['staged']['imagenet-like']['dir']} "
+    node = next(n for n in lc.nodes() if n.name == rec["staged"]["onhttp"]["nodes"][0])
+    left = ssh.run(node, rec["known_hosts"], f"test -e {rec['staged']['onhttp']['dir']} "
                    "&& echo present || echo gone; ps -eo args= | grep -c '[h]ttp.server' || true",
                    timeout=30).stdout.split()
     assert left[0] == "gone"
     after = _state(lc.name)
-    assert "staged" not in after and "servers" not in after
+    assert set(after["staged"]) == {"onnfs"} and "servers" not in after
