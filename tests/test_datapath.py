@@ -6,6 +6,7 @@ cannot be read, a server that dies mid-run, and destroy taking it all back."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -204,7 +205,7 @@ def test_a_storage_server_that_dies_mid_run_fails_that_run_and_the_sweep_goes_on
     assert rows[False]["status"] == "ok"  # the sweep went on to its next run
 
 
-def test_a_failed_stage_is_undone_and_only_its_own_server_is_ended(lab):
+def test_a_failed_stage_is_undone_and_only_its_own_server_is_ended(lab, tmp_path):
     """A port another process holds: the new server cannot listen, so the stage fails in one
     line and takes back the set it wrote; and a recorded pid that is no longer scalelab's
     server is left alone when its set is removed."""
@@ -232,12 +233,20 @@ def test_a_failed_stage_is_undone_and_only_its_own_server_is_ended(lab):
     gone = ssh.run(n0, kh, f"test -e {ROOT}/data/second && echo present || echo gone; "
                    f"kill -0 {decoy} && echo decoy-alive", timeout=30, check=False).stdout
     assert "gone" in gone and "decoy-alive" in gone  # the set taken back, the decoy untouched
-    # a set whose recorded server pid now belongs to someone else's process (pid reuse):
-    # removing it leaves that process alone
+    # the user's own shards, copied unchanged (--from-dir); then, its recorded server pid made
+    # someone else's process (pid reuse): removing the set leaves that process alone
+    own = tmp_path / "own"
+    subprocess.run([sys.executable, str(ROOT / "bench/workloads/make_dataset.py"), "--out",
+                    str(own), "--classes", "2", "--images-per-class", "10", "--layout",
+                    "shards", "--shard-size", "10"], check=True, capture_output=True, timeout=120)
     proc = invoke("stage", "--cluster", lc.name, "--name", "third", "--node", n0.name,
-                  "--port", "8630", "--images", "20", "--classes", "2", "--shard-size", "10",
-                  "--like", "small", timeout=300)
+                  "--port", "8630", "--from-dir", str(own / "shards"), timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "shard-{000000..000001}.tar" in proc.stdout
+    theirs = ssh.run(n0, kh, f"cd {ROOT}/data/third/shards && sha256sum shard-*.tar",
+                     timeout=30).stdout.split()[::2]
+    assert theirs == [hashlib.sha256(p.read_bytes()).hexdigest()
+                      for p in sorted((own / "shards").glob("*.tar"))]
     rec = _state(lc.name)
     own = next(s for s in rec["servers"] if s["port"] == 8630)
     ssh.run(n0, kh, f"kill {int(own['pid'])}", timeout=30)

@@ -1,13 +1,15 @@
 """Data staged on a cluster's nodes, and the storage servers that serve it (invoke stage).
 
 A staged set is tar shards in WebDataset's layout (bench/workloads/make_dataset.py writes a
-synthetic one, ImageNet-like with --like imagenet; --from copies a user's own set unchanged),
-in one place per set:
+synthetic one, ImageNet-like with --like imagenet; --from-dir copies a user's own shards
+unchanged), in one place per set:
 
 * ``http``: one node's disk, served by a web server on that node (Python's http.server,
   started detached with a pid file) at ``http://<its cluster address>:<port>/<name>/``; the
   ranks read it with curl as WebDataset reads web servers;
-* ``nodes``: a copy on every node's own disk at ``<workdir>/data/<name>``.
+* ``nodes``: a copy on every node's own disk at ``<workdir>/data/<name>``;
+* ``nfs``: the cluster's NFS share (``/srv/scalelab/data/<name>`` on the head, exported by the
+  nfs_server role), read by path where the nodes mount it, else with nfs-cat.
 
 The cluster record keeps every set (``staged``) and every server (``servers``) before it
 exists, so that destroy, or invoke stage --remove, ends the server by its pid (checked to be
@@ -87,7 +89,7 @@ def check_request(name: str, to: str, images: int | str, classes: int | str,
     if from_dir:
         src = Path(from_dir).expanduser()
         if not src.is_dir() or not any(src.glob("*.tar")):
-            raise InputError(f"--from {from_dir}: not a directory of .tar shards; give the "
+            raise InputError(f"--from-dir {from_dir}: not a directory of .tar shards; give the "
                              "directory that holds your set's shard-NNNNNN.tar files")
     return Request(name, to, nums["--images"], nums["--classes"], nums["--shard-size"], like,
                    node or None, nums["--port"], src)

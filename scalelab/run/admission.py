@@ -326,7 +326,7 @@ def check_data_sources(c: Cluster, spec: Any, runs: list[RunPlan]) -> None:
         if found.shards is None and spec.accelerator:
             raise InputError(f"--data {source}: an emulated device reads tar shards, and this "
                              "is a set of class folders; stage it as shards (invoke stage "
-                             "--from DIR, or make_dataset.py --layout shards)")
+                             "--from-dir DIR, or make_dataset.py --layout shards)")
         if found.shards is not None and found.shards < slots:
             raise InputError(f"--data {source}: {found.shards} shard(s) for {slots} loader "
                              "workers (ranks x --loader-workers) in the largest run; every "

@@ -452,7 +452,7 @@ class _Execution:
         if rate not in self.links:
             self.links[rate] = (self.starter.probe_link(self.all_nodes, k, self.stop)
                                 if netprobe else (None, "", None))
-        storage = self.probe_storage(run, rate, netprobe, dilation)
+        source_probe = self.probe_storage(run, rate, netprobe, dilation)
         profile = self.emu.stage(run)
         if self.stopped():
             raise KeyboardInterrupt
@@ -463,7 +463,7 @@ class _Execution:
                                     commands.allreduce_args(p, run.allreduce_sizes), "ddp")
         else:
             # an emulated device reading real data charges the decode the probe measured
-            decode = (storage or {}).get("decode_img_s_per_core") if profile else None
+            decode = (source_probe or {}).get("decode_img_s_per_core") if profile else None
             script, args, engine = ("resnet.py", commands.workload_args(
                 p, profile, 1.0 / decode if decode else None), p["engine"])
         started = utcnow()
@@ -482,7 +482,7 @@ class _Execution:
         c = self.container
         record = run_record(self.sweep_dir.name, run, self.rec["target"], res, started,
                             measured_mbit, rate, why, launcher_name, job, single_mbit=single,
-                            intra=lo, delay_us=delay_us, storage=storage,
+                            intra=lo, delay_us=delay_us, storage=source_probe,
                             image={"id": c.image_id, "tag": c.image} if c is not None else None,
                             connections={key: v - before[key]
                                          for key, v in ssh.connections().items()})

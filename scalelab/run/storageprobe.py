@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 READ_SECONDS = 4.0  # each storage probe point: long enough for TCP to reach a shaped rate
 DECODE_SECONDS = 3.0
 SLACK_S = 60.0  # ssh, interpreter start (decode imports torch) and reaping
-START_SLACK_S = 5.0  # the readers start together this long after launch
+# the readers start together this long after launch (ssh and interpreter start, more nodes
+# more time), so that every reader is up at the instant and the span is one window
+START_SLACK_S = 2.0
+START_SLACK_PER_NODE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: in
                  seconds: float = READ_SECONDS,
                  stop: threading.Event | None = None) -> StorageProbe:
     """The aggregate rate these nodes read the source at, all at once."""
-    start_at = time.time() + START_SLACK_S  # after every node's ssh and interpreter start
+    start_at = time.time() + START_SLACK_S + START_SLACK_PER_NODE_S * len(nodes)
     try:
         res = launch.run(read_commands(nodes, rt, source, streams, seconds, start_at), rt,
                          timeout_s=seconds + START_SLACK_S + SLACK_S, stop=stop,
