@@ -10,6 +10,7 @@ import functools
 import inspect
 import logging
 import os
+import shlex
 import sys
 
 from invoke import Collection, Exit, task
@@ -200,7 +201,7 @@ def stage(c, cluster="demo", name="imagenet-like", to="http", images="2000", cla
     entry = storage.stage(cluster, req)
     print(f"{cluster}: data set {name}: {entry['num_shards']} shards on "
           f"{', '.join(entry['nodes'])}")
-    print(f"read it with: invoke bench --cluster {cluster} --data {entry['data']}")
+    print(f"read it with: invoke bench --cluster {cluster} --data {shlex.quote(entry['data'])}")
 
 
 @task(help={"cluster": "cluster to change", "bandwidth": "new link rate, e.g. 1gbit or native"})

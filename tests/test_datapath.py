@@ -140,8 +140,18 @@ def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tm
 def test_sources_the_nodes_cannot_read_are_refused_before_any_run(lab, tmp_path):
     lc, url, _ = lab
     reports = tmp_path / "reports"
-    base = ["bench", "--cluster", lc.name, "--batch-size", "8", "--model", "resnet20"]
+    base = ["bench", "--cluster", lc.name, "--batch-size", "8"]
+    # a set of class folders on the first node, which emulated devices do not read
+    from scalelab.cluster import ssh
+
+    rec = _state(lc.name)
+    py = rec["nodes"][0]["facts"]["python"]
+    ssh.run(lc.nodes()[0], rec["known_hosts"], f"{py} {ROOT}/bench/workloads/make_dataset.py "
+            "--out /tmp/dp-folders --classes 2 --images-per-class 4 --layout folders",
+            timeout=120)
     cases = [
+        (["--data", "/tmp/dp-folders/folders", "--model", "resnet50", "--accelerator", "v100"],
+         "an emulated device reads tar shards, and this is a set of class folders"),
         (["--data", url.replace(":8610/", ":8611/")], "Couldn't connect to server"),
         (["--data", url.replace("000005", "000009")], "shard-000009.tar: curl: (22)"),
         (["--data", url, "--loader-workers", "4"],
@@ -154,7 +164,9 @@ def test_sources_the_nodes_cannot_read_are_refused_before_any_run(lab, tmp_path)
     ]
     for args, said in cases:
         nodes = [] if "--nodes" in args else ["--nodes", "1-2"]
-        proc = invoke(*base, *nodes, *args, env={"SCALELAB_REPORTS": str(reports)}, timeout=120)
+        model = [] if "--model" in args else ["--model", "resnet20"]
+        proc = invoke(*base, *nodes, *model, *args, env={"SCALELAB_REPORTS": str(reports)},
+                      timeout=120)
         assert proc.returncode != 0, args
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], \
@@ -277,3 +289,18 @@ def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
     assert left[0] == "gone"
     after = _state(lc.name)
     assert set(after["staged"]) == {"onnfs"} and "servers" not in after
+    # a copy on every node's own disk: its path printed, the same on every node, all taken back
+    proc = invoke("stage", "--cluster", lc.name, "--to", "nodes", "--name", "onnodes",
+                  "--images", "20", "--classes", "2", "--shard-size", "10", "--like", "small",
+                  timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    path = f"{ROOT}/data/onnodes/shards"
+    assert f"--data {path}" in proc.stdout
+    count = f"ls {path} | wc -l"
+    assert [ssh.run(n, rec["known_hosts"], count, timeout=30).stdout.strip()
+            for n in lc.nodes()] == ["2", "2", "2"]
+    proc = invoke("stage", "--cluster", lc.name, "--name", "onnodes", "--remove")
+    assert proc.returncode == 0, proc.stderr
+    gone = f"test -e {path} && echo present || echo gone"
+    assert [ssh.run(n, rec["known_hosts"], gone, timeout=30).stdout.strip()
+            for n in lc.nodes()] == ["gone"] * 3

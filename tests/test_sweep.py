@@ -555,3 +555,24 @@ def test_comm_axes_round_trip_through_the_sweep_json_plan():
     assert "fusion_threshold_mb" not in d  # not given: an old plan's keys are unchanged
     assert spec_from_mapping(d, "sweep.json").bucket_cap_mb == [10.0, 50.0]
     assert "bucket_cap_mb" not in spec_to_dict(spec())
+
+
+def test_each_data_source_is_its_own_runs_and_a_storage_rate_only_real_data_s():
+    """--data sources are a variant axis (run ids syn, or d and six hex digits of the source:
+    two paths with one last name stay apart); --storage-bandwidth applies to real data only
+    (st<Mbit/s> in the run id), synthetic runs are planned once."""
+    web = "http://10.0.0.12:8610/in/shards/shard-{000000..000009}.tar"
+    runs = plan(spec(nodes="2", batch_size="64", repeats="1", data=f"synthetic,/a/in,/b/in,{web}",
+                     storage_bandwidth="20mbit,1gbit"), make_cluster(3), can_shape=True)
+    train = {r.run_id: r.params for r in runs if r.kind == "train"}
+    by = {}
+    for rid, p in train.items():
+        by.setdefault(p["data"], []).append((rid, p["storage_bandwidth_mbit"]))
+    assert [rid for rid, _ in by["synthetic"]] == ["train-n02-p1-b064-native-syn-r0"]
+    assert by["synthetic"][0][1] is None
+    tags = {source: {re.search(r"-(d[0-9a-f]{6})-", rid)[1] for rid, _ in got}
+            for source, got in by.items() if source != "synthetic"}
+    assert all(len(t) == 1 for t in tags.values()) and len(set.union(*tags.values())) == 3
+    for source in ("/a/in", "/b/in", web):
+        assert sorted((re.search(r"-(st\d+)-", rid)[1], mbit) for rid, mbit in by[source]) == [
+            ("st1000", 1000.0), ("st20", 20.0)]

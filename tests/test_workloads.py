@@ -410,9 +410,21 @@ def test_tar_shards_are_split_disjointly_across_ranks(imagedata, tiny_dataset):
                               world=2, num_classes=None, pin_memory=False)
 
 
+def test_shards_are_not_read_up_front_for_their_classes(imagedata, tiny_dataset):
+    """Counting the classes would read the whole set: shards have ImageNet's 1,000 unless
+    --num-classes says; class folders count theirs."""
+    common = dict(image_size=16, batch_size=2, workers=0, rank=0, world=1, pin_memory=False)
+    assert imagedata.make_loader(str(tiny_dataset / "shards"), num_classes=None,
+                                 **common).num_classes == 1000
+    assert imagedata.make_loader(str(tiny_dataset / "shards"), num_classes=3,
+                                 **common).num_classes == 3
+    assert imagedata.make_loader(str(tiny_dataset / "folders"), num_classes=None,
+                                 **common).num_classes == 3
+
+
 def test_tar_shards_are_read_from_a_web_server_as_from_disk(imagedata, tiny_dataset):
     """Shards at http:// URLs (a {low..high} range) are the same samples as on disk, through a
-    real HTTP server; a server that is gone fails the read with curl's reason."""
+    real HTTP server; a server that is gone fails the read naming the shard and curl's exit."""
     import functools
     import http.server
     import threading
@@ -434,7 +446,8 @@ def test_tar_shards_are_read_from_a_web_server_as_from_disk(imagedata, tiny_data
     finally:
         server.shutdown()
         server.server_close()
-    with pytest.raises(OSError, match="exit 7"):  # curl: could not connect
+    with pytest.raises(imagedata.DataReadError, match=r"shard-0000\d\d\.tar: reading stopped "
+                       r"after 0 bytes: curl exit 7 \(could not connect"):
         _one_epoch(imagedata, urls, 0, 1, 1)
 
 

@@ -72,6 +72,8 @@ def read(a: argparse.Namespace, urls: list[str]) -> dict:
     seconds = time.monotonic() - start
     if errors:
         raise SystemExit(f"{a.data}: {errors[0]}")
+    if not sum(counts):
+        raise SystemExit(f"{a.data}: read nothing in {a.seconds:g} s")
     return {"bytes": sum(counts), "seconds": round(seconds, 4), "streams": a.streams,
             "t0": t0, "t1": time.time()}
 

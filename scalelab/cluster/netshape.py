@@ -228,8 +228,9 @@ class SshLinks:
         only_links_scalelab_made(delay_us)
         self._each(lambda n: self._set(n, mbit))
 
-    def apply_node(self, name: str, mbit: float | None) -> None:
+    def apply_node(self, name: str, mbit: float | None, delay_us: float = 0.0) -> None:
         """One node's link at its own rate (a storage node's); restore() puts it back too."""
+        only_links_scalelab_made(delay_us)
         self._set(next(n for n in self.nodes if n.name == name), mbit)
 
     def apply_intra(self, mbit: float | None) -> None:

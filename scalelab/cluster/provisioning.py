@@ -9,7 +9,7 @@ from pathlib import Path
 from scalelab.cluster import configure, ssh, storage, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core import lock
-from scalelab.core.errors import ClusterError
+from scalelab.core.errors import ClusterError, ScalelabError
 from scalelab.core.state import check_cluster_name, inventory_dir, list_clusters, load_cluster
 from scalelab.core.units import parse_rate_mbit
 
@@ -71,9 +71,16 @@ def _destroy(cluster: str) -> list[str]:
     caps = targets.capabilities(rec)
     kept: list[str] = []
     if not caps.owns_hosts and (rec.get("staged") or rec.get("servers")):
-        # staged data and its servers (on hosts the cluster made, they go with the nodes)
-        for line in storage.remove(cluster, rec):
-            log.info("%s: %s", cluster, line)
+        # staged data and its servers (on hosts the cluster made, they go with the nodes); a
+        # host that does not answer keeps them, said, and the rest of destroy goes on
+        try:
+            for line in storage.remove(cluster, rec):
+                log.info("%s: %s", cluster, line)
+        except ScalelabError as exc:
+            log.warning("%s: staged data or a web server may be left on a host: %s", cluster,
+                        exc)
+            kept.append("staged data where a host did not answer: " + ", ".join(
+                f"{e['dir']} on {', '.join(e['nodes'])}" for e in rec.get("staged", {}).values()))
 
     # any configure that started, finished or not (configure.mark_touched records it before
     # Ansible first changes a host)

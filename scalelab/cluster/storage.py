@@ -83,8 +83,8 @@ def check_request(name: str, to: str, images: int | str, classes: int | str,
     if nums["--port"] > 65535:
         raise InputError(f"--port {port}: give a TCP port up to 65535")
     if like not in ("", "imagenet"):
-        raise InputError(f"--like {like!r}: imagenet (photo-sized, about 112 KB each) or leave "
-                         "it out (small images)")
+        raise InputError(f"--like {like!r}: imagenet (photo-sized, about 112 KB each, the "
+                         "default) or small (96-pixel images)")
     src = None
     if from_dir:
         src = Path(from_dir).expanduser()
@@ -145,10 +145,6 @@ def _copy(node: Node, known_hosts: str, src: Path, dest: str) -> dict[str, Any]:
     return {"num_shards": len(shards), "num_images": None, "from": str(src)}
 
 
-def _url(node: Node, port: int, name: str, shards: list[str]) -> str:
-    return f"http://{node.private_address}:{port}/{name}/{_range(shards)}"
-
-
 def _range(shards: list[str]) -> str:
     """shard-{000000..000063}.tar for make_dataset's names; the one name for a single shard."""
     if len(shards) == 1:
@@ -181,7 +177,8 @@ def _start_server(node: Node, known_hosts: str, port: int) -> int:
     check = (f"for i in $(seq 1 {int(SERVER_WAIT_S * 10)}); do "
              f"kill -0 {pid} 2>/dev/null || break; "
              f"ss -Hltnp 'sport = :{port}' | grep -q 'pid={pid},' && "
-             f"curl -sf -o /dev/null http://{node.private_address}:{port}/ && exit 0; "
+             f"curl -sf -o /dev/null {shlex.quote(f'http://{node.private_address}:{port}/')} "
+             "&& exit 0; "
              f"sleep 0.1; done; tail -n 1 {shlex.quote(log_file)} >&2; exit 1")
     proc = ssh.run(node, known_hosts, check, timeout=SERVER_WAIT_S + 30, check=False)
     if proc.returncode != 0:
@@ -241,9 +238,12 @@ def stage(cluster: str, req: Request) -> dict[str, Any]:
         try:
             return _stage(cluster, rec, req, entry, where)
         except BaseException:
-            # undone: the set, and a server nothing else needs (the record as before)
+            # undone: the set, and a server nothing else needs (the record as before); a
+            # failure of the undoing is logged, the first error is the one said
             try:
                 remove(cluster, rec, [req.name])
+            except Exception as exc:  # the stage's own error, re-raised below, matters more
+                log.warning("%s: could not take back data set %s: %s", cluster, req.name, exc)
             finally:
                 save_cluster(cluster, rec)
             raise
@@ -346,18 +346,19 @@ def serving_node(nodes: list[Node], source: str | None) -> Node | None:
     return next((n for n in nodes if m and n.private_address == m[1]), None)
 
 
-def expand(source: str) -> list[str]:
-    """A source's {low..high} ranges expanded, as the ranks' loaders expand them.
+def shard_range(source: str) -> tuple[str, str, int]:
+    """A source's first and last shard and how many its {low..high} ranges name, counted, not
+    listed (a range may name millions).
 
-    >>> expand("http://h:1/s-{08..10}.tar")
-    ['http://h:1/s-08.tar', 'http://h:1/s-09.tar', 'http://h:1/s-10.tar']
+    >>> shard_range("http://h:1/s-{08..10}.tar")
+    ('http://h:1/s-08.tar', 'http://h:1/s-10.tar', 3)
     """
-    m = re.search(r"\{(\d+)\.\.(\d+)\}", source)
-    if not m:
-        return [source]
-    width = len(m[1])
-    return [x for i in range(int(m[1]), int(m[2]) + 1)
-            for x in expand(source[:m.start()] + f"{i:0{width}d}" + source[m.end():])]
+    first, last, count = source, source, 1
+    for m in reversed(list(re.finditer(r"\{(\d+)\.\.(\d+)\}", source))):
+        first = first[:m.start()] + m[1] + first[m.end():]
+        last = last[:m.start()] + m[2] + last[m.end():]
+        count *= int(m[2]) - int(m[1]) + 1
+    return first, last, count
 
 
 @dataclass(frozen=True)
@@ -399,8 +400,8 @@ def shards_seen(node: Node, known_hosts: str, source: str) -> Seen:
                         "--to nodes) or give the path the nodes mount it at")
         return Seen(None, "not a data set: no .tar shards and no class folders of images",
                     "give the directory holding shard-NNNNNN.tar files or class folders")
-    urls = expand(source)
-    for url in dict.fromkeys((urls[0], urls[-1])):
+    first, last, count = shard_range(source)
+    for url in dict.fromkeys((first, last)):
         q = shlex.quote(url)
         line = (f"curl -sS -f -r 0-0 --connect-timeout 5 --max-time 20 -o /dev/null {q}"
                 if url.startswith("http") else
@@ -411,4 +412,4 @@ def shards_seen(node: Node, known_hosts: str, source: str) -> Seen:
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
             return Seen(None, f"{url.rsplit('/', 1)[-1]}: {why}",
                         "check the server runs (invoke stage prints the URL it serves)")
-    return Seen(len(urls))
+    return Seen(count)

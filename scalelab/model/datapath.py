@@ -56,7 +56,7 @@ def _point(row: Any) -> dict[str, Any]:
     storage, decode = supply(_num(row, "storage_read_mb_s"), bpi,
                              _num(row, "decode_img_s_per_core"),
                              max(workers, 1.0) * ws if workers == workers else math.nan)
-    known = [x for x in (storage, decode) if x == x]
+    known = [x for x in (storage, decode) if x == x and x > 0]
     ips = min(known) if known else math.nan
     limit = "" if not known else ("storage" if ips == storage else "decode")
     step = _num(row, "model_step_s")
@@ -85,6 +85,7 @@ def add_input_ceiling(modelled: pd.DataFrame) -> pd.DataFrame:
         n0 = grp["baseline_world_size"].iloc[0] if "baseline_world_size" in grp else math.nan
         at_base = grp[grp["world_size"] == n0] if n0 == n0 else grp.loc[[grp["world_size"].idxmin()]]
         base = float(ratio[at_base.index[0]]) if len(at_base) else 1.0
+        base = base if base > 0 else 1.0
         for i in grp.index:
             if out.at[i, "model_input_bound"] or base < 1.0:
                 out.at[i, "model_eff"] = out.at[i, "model_eff"] * float(ratio[i]) / base

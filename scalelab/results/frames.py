@@ -229,8 +229,10 @@ def to_frame(records: Sequence[RunRecord | dict[str, Any]],
     target, _ = analysis.fabric_terms(frame, analysis.DEFAULT_ALPHA_S)
     frame["link_utilisation"] = frame["tx_mbit"] / (target / frame["dilation"])
     frame["fidelity"] = analysis.fidelity(frame, target)
+    # bytes over the images trained on: each rank's own batch (the global one's share when
+    # the scaling is strong) x steps x ranks
     frame["data_bytes_per_image"] = frame["data_bytes"] / (
-        frame["batch_size"] * frame["steps"] * frame["n_ranks"]).astype(float)
+        frame["batch_per_worker"] * frame["steps"] * frame["n_ranks"]).astype(float)
     frame["baseline_world_size"] = analysis.baseline_world_size(frame, min_nodes)
     frame["scaling_efficiency"] = (analysis.add_efficiency(
         frame, base_ws=frame["baseline_world_size"]) if len(frame) else [])

@@ -411,10 +411,11 @@ class _Execution:
         used = self.all_nodes[: p["nodes"]]
         streams = max(1, int(p.get("loader_workers") or 1)) * p["procs_per_node"]
         key = (source, len(used), rate, p.get("storage_bandwidth_mbit"), streams)
-        if key not in self.reads:
+        # kept once measured; a failed probe is tried again by the next run
+        if key not in self.reads or self.reads[key].mb_s is None:
             self.reads[key] = storageprobe.measure_read(used, self.rt, source, streams,
                                                         stop=self.stop)
-        if source not in self.decodes:
+        if source not in self.decodes or self.decodes[source].img_s_per_core is None:
             size = p.get("image_size") or MODELS[p["model"]].image_size
             self.decodes[source] = storageprobe.measure_decode(used[0], self.rt, source, size,
                                                                stop=self.stop)
@@ -442,7 +443,6 @@ class _Execution:
         delay_us = (fab.per_hop_latency_s * 1e6 * dilation
                     if fab and rate and self.caps.hop_delay else 0.0)
         self.shaper.set(rate, delay_us)
-        self.shape_storage(p, rate, dilation)
         # the path between each node's ranks, also in the emulated device's time, on nodes
         # whose loopback is their own (the record says what it was set to only there)
         lo = fabric.loopback_mbit(p.get("intra_mbit"), p["nodes"], p["procs_per_node"])
@@ -452,12 +452,15 @@ class _Execution:
         if rate not in self.links:
             self.links[rate] = (self.starter.probe_link(self.all_nodes, k, self.stop)
                                 if netprobe else (None, "", None))
+        # after the link probe, which measures the cluster's rate: the storage node's own
+        self.shape_storage(p, rate, dilation)
         source_probe = self.probe_storage(run, rate, netprobe, dilation)
         profile = self.emu.stage(run)
         if self.stopped():
             raise KeyboardInterrupt
         # a fresh port per run: the last one may still be in TIME_WAIT
         port = BASE_PORT + (os.getpid() * 7 + k) % 400
+        decode = None
         if run.kind == "allreduce":
             script, args, engine = ("allreduce.py",
                                     commands.allreduce_args(p, run.allreduce_sizes), "ddp")
@@ -469,9 +472,14 @@ class _Execution:
         started = utcnow()
         interrupted, job, launcher_name = False, None, self.starter.kind
         try:
-            launcher_name, res, job = self.starter.run(
-                run, engine, self.all_nodes[: p["nodes"]], script, args, port, timeout_s,
-                self.stop, self.sweep_dir / INFLIGHT)
+            if profile and source_probe and not decode:  # nothing to charge: no run
+                res = launch.LaunchResult("failed", None, "the decode probe, whose cost an "
+                                          "emulated device charges, failed: "
+                                          f"{source_probe.get('decode_error')}", [], 0.0)
+            else:
+                launcher_name, res, job = self.starter.run(
+                    run, engine, self.all_nodes[: p["nodes"]], script, args, port, timeout_s,
+                    self.stop, self.sweep_dir / INFLIGHT)
         except KeyboardInterrupt:
             interrupted = True
             res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)

@@ -87,7 +87,7 @@ class Shaper:
         back with the others)."""
         if self.original is UNSET:
             self.set(None if self.current is UNSET else self.current, self.delay_us)
-        self.links.apply_node(name, mbit)
+        self.links.apply_node(name, mbit, self.delay_us)
 
     def restore(self) -> None:
         """Put the links back as they were; a failure is logged, never raised (cleanup path)."""

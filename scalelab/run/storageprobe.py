@@ -2,9 +2,9 @@
 
 The storage probe reads the source's shards from N nodes at once (bench/workloads/dataprobe.py
 read), each node with as many streams as a rank has loader workers, each stream whole shards,
-for a fixed time: their bytes summed over the longest of their times is the aggregate rate the
-storage gives N readers (they start at one instant, and the span runs from the first start to
-the last end), measured in the data's own access pattern and over the links the
+for a fixed time, all from one instant (the controller's): the sum of the nodes' rates, each
+over its own window and its own clock, is the aggregate rate the storage gives N readers,
+measured in the data's own access pattern and over the links the
 training uses (shaped as the run's are). The decode probe times the model's input pipeline on
 one core of one node over the source's own images (dataprobe.py decode).
 
@@ -100,11 +100,11 @@ def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: in
                  seconds: float = READ_SECONDS,
                  stop: threading.Event | None = None) -> StorageProbe:
     """The aggregate rate these nodes read the source at, all at once."""
-    start_at = time.time() + START_SLACK_S + START_SLACK_PER_NODE_S * len(nodes)
+    slack = START_SLACK_S + START_SLACK_PER_NODE_S * len(nodes)
+    start_at = time.time() + slack
     try:
         res = launch.run(read_commands(nodes, rt, source, streams, seconds, start_at), rt,
-                         timeout_s=seconds + START_SLACK_S + SLACK_S, stop=stop,
-                         fail_grace_s=1.0)
+                         timeout_s=seconds + slack + SLACK_S, stop=stop, fail_grace_s=1.0)
     except (ScalelabError, OSError) as exc:
         return StorageProbe(source, len(nodes), streams, None, error=f"could not start: {exc}")
     got = [launch.parse_result(o.stdout) for o in res.outcomes]
@@ -112,11 +112,10 @@ def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: in
         why = _why(res)
         log.warning("storage probe of %s from %d node(s) failed: %s", source, len(nodes), why)
         return StorageProbe(source, len(nodes), streams, None, error=why)
-    # the span every reader read in: first start to last end
-    span = max(float(g["t1"]) for g in got) - min(float(g["t0"]) for g in got)
-    longest = max(span, max(float(g["seconds"]) for g in got))
+    # every node's rate over its own window (its own clock), the windows one instant's
+    longest = max(float(g["seconds"]) for g in got)
     per_node = tuple(round(g["bytes"] / float(g["seconds"]) / 1e6, 2) for g in got)
-    total = round(sum(g["bytes"] for g in got) / longest / 1e6, 2)
+    total = round(sum(per_node), 2)
     log.info("storage %s: %.1f MB/s to %d node(s) at once", source, total, len(nodes))
     return StorageProbe(source, len(nodes), streams, total, per_node, round(longest, 3))
 

@@ -158,7 +158,8 @@ def data_source(value: Any, what: str) -> str:
         return text
     fix = ("must be synthetic, an absolute path on the nodes (e.g. /data/imagenet) or a shard "
            "URL (e.g. http://10.0.0.1:8000/imagenet/shard-{000000..000127}.tar)")
-    if not _DATA_CHARS.fullmatch(text) or ".." in _BRACES.sub("", text).split("/"):
+    bare = _BRACES.sub("", text)  # its ranges aside: no other brace, no .. segment
+    if not _DATA_CHARS.fullmatch(text) or ".." in bare.split("/") or "{" in bare or "}" in bare:
         raise InputError(f"{what}: {text!r} {fix}")
     if "://" in text:
         url = _SHARD_URL.fullmatch(text)
@@ -169,7 +170,7 @@ def data_source(value: Any, what: str) -> str:
                 raise InputError(f"{what}: {text!r}: a shard range needs equal widths, low to "
                                  "high, e.g. {000000..000127}")
         return text
-    if not text.startswith("/") or "{" in text or "}" in text:
+    if not text.startswith("/") or "{" in text or "}" in text or ":" in text:
         raise InputError(f"{what}: {text!r} {fix}")
     return text
 
