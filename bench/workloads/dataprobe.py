@@ -98,7 +98,7 @@ def decode(a: argparse.Namespace, urls: list[str]) -> dict:
     seconds = time.perf_counter() - start
     return {"images": done, "seconds": round(seconds, 4),
             "img_s_per_core": round(done / seconds, 2),
-            "bytes_per_image": round(sum(map(len, images)) / len(images))}
+            "jpeg_bytes_mean": round(sum(map(len, images)) / len(images))}
 
 
 def main() -> int:

@@ -373,7 +373,7 @@ class Seen:
 _PATH_KIND = r'''p={path}
 if [ -f "$p" ]; then case "$p" in *.tar) echo shards 1;; *) echo notset;; esac
 elif [ -d "$p" ]; then
-  n=$(find "$p" -maxdepth 1 -name '*.tar' | wc -l)
+  n=$(find "$p" -maxdepth 1 -type f -name '*.tar' | wc -l)
   if [ "$n" -gt 0 ]; then echo shards "$n"
   elif find "$p" -mindepth 2 -maxdepth 2 \( -iname '*.jpg' -o -iname '*.jpeg' -o -iname '*.png' \) | head -n 1 | grep -q .; then echo folders
   else echo notset; fi

@@ -60,12 +60,12 @@ class DecodeProbe:
 
     source: str
     img_s_per_core: float | None
-    bytes_per_image: float | None = None
+    jpeg_bytes_mean: float | None = None  # the images it decoded (no tar headers)
     error: str = ""
 
     def as_record(self) -> dict[str, Any]:
         return {"decode_img_s_per_core": self.img_s_per_core,
-                "bytes_per_image": self.bytes_per_image, "decode_error": self.error}
+                "jpeg_bytes_mean": self.jpeg_bytes_mean, "decode_error": self.error}
 
 
 def _script(rt: launch.Runtime) -> str:
@@ -134,4 +134,4 @@ def measure_decode(node: Node, rt: launch.Runtime, source: str, image_size: int,
     got = launch.parse_result(res.outcomes[0].stdout) if res.outcomes else None
     if got is None or res.outcomes[0].returncode != 0:
         return DecodeProbe(source, None, error=_why(res))
-    return DecodeProbe(source, float(got["img_s_per_core"]), float(got["bytes_per_image"]))
+    return DecodeProbe(source, float(got["img_s_per_core"]), float(got["jpeg_bytes_mean"]))
