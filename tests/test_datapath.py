@@ -77,6 +77,8 @@ def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_mod
     sweep_dir = reports / os.readlink(reports / "latest")
     rows = {(int(r["nodes"]), r["data"] != "synthetic"): r for r in _rows(sweep_dir)}
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values())
+    # the decode probe ran once for the source: both of its runs carry the same figure
+    assert rows[(1, True)]["decode_img_s_per_core"] == rows[(2, True)]["decode_img_s_per_core"]
     for n in (1, 2):
         real, synth = rows[(n, True)], rows[(n, False)]
         # the storage probe read the set from the run's nodes at the storage link's rate
