@@ -116,9 +116,18 @@ def _run(node: Node, known_hosts: str, line: str, timeout: float = 60.0) -> str:
     return ssh.run(node, known_hosts, line, timeout=timeout).stdout
 
 
+def _make_dir(node: Node, known_hosts: str, path: str) -> None:
+    """The set's directory, the login user's own: where the place above it (/opt/scalelab,
+    the NFS share) is root's, made through sudo and handed to the user (that set only)."""
+    q = shlex.quote(path)
+    _run(node, known_hosts, f"mkdir -p {q} 2>/dev/null || {{ sudo -n mkdir -p {q} && "
+         f"sudo -n chown \"$(id -u):$(id -g)\" {q}; }}")
+
+
 def _generate(node: Node, known_hosts: str, req: Request, out: str) -> dict[str, Any]:
     """The synthetic set written on the node by the workloads' make_dataset.py."""
     python, workdir = _facts(node)
+    _make_dir(node, known_hosts, out)
     per_class = max(1, req.images // req.classes)
     argv = [python, f"{workdir}/bench/workloads/make_dataset.py", "--out", out, "--classes",
             str(req.classes), "--images-per-class", str(per_class), "--layout", "shards",
@@ -133,6 +142,7 @@ def _generate(node: Node, known_hosts: str, req: Request, out: str) -> dict[str,
 def _copy(node: Node, known_hosts: str, src: Path, dest: str) -> dict[str, Any]:
     """A user's own shards, copied unchanged into dest/shards on the node."""
     shards = sorted(src.glob("*.tar"))
+    _make_dir(node, known_hosts, dest)
     _run(node, known_hosts, f"mkdir -p {shlex.quote(dest + '/shards')}")
     for shard in shards:
         with open(shard, "rb") as fh:
@@ -300,8 +310,11 @@ def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
             for node_name in entry["nodes"]:
                 if node_name in nodes:
                     parent = shlex.quote(str(Path(entry["dir"]).parent))
-                    _run(nodes[node_name], kh, f"rm -rf -- {shlex.quote(entry['dir'])}; "
-                         f"rmdir --ignore-fail-on-non-empty -- {parent} 2>/dev/null; true", 300)
+                    q = shlex.quote(entry["dir"])  # made through sudo where root owns above it
+                    _run(nodes[node_name], kh, f"{{ rm -rf -- {q} 2>/dev/null || sudo -n rm -rf "
+                         f"-- {q}; }} && {{ rmdir --ignore-fail-on-non-empty -- {parent} "
+                         f"2>/dev/null || sudo -n rmdir --ignore-fail-on-non-empty -- {parent} "
+                         "2>/dev/null; true; }", 300)
             said.append(f"data set {name} removed from {', '.join(entry['nodes'])}")
     needed = {(n, e["port"]) for e in staged.values() if e["to"] == "http"
               for n in e["nodes"]}
