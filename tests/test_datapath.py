@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -47,7 +48,10 @@ def lab():
         proc = invoke("stage", "--cluster", lc.name, "--to", to, "--name", f"on{to}",
                       "--images", "60", "--classes", "3", "--shard-size", "10", timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        urls[to] = re.search(r"--data (\S+)", proc.stdout)[1]
+        # printed quoted for the shell, as a user pastes it (a {low..high} range would expand)
+        said = re.search(r"--data (.+)$", proc.stdout, re.MULTILINE)[1]
+        assert said.startswith("'") and said.endswith("'")
+        urls[to] = shlex.split(said)[0]
     yield lc, urls["http"], urls["nfs"]
     lc.destroy()
 
