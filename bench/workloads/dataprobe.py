@@ -7,8 +7,8 @@
 read: W streams at once, each reading whole shards of this node's share (the shards of slots
 I*W .. I*W+W-1 of N*W, in the order the loaders use, as a rank's W loader workers read them) for
 T seconds from --start-at, and counting the bytes; every node of a storage probe starts at the
-same instant, so their sum over the span from the first start to the last end is what the
-storage delivers to N nodes reading together.
+same instant, so the sum of their rates is what the storage delivers to N nodes reading
+together.
 decode: one thread decodes and crops the images of the first shard (the model's input pipeline:
 JPEG decode, random-resized crop, flip, normalise) for T seconds: images/s on one core.
 
@@ -40,7 +40,6 @@ def read(a: argparse.Namespace, urls: list[str]) -> dict:
     random.Random(0).shuffle(order)  # the loaders' first epoch order (seed 0)
     # every node of a probe starts at the same instant (the controller's --start-at, bounded)
     time.sleep(min(max(0.0, a.start_at - time.time()), 60.0))
-    t0 = time.time()
     deadline = time.monotonic() + a.seconds
     counts = [0] * a.streams
     errors: list[str] = []
@@ -74,8 +73,7 @@ def read(a: argparse.Namespace, urls: list[str]) -> dict:
         raise SystemExit(f"{a.data}: {errors[0]}")
     if not sum(counts):
         raise SystemExit(f"{a.data}: read nothing in {a.seconds:g} s")
-    return {"bytes": sum(counts), "seconds": round(seconds, 4), "streams": a.streams,
-            "t0": t0, "t1": time.time()}
+    return {"bytes": sum(counts), "seconds": round(seconds, 4), "streams": a.streams}
 
 
 def decode(a: argparse.Namespace, urls: list[str]) -> dict:

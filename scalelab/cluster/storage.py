@@ -116,6 +116,11 @@ def _run(node: Node, known_hosts: str, line: str, timeout: float = 60.0) -> str:
     return ssh.run(node, known_hosts, line, timeout=timeout).stdout
 
 
+def _last_line(proc: subprocess.CompletedProcess, default: str) -> str:
+    """What a failed command said last on stderr (its first 200 characters), or default."""
+    return (proc.stderr.strip().splitlines() or [default])[-1][:200]
+
+
 def _make_dir(node: Node, known_hosts: str, path: str) -> None:
     """The set's directory, the login user's own: where the place above it (/opt/scalelab,
     the NFS share) is root's, made through sudo and handed to the user (that set only)."""
@@ -193,7 +198,7 @@ def _start_server(node: Node, known_hosts: str, port: int) -> int:
     proc = ssh.run(node, known_hosts, check, timeout=SERVER_WAIT_S + 30, check=False)
     if proc.returncode != 0:
         _stop_server(node, known_hosts, pid, port)
-        why = (proc.stderr.strip().splitlines() or ["it exited"])[-1][:200]
+        why = _last_line(proc, "it exited")
         raise ClusterError(f"{node.name}: the web server did not answer on port {port} "
                            f"({why}); give another --port")
     return pid
@@ -296,8 +301,7 @@ def _server_of(rec: dict[str, Any], node: Node, port: int) -> dict[str, Any] | N
     return None
 
 
-def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
-           keep_data: bool = False) -> list[str]:
+def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None) -> list[str]:
     """End the servers no remaining set needs and remove the named sets (all: None) from their
     nodes; the record saved without them. What was done, one line each."""
     staged = dict(rec.get("staged") or {})
@@ -306,16 +310,15 @@ def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
     said = []
     for name in list(staged) if names is None else names:
         entry = staged.pop(name)
-        if not keep_data:
-            for node_name in entry["nodes"]:
-                if node_name in nodes:
-                    parent = shlex.quote(str(Path(entry["dir"]).parent))
-                    q = shlex.quote(entry["dir"])  # made through sudo where root owns above it
-                    _run(nodes[node_name], kh, f"{{ rm -rf -- {q} 2>/dev/null || sudo -n rm -rf "
-                         f"-- {q}; }} && {{ rmdir --ignore-fail-on-non-empty -- {parent} "
-                         f"2>/dev/null || sudo -n rmdir --ignore-fail-on-non-empty -- {parent} "
-                         "2>/dev/null; true; }", 300)
-            said.append(f"data set {name} removed from {', '.join(entry['nodes'])}")
+        for node_name in entry["nodes"]:
+            if node_name in nodes:
+                parent = shlex.quote(str(Path(entry["dir"]).parent))
+                q = shlex.quote(entry["dir"])  # made through sudo where root owns above it
+                _run(nodes[node_name], kh, f"{{ rm -rf -- {q} 2>/dev/null || sudo -n rm -rf "
+                     f"-- {q}; }} && {{ rmdir --ignore-fail-on-non-empty -- {parent} "
+                     f"2>/dev/null || sudo -n rmdir --ignore-fail-on-non-empty -- {parent} "
+                     "2>/dev/null; true; }", 300)
+        said.append(f"data set {name} removed from {', '.join(entry['nodes'])}")
     needed = {(n, e["port"]) for e in staged.values() if e["to"] == "http"
               for n in e["nodes"]}
     servers = []
@@ -400,7 +403,7 @@ def shards_seen(node: Node, known_hosts: str, source: str) -> Seen:
         proc = ssh.run(node, known_hosts, _PATH_KIND.format(path=shlex.quote(source)),
                        timeout=60, check=False)
         if proc.returncode != 0:
-            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
+            why = _last_line(proc, f"exit {proc.returncode}")
             return Seen(None, f"it did not answer: {why}", "check that it answers: invoke "
                         "check --cluster NAME")
         out = proc.stdout.split()
@@ -422,7 +425,7 @@ def shards_seen(node: Node, known_hosts: str, source: str) -> Seen:
                 "| grep -qx 1")
         proc = ssh.run(node, known_hosts, line, timeout=40, check=False)
         if proc.returncode != 0:
-            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
+            why = _last_line(proc, f"exit {proc.returncode}")
             return Seen(None, f"{url.rsplit('/', 1)[-1]}: {why}",
                         "check the server runs (invoke stage prints the URL it serves)")
     return Seen(count)
