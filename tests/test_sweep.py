@@ -576,3 +576,24 @@ def test_each_data_source_is_its_own_runs_and_a_storage_rate_only_real_data_s():
     for source in ("/a/in", "/b/in", web):
         assert sorted((re.search(r"-(st\d+)-", rid)[1], mbit) for rid, mbit in by[source]) == [
             ("st1000", 1000.0), ("st20", 20.0)]
+
+
+def test_loader_workers_and_pinned_memory_are_axes_of_real_data_only():
+    """--loader-workers and --pin-memory sweep the input pipeline of real-data runs (lw<n> and
+    pin<choice> in the run id); a synthetic run is planned once and records the first value,
+    as it did when they were lone settings; a lone value leaves run ids unchanged."""
+    runs = plan(spec(nodes="2", batch_size="64", repeats="1", data="synthetic,/a/in",
+                     loader_workers="4,1", pin_memory="on,off"), make_cluster(2),
+                can_shape=True)
+    train = [(r.run_id, r.params) for r in runs if r.kind == "train"]
+    synth = [(rid, p) for rid, p in train if p["data"] == "synthetic"]
+    assert [rid for rid, _ in synth] == ["train-n02-p1-b064-native-syn-r0"]
+    assert (synth[0][1]["loader_workers"], synth[0][1]["pin_memory"]) == (1, "on")
+    real = sorted((p["loader_workers"], p["pin_memory"], re.search(r"-(lw\d+-pin\w+)-", rid)[1])
+                  for rid, p in train if p["data"] == "/a/in")
+    assert real == [(1, "off", "lw1-pinoff"), (1, "on", "lw1-pinon"),
+                    (4, "off", "lw4-pinoff"), (4, "on", "lw4-pinon")]
+    lone = plan(spec(nodes="2", batch_size="64", repeats="1", data="/a/in", loader_workers="4"),
+                make_cluster(2), can_shape=True)
+    assert [r.run_id for r in lone if r.kind == "train"] == ["train-n02-p1-b064-native-r0"]
+    assert [r.params["loader_workers"] for r in lone if r.kind == "train"] == [4]

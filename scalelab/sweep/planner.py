@@ -282,7 +282,10 @@ def plan(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                         # a probe reduces fp32 tensors; it carries the sweep's first
                         # precision because the emulation picks a rate's dilation from the
                         # first run at it (amp's casts cost passes), and the probe is first
-                        params = {**common, **dict.fromkeys(v.record for v in VARIANTS),
+                        # (an axis that was a lone setting records its first value, as then)
+                        params = {**common,
+                                  **{v.record: v.recorded(v.planned_values(spec)[0])
+                                     if v.unapplied_first else None for v in VARIANTS},
                                   "precision": spec.precisions[0],
                                   "channels_last": False, "batch_size": None,
                                   "bandwidth_mbit": mbit, "repeat": 0,

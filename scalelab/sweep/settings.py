@@ -72,6 +72,9 @@ class Setting:
     engines: tuple[str, ...] = ()  # a variant only these engines have: others record None
     # a variant only the combinations of the axes before it that pass this have (others None)
     applies: Callable[[Mapping[str, Any]], bool] | None = None
+    # where applies is false, the run records the axis's first value rather than None (an
+    # axis that was a lone setting before, so stores from then resume unchanged)
+    unapplied_first: bool = False
     single: Any = None  # the value planned when a variant is not given
     tag: Callable[[Any], str] | None = None  # a variant value's run-id segment
     # tag a lone value too where it is not `single` (run ids of the defaults stay unchanged)
@@ -205,12 +208,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("image_size", "image_size", "int | None", lambda x, w: values.one_int(x, w, 8), None,
             "input images' side in pixels (default: the model's own)", bench=False,
             record="image_size"),
-    Setting("loader_workers", "loader_workers", "int", lambda x, w: values.one_int(x, w, 0), 2,
-            "real data (--data): DataLoader workers per rank (default 2)",
-            record="loader_workers", column="loader_workers", since=3, before=Planned(2)),
-    Setting("pin_memory", "pin_memory", "str", lambda x, w: values.choice(x, w, PIN_MEMORY), "auto",
-            "real data: on, off or auto (on when the ranks train on GPUs)",
-            record="pin_memory", since=3, before=Planned("auto")),
     # variant axes: every value its own runs (the product in this order), named in the run id
     Setting("precision", "precisions", "list[str]",
             lambda x, w: values.choice_list(x, w, PRECISIONS), ["fp32"],
@@ -258,6 +255,21 @@ SETTINGS: tuple[Setting, ...] = (
             applies=lambda combo: combo.get("data") != SYNTHETIC,
             record="storage_bandwidth_mbit", column="storage_bandwidth_mbit", since=10,
             before=None),
+    # the input pipeline of real data: axes of real-data runs only (a synthetic run records
+    # the first value, as it did before these were axes)
+    Setting("loader_workers", "loader_workers", "list[int]",
+            lambda x, w: values.int_list(x, w, 0), [2],
+            "real data (--data): DataLoader workers per rank to sweep, e.g. 1,2,4 (default 2)",
+            variant=True, single=2, tag=lambda x: f"lw{x}", series=False,
+            applies=lambda combo: combo.get("data") != SYNTHETIC, unapplied_first=True,
+            record="loader_workers", column="loader_workers", since=3, before=Planned(2)),
+    Setting("pin_memory", "pin_memory", "list[str]",
+            lambda x, w: values.choice_list(x, w, PIN_MEMORY), ["auto"],
+            "real data: pinned host memory for batches to sweep, on, off or auto (on when the "
+            "ranks train on GPUs), e.g. on,off", variant=True, single="auto",
+            tag=lambda x: f"pin{x}", series=False,
+            applies=lambda combo: combo.get("data") != SYNTHETIC, unapplied_first=True,
+            record="pin_memory", since=3, before=Planned("auto")),
     # emulation: accelerators and the links between them
     Setting("accelerator", "accelerator", "str | None", values.accelerator, None,
             "emulate this GPU on every rank (v100, a100, h100, or a profile .json from invoke "
@@ -448,7 +460,7 @@ def variant_values(spec: Any) -> list[dict[str, Any]]:
     for s in VARIANTS:
         combos = [{**c, s.key: x} for c in combos
                   for x in (s.planned_values(spec) if s.applies is None or s.applies(c)
-                            else [None])]
+                            else s.planned_values(spec)[:1] if s.unapplied_first else [None])]
     return combos
 
 
@@ -459,7 +471,7 @@ def variant_tag(spec: Any, combo: Mapping[str, Any]) -> str:
     parts = []
     for s in VARIANTS:
         x = combo.get(s.key)
-        if x is None or s.tag is None:
+        if x is None or s.tag is None or (s.applies is not None and not s.applies(combo)):
             continue
         several = len(getattr(spec, s.field) or []) > 1
         if several or (s.tag_lone and x != s.single):
