@@ -94,9 +94,12 @@ def provision(c, target=DEFAULT_TARGET, nodes="2", cluster="demo", cpus_per_node
             "all_clusters": "destroy every cluster scalelab knows",
             "state_lost": "terraform targets whose terraform.tfstate is lost for good: after "
                           "you deleted what the cluster made (cloud console), remove the rest "
-                          "without Terraform; ignored while the state file is there"})
+                          "without Terraform; ignored while the state file is there",
+            "keep_data": "hosts scalelab did not make (static, Slurm): leave the data sets "
+                         "invoke stage wrote there (their web servers still end); refused where "
+                         "scalelab made the hosts"})
 @friendly
-def destroy(c, cluster="demo", all_clusters=False, state_lost=False):
+def destroy(c, cluster="demo", all_clusters=False, state_lost=False, keep_data=False):
     """Destroy a cluster: nodes, links, routes, cgroups, processes, state and inventory."""
     if state_lost and all_clusters:
         raise Exit("error: --state-lost is for one cluster: give --cluster NAME, not "
@@ -106,7 +109,7 @@ def destroy(c, cluster="demo", all_clusters=False, state_lost=False):
         with lock.hold(name):
             if state_lost:
                 accept_lost_state(name)
-            done, kept = lifecycle.destroy(reports_dir(), name)
+            done, kept = lifecycle.destroy(reports_dir(), name, keep_data)
         for line in done:
             print(f"{name}: {line}")
         print(f"destroyed {name}")
@@ -185,11 +188,13 @@ def check(c, cluster="demo", links=False, seconds="1"):
             "port": "with --to http: the web server's port (default 8610)",
             "from_dir": "a directory of your own .tar shards on this machine, copied unchanged "
                         "instead of a synthetic set",
-            "remove": "remove the set --name (and its web server if no other set needs it)"})
+            "remove": "remove the set --name (and its web server if no other set needs it)",
+            "format": "shards: tar shards (default); folders: class folders of JPEGs (with "
+                      "--to nodes, or --to nfs where the nodes mount the share)"})
 @friendly
 def stage(c, cluster="demo", name="imagenet-like", to="http", images="2000", classes="1000",
           shard_size="100", like="imagenet", node="", port=str(storage.DEFAULT_PORT),
-          from_dir="", remove=False):
+          from_dir="", remove=False, format="shards"):
     """Put a data set where the ranks read it (one node's web server, or every node's disk) and
     print the --data value that reads it."""
     if remove:
@@ -197,10 +202,11 @@ def stage(c, cluster="demo", name="imagenet-like", to="http", images="2000", cla
             print(f"{cluster}: {line}")
         return
     req = storage.check_request(name, to, images, classes, shard_size,
-                                "" if like == "small" else like, node, port, from_dir)
+                                "" if like == "small" else like, node, port, from_dir, format)
     entry = storage.stage(cluster, req)
-    print(f"{cluster}: data set {name}: {entry['num_shards']} shards on "
-          f"{', '.join(entry['nodes'])}")
+    held = (f"{entry['num_shards']} shards" if entry["num_shards"] is not None
+            else f"{entry['num_images']} images in class folders")
+    print(f"{cluster}: data set {name}: {held} on {', '.join(entry['nodes'])}")
     print(f"read it with: invoke bench --cluster {cluster} --data {shlex.quote(entry['data'])}")
 
 

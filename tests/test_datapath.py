@@ -278,6 +278,37 @@ def test_a_failed_stage_is_undone_and_only_its_own_server_is_ended(lab, tmp_path
     ssh.run(n0, kh, f"kill {decoy}", timeout=30)
 
 
+def test_the_format_and_the_loader_workers_are_axes_of_real_data(lab, tmp_path):
+    """One set staged twice on every node's own disk, as class folders and as tar shards:
+    --data sweeps the format, --loader-workers the workers, each run its own row with the
+    bytes its loaders read."""
+    lc, _, _ = lab
+    paths = {}
+    for fmt in ("folders", "shards"):
+        proc = invoke("stage", "--cluster", lc.name, "--to", "nodes", "--name", f"as-{fmt}",
+                      "--format", fmt, "--images", "40", "--classes", "2", "--shard-size", "5",
+                      timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        paths[fmt] = shlex.split(re.search(r"--data (.+)$", proc.stdout, re.MULTILINE)[1])[0]
+    assert paths == {"folders": f"{ROOT}/data/as-folders/folders",
+                     "shards": f"{ROOT}/data/as-shards/shards"}
+    reports = tmp_path / "reports"
+    proc = invoke("bench", "--cluster", lc.name, "--nodes", "1", "--batch-size", "8",
+                  "--model", "resnet20", "--steps", "4", "--repeats", "1", "--data",
+                  f"{paths['folders']},{paths['shards']}", "--loader-workers", "1,2",
+                  "--no-report", env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(reports / os.readlink(reports / "latest"))
+    got = sorted((r["data"], int(r["loader_workers"])) for r in rows)
+    assert got == [(paths["folders"], 1), (paths["folders"], 2), (paths["shards"], 1),
+                   (paths["shards"], 2)] and all(r["status"] == "ok" for r in rows)
+    for r in rows:  # every image read once: the JPEG, and in a shard its tar headers too
+        assert 90_000 < float(r["data_bytes_per_image"]) < 130_000, r
+    for fmt in ("folders", "shards"):
+        proc = invoke("stage", "--cluster", lc.name, "--name", f"as-{fmt}", "--remove")
+        assert proc.returncode == 0, proc.stderr
+
+
 def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
     """Last in the module: invoke stage --remove ends the web server and removes its set from
     the node; the set on the NFS share stays until its own removal or destroy."""
@@ -310,3 +341,10 @@ def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
     gone = f"test -e {path} && echo present || echo gone"
     assert [ssh.run(n, rec["known_hosts"], gone, timeout=30).stdout.strip()
             for n in lc.nodes()] == ["gone"] * 3
+    # --keep-data where scalelab made the hosts: refused in one line, nothing destroyed
+    proc = invoke("destroy", "--cluster", lc.name, "--keep-data")
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [
+        f"error: --keep-data: cluster {lc.name}'s hosts were made by scalelab and their disks "
+        f"go with them; copy the data off first ({rec['staged']['onnfs']['dir']} on "
+        f"{lc.name}-n0), then destroy without --keep-data"]
+    assert set(_state(lc.name)["staged"]) == {"onnfs"} and all(lc.alive())

@@ -355,7 +355,7 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert "static" in (sweep_dir / "index.html").read_text()
 
         # a data set staged on the second host behind a web server, run as the login user:
-        # destroy (below) ends the server and removes the set before it hands the hosts back
+        # destroy --keep-data (below) ends the server and leaves the set where it is
         proc = invoke("stage", "--cluster", lab, "--images", "20", "--classes", "2",
                       "--shard-size", "10", "--like", "small", timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -383,7 +383,7 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert shaped != before and _qdiscs(machines, kh0) == shaped  # left shaped
         assert all("resnet.py" in _on(m, kh0, f"ps -u {USER} -o args= || true")
                    for m in machines)
-        proc = invoke("destroy", "--cluster", lab, timeout=300)
+        proc = invoke("destroy", "--cluster", lab, "--keep-data", timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert f"{lab}: ended " in proc.stdout and "links restored from 100" in proc.stdout, \
             proc.stdout
@@ -394,10 +394,16 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "kept on its hosts, on purpose: /opt/scalelab" in proc.stdout
         assert not os.path.exists(ssh.mux_dir(str(known_hosts)))
-        # the staged set and its server's files are gone (its process: no process of the
-        # user's is left, above)
-        assert _on(machines[1], kh0, "ls -A /opt/scalelab/data /opt/scalelab/tmp 2>/dev/null | "
-                                     "grep -c -e imagenet-like -e http- || true") == "0"
+        # the staged set is kept, said; its server's files are gone (its process: no process
+        # of the user's is left, above)
+        assert ("kept on its hosts, on purpose: data set imagenet-like at "
+                "/opt/scalelab/data/imagenet-like on ") in proc.stdout
+        assert _on(machines[1], kh0, "ls /opt/scalelab/data/imagenet-like/shards | wc -l") == "2"
+        assert _on(machines[1], kh0, "ls -A /opt/scalelab/tmp 2>/dev/null | "
+                                     "grep -c -e http- || true") == "0"
+        # the user removes the kept set later, as destroy without --keep-data would have
+        _on(machines[1], kh0, "sudo -n rm -rf /opt/scalelab/data/imagenet-like && "
+                              "sudo -n rmdir --ignore-fail-on-non-empty /opt/scalelab/data")
     finally:
         if (state / "cluster.json").exists():
             invoke("destroy", "--cluster", lab, timeout=300)

@@ -9,7 +9,7 @@ from pathlib import Path
 from scalelab.cluster import configure, ssh, storage, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core import lock
-from scalelab.core.errors import ClusterError, ScalelabError
+from scalelab.core.errors import ClusterError, InputError, ScalelabError
 from scalelab.core.state import check_cluster_name, inventory_dir, list_clusters, load_cluster
 from scalelab.core.units import parse_rate_mbit
 
@@ -53,14 +53,27 @@ def _info(name: str, rec: dict, nodes: list[Node]) -> ClusterInfo:
                        summary=summary)
 
 
-def destroy(cluster: str) -> list[str]:
-    """Remove a cluster; what stays on its hosts on purpose (hosts scalelab did not make)."""
+def destroy(cluster: str, keep_data: bool = False) -> list[str]:
+    """Remove a cluster; what stays on its hosts on purpose (hosts scalelab did not make).
+    keep_data: the staged data sets stay on such hosts (their servers end all the same)."""
     check_cluster_name(cluster)
     with lock.hold(cluster):
-        return _destroy(cluster)
+        return _destroy(cluster, keep_data)
 
 
-def _destroy(cluster: str) -> list[str]:
+def check_keep_data(cluster: str) -> None:
+    """--keep-data on a cluster whose hosts scalelab made is refused (InputError): their disks
+    go with them."""
+    rec = load_cluster(cluster)
+    if targets.capabilities(rec).owns_hosts and rec.get("staged"):
+        where = "; ".join(f"{e['dir']} on {', '.join(e['nodes'])}"
+                          for e in rec["staged"].values())
+        raise InputError(f"--keep-data: cluster {cluster}'s hosts were made by scalelab and "
+                         f"their disks go with them; copy the data off first ({where}), then "
+                         "destroy without --keep-data")
+
+
+def _destroy(cluster: str, keep_data: bool = False) -> list[str]:
     try:
         rec = load_cluster(cluster)
     except ClusterError:
@@ -73,9 +86,13 @@ def _destroy(cluster: str) -> list[str]:
     if not caps.owns_hosts and (rec.get("staged") or rec.get("servers")):
         # staged data and its servers (on hosts the cluster made, they go with the nodes); a
         # host that does not answer keeps them, said, and the rest of destroy goes on
+        sets = dict(rec.get("staged") or {})
         try:
-            for line in storage.remove(cluster, rec):
+            for line in storage.remove(cluster, rec, keep_data=keep_data):
                 log.info("%s: %s", cluster, line)
+            if keep_data:
+                kept += [f"data set {name} at {e['dir']} on {', '.join(e['nodes'])} (asked "
+                         "with --keep-data)" for name, e in sets.items()]
         except ScalelabError as exc:
             log.warning("%s: staged data or a web server may be left on a host: %s", cluster,
                         exc)
@@ -87,7 +104,7 @@ def _destroy(cluster: str) -> list[str]:
     if not caps.owns_hosts and caps.configurable and configure.touched(rec):
         # before the cluster's state goes: the trust key's public half is matched by it
         configure.forget(cluster)
-        kept = list(configure.KEPT_ON_HOSTS)
+        kept += list(configure.KEPT_ON_HOSTS)
     if rec.get("known_hosts"):
         ssh.close_masters(rec["known_hosts"])  # the multiplexed connections to its nodes
     try:

@@ -38,6 +38,7 @@ from scalelab.core.state import load_cluster, save_cluster
 log = logging.getLogger(__name__)
 
 PLACES = ("http", "nodes", "nfs")
+FORMATS = ("shards", "folders")  # tar shards (webdataset's layout) or class folders of JPEGs
 GROUP_VARS = Path(__file__).resolve().parents[2] / "playbooks" / "group_vars" / "all.yml"
 SHARE_MARKER = ".scalelab-share"  # the nfs_server role's, in the exported directory
 DEFAULT_PORT = 8610
@@ -59,11 +60,12 @@ class Request:
     node: str | None  # the storage node for http (default: the cluster's last node)
     port: int
     from_dir: Path | None
+    fmt: str = "shards"
 
 
 def check_request(name: str, to: str, images: int | str, classes: int | str,
                   shard_size: int | str, like: str, node: str, port: int | str,
-                  from_dir: str) -> Request:
+                  from_dir: str, fmt: str = "shards") -> Request:
     """InputError with the fix for the first bad value."""
     if not NAME.fullmatch(name):
         raise InputError(f"--name {name!r}: a data set's name is 1-32 of a-z, 0-9 and -, "
@@ -85,6 +87,13 @@ def check_request(name: str, to: str, images: int | str, classes: int | str,
     if like not in ("", "imagenet"):
         raise InputError(f"--like {like!r}: imagenet (photo-sized, about 112 KB each, the "
                          "default) or small (96-pixel images)")
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r}: choose shards (tar shards, the default) or folders "
+                         "(class folders of JPEGs)")
+    if fmt == "folders" and (to == "http" or from_dir):
+        raise InputError("--format folders: a web server serves tar shards and --from-dir "
+                         "copies shards; stage class folders --to nodes (or --to nfs where the "
+                         "nodes mount the share)")
     src = None
     if from_dir:
         src = Path(from_dir).expanduser()
@@ -92,7 +101,7 @@ def check_request(name: str, to: str, images: int | str, classes: int | str,
             raise InputError(f"--from-dir {from_dir}: not a directory of .tar shards; give the "
                              "directory that holds your set's shard-NNNNNN.tar files")
     return Request(name, to, nums["--images"], nums["--classes"], nums["--shard-size"], like,
-                   node or None, nums["--port"], src)
+                   node or None, nums["--port"], src, fmt)
 
 
 def _facts(node: Node) -> tuple[str, str]:
@@ -135,7 +144,7 @@ def _generate(node: Node, known_hosts: str, req: Request, out: str) -> dict[str,
     _make_dir(node, known_hosts, out)
     per_class = max(1, req.images // req.classes)
     argv = [python, f"{workdir}/bench/workloads/make_dataset.py", "--out", out, "--classes",
-            str(req.classes), "--images-per-class", str(per_class), "--layout", "shards",
+            str(req.classes), "--images-per-class", str(per_class), "--layout", req.fmt,
             "--shard-size", str(req.shard_size)] + (["--like", req.like] if req.like else [])
     text = _run(node, known_hosts, " ".join(shlex.quote(a) for a in argv), GENERATE_TIMEOUT_S)
     for line in text.splitlines():
@@ -240,6 +249,10 @@ def stage(cluster: str, req: Request) -> dict[str, Any]:
                                  f"configure --cluster {cluster} --tags nfs")
         else:
             where = nodes
+        if req.fmt == "folders" and req.to == "nfs" and not targets.capabilities(rec).kernel_nfs:
+            raise InputError(f"--format folders --to nfs: the nodes of cluster {cluster} mount "
+                             "no NFS share (the ranks read it with libnfs, shard by shard); "
+                             "stage tar shards there, or class folders --to nodes")
         for n in where:
             _facts(n)
         entry: dict[str, Any] = {"to": req.to, "nodes": [n.name for n in where],
@@ -272,6 +285,13 @@ def _stage(cluster: str, rec: dict[str, Any], req: Request, entry: dict[str, Any
         out = entry["dir"]
         desc = (_copy(n, kh, req.from_dir, out) if req.from_dir
                 else _generate(n, kh, req, out))
+    if req.fmt == "folders":
+        entry.update({"format": "folders", "num_shards": None,
+                      "num_images": desc.get("num_images"), "mean_bytes": desc.get("mean_bytes"),
+                      "classes": desc.get("classes"), "data": f"{entry['dir']}/folders"})
+        rec["staged"][req.name] = entry
+        save_cluster(cluster, rec)
+        return entry
     shards = sorted(Path(x).name for x in _run(
         where[0], kh, f"ls {shlex.quote(entry['dir'] + '/shards')}").split())
     entry.update({"num_shards": len(shards), "num_images": desc.get("num_images"),
@@ -301,15 +321,20 @@ def _server_of(rec: dict[str, Any], node: Node, port: int) -> dict[str, Any] | N
     return None
 
 
-def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None) -> list[str]:
+def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
+           keep_data: bool = False) -> list[str]:
     """End the servers no remaining set needs and remove the named sets (all: None) from their
-    nodes; the record saved without them. What was done, one line each."""
+    nodes (keep_data: the sets' files stay where they are); the record saved without them.
+    What was done, one line each."""
     staged = dict(rec.get("staged") or {})
     nodes = {n.name: n for n in nodes_of(rec)}
     kh = rec.get("known_hosts") or ""
     said = []
     for name in list(staged) if names is None else names:
         entry = staged.pop(name)
+        if keep_data:
+            said.append(f"data set {name} kept at {entry['dir']} on {', '.join(entry['nodes'])}")
+            continue
         for node_name in entry["nodes"]:
             if node_name in nodes:
                 parent = shlex.quote(str(Path(entry["dir"]).parent))

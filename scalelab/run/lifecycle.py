@@ -107,12 +107,16 @@ def settle(reports_root: Path, cluster: str) -> list[str]:
     return done
 
 
-def destroy(reports_root: Path, cluster: str) -> tuple[list[str], list[str]]:
+def destroy(reports_root: Path, cluster: str,
+            keep_data: bool = False) -> tuple[list[str], list[str]]:
     """Destroy a cluster under its lock, after putting back what a killed sweep left while its
-    records last (settle); what settle did, and what stays on the hosts on purpose."""
+    records last (settle); what settle did, and what stays on the hosts on purpose. keep_data
+    on a cluster whose hosts scalelab made is refused before anything is touched."""
     with lock.hold(cluster):
+        if keep_data and cluster in list_clusters():
+            provisioning.check_keep_data(cluster)
         done = settle(reports_root, cluster) if cluster in list_clusters() else []
-        return done, provisioning.destroy(cluster)
+        return done, provisioning.destroy(cluster, keep_data)
 
 
 def reshape(reports_root: Path, cluster: str, bandwidth: str) -> list[str]:
