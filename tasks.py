@@ -184,7 +184,9 @@ def check(c, cluster="demo", links=False, seconds="1"):
             "shard_size": "images per tar shard (default 100)",
             "like": "imagenet: photo-sized JPEGs of about 112 KB each, as ImageNet's (default); "
                     "small: 96-pixel images",
-            "node": "with --to http: the node that serves the set (default: the last node)",
+            "node": "with --to http, the node that serves the set (default: the last node); "
+                    "with --to nfs, a node that serves it from its own NFS server (NFS-Ganesha) "
+                    "rather than the head's share, so that its link can be shaped apart",
             "port": "with --to http: the web server's port (default 8610)",
             "from_dir": "a directory of your own .tar shards on this machine, copied unchanged "
                         "instead of a synthetic set",

@@ -18,6 +18,7 @@ that server) and removes the data, on hosts scalelab made and on hosts it did no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -45,6 +46,8 @@ DEFAULT_PORT = 8610
 NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 GENERATE_TIMEOUT_S = 3600.0
 SERVER_WAIT_S = 10.0
+NFS_PORT = 2049  # a storage node's own NFS-Ganesha (stage --to nfs --node): NFSv4's port
+NFS_WAIT_S = 60.0  # NFS-Ganesha takes seconds to listen
 
 
 @dataclass(frozen=True)
@@ -206,22 +209,80 @@ def _start_server(node: Node, known_hosts: str, port: int) -> int:
              f"sleep 0.1; done; tail -n 1 {shlex.quote(log_file)} >&2; exit 1")
     proc = ssh.run(node, known_hosts, check, timeout=SERVER_WAIT_S + 30, check=False)
     if proc.returncode != 0:
-        _stop_server(node, known_hosts, pid, port)
+        _stop_server(node, known_hosts, {"kind": "http", "pid": pid, "port": port})
         why = _last_line(proc, "it exited")
         raise ClusterError(f"{node.name}: the web server did not answer on port {port} "
                            f"({why}); give another --port")
     return pid
 
 
-def _stop_server(node: Node, known_hosts: str, pid: int, port: int) -> None:
-    """End the server by its pid, only if that pid is still our http.server on that port;
-    then its pid and log files go."""
+# root's commands where the login user is not root (static hosts): through sudo -n
+_AS_ROOT = 'S=; [ "$(id -u)" = 0 ] || S="sudo -n"; '
+
+_GANESHA_CONF = """\
+# scalelab: NFSv4 over TCP on {address} only, one read-only export for the cluster's nodes
+NFS_CORE_PARAM {{ Bind_Addr = {address}; NFS_Port = {port}; Protocols = 4;
+  Enable_NLM = false; Enable_RQUOTA = false; }}
+NFSV4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {recovery}; }}
+NFS_KRB5 {{ Active_krb5 = false; }}
+EXPORT {{ Export_Id = 1; Path = {path}; Pseudo = {path}; Protocols = 4; Transports = TCP;
+  SecType = sys; Squash = No_Root_Squash; Access_Type = None; FSAL {{ Name = VFS; }}
+  CLIENT {{ Clients = {clients}; Access_Type = RO; }} }}
+"""
+
+
+def _nfs_files(workdir: str) -> dict[str, str]:
+    base = f"{workdir}/tmp/nfs-{NFS_PORT}"
+    return {"conf": f"{base}.conf", "pid": f"{base}.pid", "log": f"{base}.log",
+            "recovery": f"{base}-recovery"}
+
+
+def _start_nfs(node: Node, known_hosts: str, path: str, clients: list[str]) -> int:
+    """NFS-Ganesha on the node's cluster address, exporting path read-only to clients; its
+    pid (read from its pid file once its own socket listens)."""
     workdir = _facts(node)[1]
-    files = " ".join(shlex.quote(f"{workdir}/tmp/http-{int(port)}.{x}") for x in ("pid", "log"))
-    line = (f"if tr '\\0' ' ' < /proc/{int(pid)}/cmdline 2>/dev/null | "
-            f"grep -q -- 'http.server {int(port)} '; then kill {int(pid)}; "
-            f"for i in $(seq 1 50); do kill -0 {int(pid)} 2>/dev/null || break; sleep 0.1; "
-            f"done; kill -0 {int(pid)} 2>/dev/null && kill -9 {int(pid)}; fi; rm -f {files}")
+    f = _nfs_files(workdir)
+    conf = _GANESHA_CONF.format(address=node.private_address, port=NFS_PORT,
+                                recovery=f["recovery"], path=path, clients=", ".join(clients))
+    q = {k: shlex.quote(v) for k, v in f.items()}
+    line = (f"test -x /usr/bin/ganesha.nfsd || {{ echo 'no NFS-Ganesha (/usr/bin/ganesha.nfsd)"
+            f"' >&2; exit 3; }}; {_AS_ROOT}mkdir -p {q['recovery']} && "
+            f"printf %s {shlex.quote(conf)} > {q['conf']} && "
+            f"{{ setsid $S /usr/bin/ganesha.nfsd -F -f {q['conf']} -L {q['log']} "
+            f"-p {q['pid']} -N NIV_EVENT </dev/null >/dev/null 2>&1 & }}; "
+            f"for i in $(seq 1 {int(NFS_WAIT_S * 10)}); do "
+            f"p=$(cat {q['pid']} 2>/dev/null); "
+            f"[ -n \"$p\" ] && $S ss -Hltnp 'sport = :{NFS_PORT}' | grep -q \"pid=$p,\" && "
+            f"{{ echo \"$p\"; exit 0; }}; sleep 0.1; done; "
+            f"tail -n 1 {q['log']} >&2; exit 1")
+    proc = ssh.run(node, known_hosts, line, timeout=NFS_WAIT_S + 30, check=False)
+    if proc.returncode != 0:
+        with contextlib.suppress(Exception):
+            pid = int(_run(node, known_hosts, f"cat {q['pid']} 2>/dev/null || echo 0"))
+            _stop_server(node, known_hosts, {"kind": "nfs", "pid": pid, "port": NFS_PORT})
+        why = _last_line(proc, "it exited")
+        raise ClusterError(f"{node.name}: the NFS server did not listen on port {NFS_PORT} "
+                           f"({why}); install nfs-ganesha and nfs-ganesha-vfs there, or free "
+                           "the port")
+    return int(proc.stdout.split()[-1])
+
+
+def _stop_server(node: Node, known_hosts: str, server: dict[str, Any]) -> None:
+    """End a server by its pid, only if that pid is still our server (http.server on its
+    port, or NFS-Ganesha with our configuration); then its files go."""
+    workdir = _facts(node)[1]
+    pid, port = int(server["pid"]), int(server["port"])
+    if server.get("kind") == "nfs":
+        f = _nfs_files(workdir)
+        ours = f"ganesha.nfsd -F -f {f['conf']} "
+        files = " ".join(shlex.quote(x) for x in f.values())
+    else:
+        ours = f"http.server {port} "
+        files = " ".join(shlex.quote(f"{workdir}/tmp/http-{port}.{x}") for x in ("pid", "log"))
+    line = (f"{_AS_ROOT}if [ {pid} -gt 0 ] && tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null | "
+            f"grep -qF -- {shlex.quote(ours)}; then $S kill {pid}; "
+            f"for i in $(seq 1 100); do kill -0 {pid} 2>/dev/null || break; sleep 0.1; "
+            f"done; kill -0 {pid} 2>/dev/null && $S kill -9 {pid}; fi; $S rm -rf -- {files}")
     _run(node, known_hosts, line, 30)
 
 
@@ -239,6 +300,15 @@ def stage(cluster: str, req: Request) -> dict[str, Any]:
                              f"{', '.join(n.name for n in nodes)}")
         if req.to == "http":
             where = [next(n for n in nodes if n.name == req.node) if req.node else nodes[-1]]
+        elif req.to == "nfs" and req.node:  # the storage node's own NFS server
+            where = [next(n for n in nodes if n.name == req.node)]
+            taken = [name for name, e in (rec.get("staged") or {}).items()
+                     if e.get("served") == "nfs" and e["nodes"] == [req.node]]
+            if taken:
+                raise InputError(f"--to nfs --node {req.node}: that node already serves data "
+                                 f"set {taken[0]} over NFS; remove it first (invoke stage "
+                                 f"--cluster {cluster} --name {taken[0]} --remove) or give "
+                                 "another --node")
         elif req.to == "nfs":  # the head exports the share
             where = [next((n for n in nodes if n.role == "head"), nodes[0])]
             marker = f"{shared_dir()}/{SHARE_MARKER}"
@@ -255,10 +325,17 @@ def stage(cluster: str, req: Request) -> dict[str, Any]:
                              "stage tar shards there, or class folders --to nodes")
         for n in where:
             _facts(n)
+        served = "http" if req.to == "http" else "nfs" if req.node else None
         entry: dict[str, Any] = {"to": req.to, "nodes": [n.name for n in where],
-                                 "dir": set_dir(where[0], req.name, req.to)}
-        if req.to == "http":
-            entry["port"] = req.port
+                                 "dir": set_dir(where[0], req.name, "http" if served else
+                                                req.to)}
+        if served:
+            entry["served"] = served
+            entry["port"] = req.port if served == "http" else NFS_PORT
+        # where the root file system gives out no NFS file handles (an overlay), the set
+        # lives on a tmpfs of its own
+        if served == "nfs" and not targets.capabilities(rec).exportable_root:
+            entry["tmpfs_mb"] = int(req.images * 0.15) + 64
         staged = dict(rec.get("staged") or {})
         staged[req.name] = entry  # before anything is written: destroy removes what follows
         rec["staged"] = staged
@@ -281,6 +358,10 @@ def _stage(cluster: str, rec: dict[str, Any], req: Request, entry: dict[str, Any
            where: list[Node]) -> dict[str, Any]:
     kh = rec["known_hosts"]
     desc = {}
+    if entry.get("tmpfs_mb"):
+        q = shlex.quote(entry["dir"])
+        _run(where[0], kh, f"mkdir -p {q} && mount -t tmpfs -o size={int(entry['tmpfs_mb'])}m"
+             f",mode=0755 scalelab-data {q}")
     for n in where:
         out = entry["dir"]
         desc = (_copy(n, kh, req.from_dir, out) if req.from_dir
@@ -304,6 +385,14 @@ def _stage(cluster: str, rec: dict[str, Any], req: Request, entry: dict[str, Any
                                                  "pid": pid, "kind": "http"})
         entry["data"] = f"http://{where[0].private_address}:{req.port}/{req.name}/shards/" \
                         f"{_range(shards)}"
+    elif entry.get("served") == "nfs":
+        server = _server_of(rec, where[0], NFS_PORT)
+        if server is None:
+            pid = _start_nfs(where[0], kh, entry["dir"], [n.private_address for n in
+                                                          nodes_of(rec)])
+            rec.setdefault("servers", []).append({"node": where[0].name, "port": NFS_PORT,
+                                                 "pid": pid, "kind": "nfs"})
+        entry["data"] = f"nfs://{where[0].private_address}{entry['dir']}/shards/{_range(shards)}"
     elif req.to == "nfs" and not targets.capabilities(rec).kernel_nfs:
         # no kernel client mounts the share here: the ranks read it with libnfs
         entry["data"] = f"nfs://{where[0].private_address}{entry['dir']}/shards/{_range(shards)}"
@@ -330,8 +419,18 @@ def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
     nodes = {n.name: n for n in nodes_of(rec)}
     kh = rec.get("known_hosts") or ""
     said = []
-    for name in list(staged) if names is None else names:
-        entry = staged.pop(name)
+    removed = [(name, staged.pop(name)) for name in (list(staged) if names is None else names)]
+    # the servers no remaining set needs end first (an NFS server holds its set's tmpfs)
+    needed = {(n, e["port"]) for e in staged.values() if "port" in e for n in e["nodes"]}
+    servers = []
+    for s in rec.get("servers") or []:
+        if (s["node"], s["port"]) in needed or s["node"] not in nodes:
+            servers.append(s)
+            continue
+        _stop_server(nodes[s["node"]], kh, s)
+        said.append(f"{'NFS' if s.get('kind') == 'nfs' else 'web'} server on "
+                    f"{s['node']}:{s['port']} ended")
+    for name, entry in removed:
         if keep_data:
             said.append(f"data set {name} kept at {entry['dir']} on {', '.join(entry['nodes'])}")
             continue
@@ -339,20 +438,13 @@ def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
             if node_name in nodes:
                 parent = shlex.quote(str(Path(entry["dir"]).parent))
                 q = shlex.quote(entry["dir"])  # made through sudo where root owns above it
-                _run(nodes[node_name], kh, f"{{ rm -rf -- {q} 2>/dev/null || sudo -n rm -rf "
-                     f"-- {q}; }} && {{ rmdir --ignore-fail-on-non-empty -- {parent} "
+                unmount = (f"{_AS_ROOT}! mountpoint -q {q} || $S umount {q}; "
+                           if entry.get("tmpfs_mb") else "")
+                _run(nodes[node_name], kh, f"{unmount}{{ rm -rf -- {q} 2>/dev/null || sudo -n "
+                     f"rm -rf -- {q}; }} && {{ rmdir --ignore-fail-on-non-empty -- {parent} "
                      f"2>/dev/null || sudo -n rmdir --ignore-fail-on-non-empty -- {parent} "
                      "2>/dev/null; true; }", 300)
         said.append(f"data set {name} removed from {', '.join(entry['nodes'])}")
-    needed = {(n, e["port"]) for e in staged.values() if e["to"] == "http"
-              for n in e["nodes"]}
-    servers = []
-    for s in rec.get("servers") or []:
-        if (s["node"], s["port"]) in needed or s["node"] not in nodes:
-            servers.append(s)
-            continue
-        _stop_server(nodes[s["node"]], kh, s["pid"], s["port"])
-        said.append(f"web server on {s['node']}:{s['port']} ended")
     rec["staged"], rec["servers"] = staged, servers
     if not staged:
         rec.pop("staged")
