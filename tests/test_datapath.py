@@ -29,7 +29,8 @@ STORAGE_MBIT = 20.0  # the storage node's link: 2.5 MB/s, far below what two ran
 @pytest.fixture(scope="module")
 def lab():
     """Three nodes: two train, the last serves a staged set (60 photo-sized JPEGs in 6 shards)
-    over HTTP; the head exports the same set from the cluster's NFS share (NFS-Ganesha)."""
+    over HTTP and another from its own NFS server; the head exports a third from the cluster's
+    NFS share (NFS-Ganesha)."""
     from scalelab.cluster.targets.local import LocalCluster
 
     lc = LocalCluster(unique_name("dp"))
@@ -52,7 +53,12 @@ def lab():
         said = re.search(r"--data (.+)$", proc.stdout, re.MULTILINE)[1]
         assert said.startswith("'") and said.endswith("'")
         urls[to] = shlex.split(said)[0]
-    yield lc, urls["http"], urls["nfs"]
+    proc = invoke("stage", "--cluster", lc.name, "--to", "nfs", "--node", lc.nodes()[-1].name,
+                  "--name", "nfsnode", "--images", "60", "--classes", "3", "--shard-size", "10",
+                  timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    urls["nfsnode"] = shlex.split(re.search(r"--data (.+)$", proc.stdout, re.MULTILINE)[1])[0]
+    yield lc, urls["http"], urls["nfs"], urls["nfsnode"]
     lc.destroy()
 
 
@@ -68,44 +74,53 @@ def _rows(sweep_dir: Path) -> list[dict]:
 
 def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_model_says(
         lab, tmp_path):
-    lc, url, _ = lab
+    """Synthetic data, and shards the storage node serves over HTTP and from its own NFS
+    server, its link shaped: the shards' runs are input-bound where the model says."""
+    lc, url, _, nfs_url = lab
     served = lc.nodes()[-1]
     assert url == (f"http://{served.private_address}:8610/onhttp/shards/"
                    "shard-{000000..000005}.tar")
+    assert nfs_url == (f"nfs://{served.private_address}{ROOT}/data/nfsnode/shards/"
+                       "shard-{000000..000005}.tar")
     reports = tmp_path / "reports"
     proc = invoke("bench", "--cluster", lc.name, "--nodes", "1-2", "--batch-size", "8",
                   "--model", "resnet20", "--steps", "10", "--repeats", "1", "--data",
-                  f"synthetic,{url}", "--storage-bandwidth", f"{STORAGE_MBIT:g}mbit",
+                  f"synthetic,{url},{nfs_url}", "--storage-bandwidth", f"{STORAGE_MBIT:g}mbit",
                   env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = reports / os.readlink(reports / "latest")
-    rows = {(int(r["nodes"]), r["data"] != "synthetic"): r for r in _rows(sweep_dir)}
-    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values())
+    kind = {"synthetic": "syn", url: "http", nfs_url: "nfs"}
+    rows = {(int(r["nodes"]), kind[r["data"]]): r for r in _rows(sweep_dir)}
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows.values())
     # the decode probe ran once for the source: both of its runs carry the same figure
-    assert rows[(1, True)]["decode_img_s_per_core"] == rows[(2, True)]["decode_img_s_per_core"]
+    assert rows[(1, "http")]["decode_img_s_per_core"] == rows[(2, "http")]["decode_img_s_per_core"]
     for n in (1, 2):
-        real, synth = rows[(n, True)], rows[(n, False)]
-        # the storage probe read the set from the run's nodes at the storage link's rate
-        assert 0.85 * STORAGE_MBIT / 8 < float(real["storage_read_mb_s"]) <= 1.05 * STORAGE_MBIT / 8
-        # the loaders read every image once, JPEG and tar headers: about 112 KB
-        assert 100_000 < float(real["data_bytes_per_image"]) < 130_000
-        assert float(real["data_read_mb_s"]) <= 1.1 * STORAGE_MBIT / 8
-        assert float(real["decode_img_s_per_core"]) > 20
+        synth = rows[(n, "syn")]
         assert synth["storage_read_mb_s"] == "" and synth["data_read_mb_s"] == ""
-        # the storage, not the ranks, sets the pace: far below the same run on synthetic data
-        assert float(real["images_per_sec"]) < 0.5 * float(synth["images_per_sec"])
+        for store in ("http", "nfs"):
+            real = rows[(n, store)]
+            # the storage probe read the set from the run's nodes at the storage link's rate
+            assert 0.85 * STORAGE_MBIT / 8 < float(real["storage_read_mb_s"]) \
+                <= 1.05 * STORAGE_MBIT / 8, real
+            # the loaders read every image once, JPEG and tar headers: about 112 KB
+            assert 100_000 < float(real["data_bytes_per_image"]) < 130_000
+            assert float(real["data_read_mb_s"]) <= 1.15 * STORAGE_MBIT / 8, real
+            assert float(real["decode_img_s_per_core"]) > 20
+            # the storage, not the ranks, sets the pace: far below the same run on synthetic
+            assert float(real["images_per_sec"]) < 0.5 * float(synth["images_per_sec"])
 
     # the report: input-bound where the model's storage ceiling binds, with its numbers, and
     # the modelled efficiency near the measured one; synthetic data is not input-bound
     analysis = report_data.analyse(
         [report_data.load_sweep_data(sweep_dir)], None, False)
-    points = {(int(r["world_size"]), r["data"] != "synthetic"): r
+    points = {(int(r["world_size"]), kind[r["data"]]): r
               for _, r in analysis.modelled.iterrows()}
-    real = points[(2, True)]
-    assert real["verdict"] == "input-bound" and real["input_limit"] == "storage"
-    assert "so the storage" in real["verdict_why"] and "MB/s to 2 nodes" in real["verdict_why"]
-    assert abs(float(real["model_eff"]) - float(real["eff_mean"])) < 0.10, real
-    assert points[(2, False)]["verdict"] != "input-bound"
+    for store in ("http", "nfs"):
+        real = points[(2, store)]
+        assert real["verdict"] == "input-bound" and real["input_limit"] == "storage", real
+        assert "so the storage" in real["verdict_why"] and "MB/s to 2 nodes" in real["verdict_why"]
+        assert abs(float(real["model_eff"]) - float(real["eff_mean"])) < 0.10, real
+    assert points[(2, "syn")]["verdict"] != "input-bound"
     # the report's datapath section: each real-data point's supply and demand, and the sizing
     # of storage and loader cores for real devices from these probes
     html = (sweep_dir / "index.html").read_text()
@@ -120,7 +135,7 @@ def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tm
     shaped in the device's time like the other links, and the decode is charged at the probe's
     cost per image; the storage ceiling holds them input-bound where the model says (at
     10 Gbit/s the ring's 100 MB of gradients take far less than the storage's wait)."""
-    lc, url, _ = lab
+    lc, url, _, _ = lab
     reports = tmp_path / "reports"
     proc = invoke("bench", "--cluster", lc.name, "--nodes", "1-2", "--batch-size", "32",
                   "--model", "resnet50", "--accelerator", "v100", "--bandwidth", "10gbit",
@@ -137,6 +152,9 @@ def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tm
         assert float(r["data_read_mb_s"]) <= 1.1 * 12.5, r
         # a V100 takes about 366 images/s; 12.5 MB/s of 112 KB photos is about 110
         assert float(r["images_per_sec"]) < 150, r
+        # the accelerator computes only while its batch is there: busy as the images/s say
+        per_node = float(r["images_per_sec"]) / int(r["nodes"])
+        assert abs(float(r["accel_busy"]) / (per_node / 366) - 1) < 0.2, r
     analysis = report_data.analyse([report_data.load_sweep_data(sweep_dir)], None, False)
     two = analysis.modelled[analysis.modelled["world_size"] == 2].iloc[0]
     assert two["verdict"] == "input-bound" and two["input_limit"] == "storage"
@@ -144,7 +162,7 @@ def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tm
 
 
 def test_sources_the_nodes_cannot_read_are_refused_before_any_run(lab, tmp_path):
-    lc, url, _ = lab
+    lc, url, _, _ = lab
     reports = tmp_path / "reports"
     base = ["bench", "--cluster", lc.name, "--batch-size", "8"]
     # a set of class folders on the first node, which emulated devices do not read
@@ -183,11 +201,11 @@ def test_sources_the_nodes_cannot_read_are_refused_before_any_run(lab, tmp_path)
 def test_a_storage_server_that_dies_mid_run_fails_that_run_and_the_sweep_goes_on(lab, tmp_path):
     """The web server killed while the ranks read from it: that run fails with its reason, and
     the sweep goes on to read synthetic data and the NFS share (nfs-cat through Ganesha)."""
-    lc, url, nfs_url = lab
+    lc, url, nfs_url, _ = lab
     assert nfs_url == (f"nfs://{lc.nodes()[0].private_address}/srv/scalelab/data/onnfs/shards/"
                        "shard-{000000..000005}.tar")
     reports = tmp_path / "reports"
-    server = next(s for s in _state(lc.name)["servers"])
+    server = next(s for s in _state(lc.name)["servers"] if s["kind"] == "http")
     node = next(n for n in lc.nodes() if n.name == server["node"])
     sweep = subprocess.Popen(
         [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--nodes", "1",
@@ -229,7 +247,7 @@ def test_a_failed_stage_is_undone_and_only_its_own_server_is_ended(lab, tmp_path
     server is left alone when its set is removed."""
     from scalelab.cluster import ssh
 
-    lc, _, _ = lab
+    lc, _, _, _ = lab
     n0 = lc.nodes()[0]
     kh = _state(lc.name)["known_hosts"]
     # someone else's web server on n0's port 8620, bounded in time
@@ -282,7 +300,7 @@ def test_the_format_and_the_loader_workers_are_axes_of_real_data(lab, tmp_path):
     """One set staged twice on every node's own disk, as class folders and as tar shards:
     --data sweeps the format, --loader-workers the workers, each run its own row with the
     bytes its loaders read."""
-    lc, _, _ = lab
+    lc, _, _, _ = lab
     paths = {}
     for fmt in ("folders", "shards"):
         proc = invoke("stage", "--cluster", lc.name, "--to", "nodes", "--name", f"as-{fmt}",
@@ -310,14 +328,25 @@ def test_the_format_and_the_loader_workers_are_axes_of_real_data(lab, tmp_path):
 
 
 def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
-    """Last in the module: invoke stage --remove ends the web server and removes its set from
-    the node; the set on the NFS share stays until its own removal or destroy."""
-    lc, url, _ = lab
+    """Last in the module: invoke stage --remove ends the storage node's NFS server and web
+    server and removes their sets from the node (the NFS set's tmpfs unmounted); the set on
+    the head's NFS share stays until its own removal or destroy."""
+    lc, url, _, _ = lab
     rec = _state(lc.name)
+    from scalelab.cluster import ssh
+
+    served = lc.nodes()[-1]
+    proc = invoke("stage", "--cluster", lc.name, "--name", "nfsnode", "--remove")
+    assert proc.returncode == 0, proc.stderr
+    assert f"NFS server on {served.name}:2049 ended" in proc.stdout, proc.stdout
+    nfs_dir = rec["staged"]["nfsnode"]["dir"]
+    assert ssh.run(served, rec["known_hosts"], f"test -e {nfs_dir} && echo present || echo "
+                   f"gone; grep -c ' {nfs_dir} ' /proc/self/mounts || true; ps -eo args= | "
+                   "grep -c '[g]anesha.nfsd -F' || true; ss -Hltn 'sport = :2049' | wc -l",
+                   timeout=30).stdout.split() == ["gone", "0", "0", "0"]
     proc = invoke("stage", "--cluster", lc.name, "--name", "onhttp", "--remove")
     assert proc.returncode == 0, proc.stderr
     assert "data set onhttp removed from" in proc.stdout
-    from scalelab.cluster import ssh
 
     node = next(n for n in lc.nodes() if n.name == rec["staged"]["onhttp"]["nodes"][0])
     left = ssh.run(node, rec["known_hosts"], f"test -e {rec['staged']['onhttp']['dir']} "

@@ -13,7 +13,8 @@ probe gave). Aims: the gap within 5 points at every point, and the two node coun
 
 Usage: .venv/bin/python bench/perf/datapath_model.py [--nodes 1,2,4,8] [--stores http,nfs]
        [--storage-bandwidth 1gbit] [--accelerator v100] [--batch-size 32] [--steps 20]
-       [--decode-cost-s 0.003] [-- MORE BENCH OPTIONS]
+       [--repeats 1]
+       [-- MORE BENCH OPTIONS]
 """
 
 from __future__ import annotations
@@ -57,8 +58,7 @@ def main() -> int:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batch-size", default="32")
     ap.add_argument("--steps", default="20")
-    ap.add_argument("--decode-cost-s", default="", help="seconds a decode (default: the "
-                    "sweep's decode probe)")
+    ap.add_argument("--repeats", default="1", help="runs a point (the report's mean)")
     ap.add_argument("--images-per-shard", type=int, default=20)
     ap.add_argument("--saturated", type=float, default=0.85, help="the share of the storage "
                     "probe's MB/s at which the loaders count as reading all it gives")
@@ -86,13 +86,12 @@ def main() -> int:
             sources[store] = shlex.split(re.search(r"--data (.+)$", out_, re.MULTILINE)[1])[0]
         staged = time.monotonic() - t0
         for store in stores:
-            extra = ["--decode-cost-s", a.decode_cost_s] if a.decode_cost_s else []
             t1 = time.monotonic()
             invoke("bench", "--cluster", name, "--nodes", ",".join(map(str, counts)),
                    "--batch-size", a.batch_size, "--model", a.model, "--accelerator",
                    a.accelerator, "--bandwidth", a.bandwidth, "--steps", a.steps,
-                   "--repeats", "1", "--data", sources[store], "--storage-bandwidth",
-                   a.storage_bandwidth, "--no-report", *extra, *a.bench_args)
+                   "--repeats", a.repeats, "--data", sources[store], "--storage-bandwidth",
+                   a.storage_bandwidth, "--no-report", *a.bench_args)
             wall = time.monotonic() - t1
             reports = Path(os.environ["SCALELAB_REPORTS"])
             sweep_dir = reports / os.readlink(reports / "latest")
@@ -109,14 +108,16 @@ def main() -> int:
 
 def table(sweep_dir: Path, store: str, counts: list[int], a, wall: float) -> list[str]:
     with open(sweep_dir / "results.csv") as fh:
-        rows = {int(r["nodes"]): r for r in csv.DictReader(fh)}
-    bad = [f"{n}: {r['status']} {r.get('error', '')}" for n, r in rows.items()
+        every = list(csv.DictReader(fh))
+    rows = {int(r["nodes"]): r for r in every if r["repeat"] == "0"}
+    bad = [f"{r['nodes']}: {r['status']} {r.get('error', '')}" for r in every
            if r["status"] != "ok"]
     if bad:
         sys.exit(f"error: runs failed on {store}: " + "; ".join(bad))
     an = analyse([load_sweep_data(sweep_dir)], None, False)
     m = {int(r["world_size"]): r for _, r in an.modelled.iterrows()}
-    lines = [f"\n{store}: invoke bench took {wall:.0f} s for {len(rows)} runs",
+    lines = [f"\n{store}: invoke bench took {wall:.0f} s for {len(every)} runs (img/s, MB/s: "
+             "the first repeat's; eff: the mean of the repeats)",
              f"{'N':>3} {'k':>4} {'img/s':>7} {'eff':>6} {'model':>6} {'gap':>5} "
              f"{'store MB/s':>10} {'read MB/s':>9} {'read/store':>10}  verdict"]
     worst = 0.0

@@ -294,7 +294,8 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         fidelity=("fidelity", lambda col: next((str(x) for x in col if x), "")),
         # real data: what the loaders read per image and what the source's probes gave
         **{k: (k, "mean") for k in ("data_bytes_per_image", "storage_read_mb_s",
-                                    "decode_img_s_per_core", "loader_workers") if k in work},
+                                    "decode_img_s_per_core", "loader_workers", "accel_busy")
+           if k in work},
     ).reset_index()
     for name in ("thr", "per_worker", "eff"):
         half = ci_half(out[f"{name}_std"], out["n"])

@@ -156,7 +156,9 @@ def _datapath_section(a: Analysis) -> str:
              "the point&#39;s nodes reading at once over the bytes an image, and one core&#39;s "
              "decode rate (the decode probe) times the loader workers. The smaller is the "
              "input&#39;s ceiling; where it is below the demand, the point is modelled and "
-             'judged input-bound (docs/data.md).</p>']
+             "judged input-bound (docs/data.md). Accelerator busy: compute time over step "
+             "time, the ranks&#39; mean, as MLPerf Storage counts an accelerator&#39;s "
+             'utilisation (it asks for 90 %).</p>']
     cols = [("data", "data", "wrap"), ("world_size", "ranks", "int"),
             ("thr_mean", "measured images/s", "num"),
             ("input_demand_ips", "training would take", "num"),
@@ -164,6 +166,7 @@ def _datapath_section(a: Analysis) -> str:
             ("input_storage_ips", "storage gives images/s", "num"),
             ("decode_img_s_per_core", "decode images/s a core", "num"),
             ("input_decode_ips", "loaders give images/s", "num"),
+            ("accel_busy", "accelerator busy", "pct"),
             ("input_limit", "input limit", "str"), ("verdict", "verdict", "str")]
     parts.append(table(real, cols, "datapath"))
     probed = real[real["storage_read_mb_s"].astype(float) > 0]

@@ -64,8 +64,13 @@ CSV_COLUMNS = [
     # once) and the decode probe (images/s one core's input pipeline makes of its images)
     "storage_read_mb_s", "decode_img_s_per_core",
 ]
-# the settings declared since (scalelab.sweep.settings, Setting.column), after those above
+# the settings declared since (scalelab.sweep.settings, Setting.column), after those above,
+# then accel_busy: the accelerator's utilisation as MLPerf Storage counts it, the ranks' mean
+# of compute time over step time (what an emulated device computes of each step's wall
+# time), then the settings declared after store version 10
 SETTING_COLUMNS = {st.column: st for st in SETTINGS if st.column}
+CSV_COLUMNS += [c for c, st in SETTING_COLUMNS.items() if c not in CSV_COLUMNS and st.since <= 10]
+CSV_COLUMNS += ["accel_busy"]
 CSV_COLUMNS += [c for c in SETTING_COLUMNS if c not in CSV_COLUMNS]
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -303,6 +308,7 @@ def _per_run(rank_rows: list[tuple]) -> pd.DataFrame:
             ranks_df[col] = pd.to_numeric(ranks_df[col].where(
                 ranks_df[col].map(lambda v: not isinstance(v, bool))), errors="coerce")
     ranks_df["comm_frac"] = ranks_df["comm"] / ranks_df["step"]
+    ranks_df["busy"] = ranks_df["compute"] / ranks_df["step"]
     ranks_df["tx_mbit"] = ranks_df["tx"] * 8 / ranks_df["wall"] / 1e6  # wall clock: on the link
     g = ranks_df.groupby("idx")
     return pd.DataFrame({
@@ -312,6 +318,7 @@ def _per_run(rank_rows: list[tuple]) -> pd.DataFrame:
         "step_time_mean_s": g["step"].mean(),
         "step_time_p95_s": g["p95"].max(),
         "comm_fraction": g["comm_frac"].mean(),
+        "accel_busy": g["busy"].mean(),
         "compute_time_mean_s": g["compute"].mean(),
         "comm_time_mean_s": g["comm"].mean(),
         "comm_inflight_mean_s": g["inflight"].mean(),
