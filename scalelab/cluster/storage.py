@@ -32,7 +32,7 @@ import yaml
 
 from scalelab.cluster import ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
-from scalelab.core import lock
+from scalelab.core import lock, shardurl
 from scalelab.core.errors import ClusterError, InputError
 from scalelab.core.state import load_cluster, save_cluster
 
@@ -475,23 +475,8 @@ def serving_node(nodes: list[Node], source: str | None) -> Node | None:
     >>> serving_node(ns, "/data/in") is None
     True
     """
-    m = re.match(r"(?:https?|nfs)://([^/:]+)", source or "")
-    return next((n for n in nodes if m and n.private_address == m[1]), None)
-
-
-def shard_range(source: str) -> tuple[str, str, int]:
-    """A source's first and last shard and how many its {low..high} ranges name, counted, not
-    listed (a range may name millions).
-
-    >>> shard_range("http://h:1/s-{08..10}.tar")
-    ('http://h:1/s-08.tar', 'http://h:1/s-10.tar', 3)
-    """
-    first, last, count = source, source, 1
-    for m in reversed(list(re.finditer(r"\{(\d+)\.\.(\d+)\}", source))):
-        first = first[:m.start()] + m[1] + first[m.end():]
-        last = last[:m.start()] + m[2] + last[m.end():]
-        count *= int(m[2]) - int(m[1]) + 1
-    return first, last, count
+    at = shardurl.host(source)
+    return next((n for n in nodes if at and n.private_address == at), None)
 
 
 @dataclass(frozen=True)
@@ -533,7 +518,7 @@ def shards_seen(node: Node, known_hosts: str, source: str) -> Seen:
                         "--to nodes) or give the path the nodes mount it at")
         return Seen(None, "not a data set: no .tar shards and no class folders of images",
                     "give the directory holding shard-NNNNNN.tar files or class folders")
-    first, last, count = shard_range(source)
+    first, last, count = shardurl.shard_range(source)
     for url in dict.fromkeys((first, last)):
         q = shlex.quote(url)
         line = (f"curl -sS -f -r 0-0 --connect-timeout 5 --max-time 20 -o /dev/null {q}"

@@ -28,6 +28,20 @@ INPUT_COLUMNS = ("input_storage_ips", "input_decode_ips", "input_ips", "input_li
                  "input_demand_ips", "model_input_bound")
 
 
+def loader_slots(loader_workers: Any, ranks: float) -> float:
+    """The readers a run's loaders are: every rank's workers, each reading whole shards of its
+    own (a rank without workers reads in its own process: one). NaN where workers is unknown.
+
+    >>> loader_slots(2, 8), loader_slots(0, 8), loader_slots(None, 8)
+    (16.0, 8.0, nan)
+    """
+    try:
+        w = float(loader_workers)
+    except (TypeError, ValueError):
+        return math.nan
+    return max(w, 1.0) * ranks if w == w else math.nan
+
+
 def supply(read_mb_s: float, bytes_per_image: float, decode_per_core: float,
            decode_workers: float) -> tuple[float, float]:
     """(storage ceiling, decode ceiling) in images/s for the whole run; NaN where unknown.
@@ -52,10 +66,9 @@ def _point(row: Any) -> dict[str, Any]:
     if math.isnan(b):
         b = _num(row, "batch_size")
     bpi = _num(row, "data_bytes_per_image")
-    workers = _num(row, "loader_workers")
     storage, decode = supply(_num(row, "storage_read_mb_s"), bpi,
                              _num(row, "decode_img_s_per_core"),
-                             max(workers, 1.0) * ws if workers == workers else math.nan)
+                             loader_slots(_num(row, "loader_workers"), ws))
     known = [x for x in (storage, decode) if x == x and x > 0]
     ips = min(known) if known else math.nan
     limit = "" if not known else ("storage" if ips == storage else "decode")

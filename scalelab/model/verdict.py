@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from scalelab.model import datapath
 from scalelab.model.analysis import SERIES_KEYS, batch_text
 
 COMPUTE_BOUND_EFFICIENCY = 0.90  # efficiency at or above this: little is lost to scaling
@@ -236,7 +237,7 @@ def input_said(row: Any, n: int, pace: str) -> str:
                      f"{_num(row, 'data_bytes_per_image') / 1e3:.0f} KB an image "
                      f"{storage:,.0f} images/s")
     if decode == decode:
-        workers = max(_num(row, "loader_workers"), 1.0) * n
+        workers = datapath.loader_slots(_num(row, "loader_workers"), n)
         parts.append(f"the loaders decode {_num(row, 'decode_img_s_per_core'):,.0f} images/s a "
                      f"core x {workers:.0f} workers, {decode:,.0f} images/s")
     limit = "storage" if row.get("input_limit") == "storage" else "decoding on the loaders"

@@ -25,6 +25,7 @@ from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.errors import InputError
 from scalelab.core.state import load_cluster
 from scalelab.core.units import format_rate
+from scalelab.model import datapath
 from scalelab.run.slurm import short_hostname
 from scalelab.sweep import estimate, planner, starts
 from scalelab.sweep.planner import RunPlan
@@ -316,8 +317,9 @@ def check_data_sources(c: Cluster, spec: Any, runs: list[RunPlan]) -> None:
         if source in (None, SYNTHETIC):
             continue
         mine = [r for r in train if r.params.get("data") == source]
-        slots = max(r.params["nodes"] * r.params["procs_per_node"]
-                    * max(1, int(r.params.get("loader_workers") or 1)) for r in mine)
+        slots = int(max(datapath.loader_slots(r.params.get("loader_workers") or 1,
+                                              r.params["nodes"] * r.params["procs_per_node"])
+                        for r in mine))
         node = c.nodes[0]
         found = storage.shards_seen(node, c.rec["known_hosts"], source)
         if found.error:

@@ -31,7 +31,7 @@ from typing import Any
 from scalelab.cluster import gpu, image, netshape, ssh, storage, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
-from scalelab.model import fabric
+from scalelab.model import datapath, fabric
 from scalelab.model.networks import MODELS
 from scalelab.results import store
 from scalelab.run import commands, containers, launch, linkprobe, slurm, storageprobe
@@ -409,7 +409,7 @@ class _Execution:
                 netprobe or p.get("accelerator")):
             return None
         used = self.all_nodes[: p["nodes"]]
-        streams = max(1, int(p.get("loader_workers") or 1)) * p["procs_per_node"]
+        streams = int(datapath.loader_slots(p.get("loader_workers") or 1, p["procs_per_node"]))
         key = (source, len(used), rate, p.get("storage_bandwidth_mbit"), streams)
         # kept once measured; a failed probe is tried again by the next run
         if key not in self.reads or self.reads[key].mb_s is None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scalelab.core import shardurl
 from scalelab.core.errors import InputError, suggest
 from scalelab.core.units import parse_int_range, parse_rate_list, parse_size_bytes
 from scalelab.model import accel, fabric
@@ -137,9 +138,7 @@ def intra_link(value: Any, what: str) -> str | None:
 # A dataset path or shard URL: the characters paths and URLs of data sets use, nothing a shell
 # or ssh reads as syntax (a value reaches the ranks' command lines)
 _DATA_CHARS = re.compile(r"[A-Za-z0-9._/{}:@%+=~-]+")
-_SHARD_URL = re.compile(r"(?P<scheme>https?|nfs)://(?P<host>[A-Za-z0-9.-]+)(?::(?P<port>[0-9]{1,5}))?"
-                        r"(?P<path>/[^?#]*\.tar)")
-_BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_SHARD_URL, _BRACES = shardurl.SHARD_URL, shardurl.BRACES
 
 
 def data_source(value: Any, what: str) -> str:
