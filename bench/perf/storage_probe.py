@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def main() -> int:
         invoke("provision", "--target", "local", "--cluster", name, "--nodes", str(a.nodes + 1))
         out = invoke("stage", "--cluster", name, "--images", str(shards * a.shard_size),
                      "--classes", "4", "--shard-size", str(a.shard_size))
-        url = re.search(r"--data (\S+)", out)[1]
+        url = shlex.split(re.search(r"--data (.+)$", out, re.MULTILINE)[1])[0]
         rec = load_cluster(name)
         nodes = nodes_of(rec)
         target = targets.of(rec)

@@ -6,9 +6,10 @@
 
 read: W streams at once, each reading whole shards of this node's share (the shards of slots
 I*W .. I*W+W-1 of N*W, in the order the loaders use, as a rank's W loader workers read them) for
-T seconds from --start-at, and counting the bytes; every node of a storage probe starts at the
-same instant, so the sum of their rates is what the storage delivers to N nodes reading
-together.
+T seconds from --start-at, and counting the bytes, sampled every SAMPLE_S as (wall clock,
+bytes so far); every node of a storage probe starts at the same instant, and the controller
+counts the bytes of the window all nodes were reading in, so that what it gives is what the
+storage delivers to N nodes reading together.
 decode: one thread decodes and crops the images of the first shard (the model's input pipeline:
 JPEG decode, random-resized crop, flip, normalise) for T seconds: images/s on one core.
 
@@ -30,6 +31,7 @@ from common import emit_result  # noqa: E402
 from shards import Counted, open_shard, shard_urls  # noqa: E402
 
 CHUNK = 1 << 20
+SAMPLE_S = 0.05
 
 
 def read(a: argparse.Namespace, urls: list[str]) -> dict:
@@ -63,17 +65,25 @@ def read(a: argparse.Namespace, urls: list[str]) -> dict:
                     return
 
     start = time.monotonic()
+    samples = [[round(time.time(), 4), 0]]
     threads = [threading.Thread(target=stream, args=(j,), daemon=True) for j in range(a.streams)]
     for t in threads:
         t.start()
+    # (wall clock, bytes so far) while the streams read: the controller takes the window
+    # every node read in (bounded: the streams stop at the deadline, or 30 s after it)
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline + 30:
+        time.sleep(SAMPLE_S)
+        samples.append([round(time.time(), 4), sum(counts)])
     for t in threads:
-        t.join(a.seconds + 30)
+        t.join(1)
     seconds = time.monotonic() - start
     if errors:
         raise SystemExit(f"{a.data}: {errors[0]}")
     if not sum(counts):
         raise SystemExit(f"{a.data}: read nothing in {a.seconds:g} s")
-    return {"bytes": sum(counts), "seconds": round(seconds, 4), "streams": a.streams}
+    samples.append([round(time.time(), 4), sum(counts)])
+    return {"bytes": sum(counts), "seconds": round(seconds, 4), "streams": a.streams,
+            "samples": samples}
 
 
 def decode(a: argparse.Namespace, urls: list[str]) -> dict:

@@ -34,6 +34,8 @@ SLACK_S = 60.0  # ssh, interpreter start (decode imports torch) and reaping
 # more time), so that every reader is up at the instant and the span is one window
 START_SLACK_S = 2.0
 START_SLACK_PER_NODE_S = 0.1
+# the share of the reading time all nodes must have read in together, or the probe failed
+OVERLAP = 0.5
 
 
 @dataclass(frozen=True)
@@ -112,12 +114,44 @@ def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: in
         why = _why(res)
         log.warning("storage probe of %s from %d node(s) failed: %s", source, len(nodes), why)
         return StorageProbe(source, len(nodes), streams, None, error=why)
-    # every node's rate over its own window (its own clock), the windows one instant's
+    # the bytes each node read in the window all of them were reading in (their samples of
+    # wall clock and bytes so far), over that window
     longest = max(float(g["seconds"]) for g in got)
-    per_node = tuple(round(g["bytes"] / float(g["seconds"]) / 1e6, 2) for g in got)
+    lo, hi = common_window([g["samples"] for g in got])
+    if hi - lo < OVERLAP * seconds:
+        why = (f"the {len(nodes)} nodes read at once for {max(hi - lo, 0):.2f} s of "
+               f"{seconds:g} s (they did not start together: the hosts were too busy)")
+        log.warning("storage probe of %s: %s", source, why)
+        return StorageProbe(source, len(nodes), streams, None, error=why)
+    per_node = tuple(round((bytes_at(g["samples"], hi) - bytes_at(g["samples"], lo))
+                           / (hi - lo) / 1e6, 2) for g in got)
     total = round(sum(per_node), 2)
     log.info("storage %s: %.1f MB/s to %d node(s) at once", source, total, len(nodes))
     return StorageProbe(source, len(nodes), streams, total, per_node, round(longest, 3))
+
+
+def common_window(samples: list[list[list[float]]]) -> tuple[float, float]:
+    """The wall-clock window every node's samples cover: (latest start, earliest end).
+
+    >>> common_window([[[0.0, 0], [4.0, 8]], [[1.0, 0], [5.0, 8]]])
+    (1.0, 4.0)
+    """
+    return max(s[0][0] for s in samples), min(s[-1][0] for s in samples)
+
+
+def bytes_at(samples: list[list[float]], t: float) -> float:
+    """A node's bytes read by wall-clock time t, between its samples linearly.
+
+    >>> bytes_at([[0.0, 0], [1.0, 100], [2.0, 300]], 1.5)
+    200.0
+    """
+    prev = samples[0]
+    for cur in samples[1:]:
+        if cur[0] >= t:
+            span = cur[0] - prev[0]
+            return prev[1] + (cur[1] - prev[1]) * ((t - prev[0]) / span if span > 0 else 1.0)
+        prev = cur
+    return float(samples[-1][1])
 
 
 def measure_decode(node: Node, rt: launch.Runtime, source: str, image_size: int,
