@@ -23,6 +23,19 @@ def private_state() -> Path:
     return tmp
 
 
+def invoke(*args: str, timeout: float = 3600) -> str:
+    """`invoke ARGS` as a user types it, from the repository root: its stdout, or exit with
+    the tail of its stderr."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=root, text=True,
+                          capture_output=True, timeout=timeout)
+    if proc.returncode:
+        sys.exit(f"error: invoke {args[0]}: {proc.stderr.strip()[-800:]}")
+    return proc.stdout
+
+
 def bench_on_local_cluster(name: str, nodes: int, *bench_args: str) -> tuple[float, Path]:
     """Provision a local cluster, run `invoke bench` on it as a user would (no report), destroy
     it; return the wall time of invoke bench and the sweep's directory. Exits with the tail of

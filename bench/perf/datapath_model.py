@@ -35,17 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _state import private_state  # noqa: E402
+from _state import invoke, private_state  # noqa: E402
 
 from scalelab.report.data import analyse, load_sweep_data  # noqa: E402
-
-
-def invoke(*args: str, timeout: float = 3600) -> str:
-    proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=timeout)
-    if proc.returncode:
-        sys.exit(f"error: invoke {args[0]}: {proc.stderr.strip()[-800:]}")
-    return proc.stdout
 
 
 def main() -> int:

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _state import private_state  # noqa: E402
+from _state import invoke, private_state  # noqa: E402
 
 from scalelab.cluster import targets  # noqa: E402
 from scalelab.cluster.nodes import nodes_of  # noqa: E402
@@ -35,14 +35,6 @@ from scalelab.core.state import load_cluster  # noqa: E402
 from scalelab.core.units import parse_rate_mbit  # noqa: E402
 from scalelab.run import storageprobe  # noqa: E402
 from scalelab.run.shaping import Shaper  # noqa: E402
-
-
-def invoke(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=1800)
-    if proc.returncode:
-        sys.exit(f"error: invoke {args[0]}: {proc.stderr.strip()[-500:]}")
-    return proc.stdout
 
 
 def main() -> int:

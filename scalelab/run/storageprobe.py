@@ -33,7 +33,7 @@ SLACK_S = 60.0  # ssh, interpreter start (decode imports torch) and reaping
 # the readers start together this long after launch (ssh and interpreter start, more nodes
 # more time), so that every reader is up at the instant and the span is one window
 START_SLACK_S = 2.0
-START_SLACK_PER_NODE_S = 0.1
+START_SLACK_PER_NODE_S = 0.5  # each node's ssh and interpreter start, on busy hosts
 # the share of the reading time all nodes must have read in together, or the probe failed
 OVERLAP = 0.5
 
