@@ -93,10 +93,10 @@ def check_request(name: str, to: str, images: int | str, classes: int | str,
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: choose shards (tar shards, the default) or folders "
                          "(class folders of JPEGs)")
-    if fmt == "folders" and (to == "http" or from_dir):
-        raise InputError("--format folders: a web server serves tar shards and --from-dir "
-                         "copies shards; stage class folders --to nodes (or --to nfs where the "
-                         "nodes mount the share)")
+    if fmt == "folders" and (to == "http" or from_dir or (to == "nfs" and node)):
+        raise InputError("--format folders: a web server and a node's own NFS server serve tar "
+                         "shards and --from-dir copies shards; stage class folders --to nodes "
+                         "(or --to nfs, the head's share, where the nodes mount it)")
     src = None
     if from_dir:
         src = Path(from_dir).expanduser()
@@ -281,8 +281,8 @@ def _stop_server(node: Node, known_hosts: str, server: dict[str, Any]) -> None:
         files = " ".join(shlex.quote(f"{workdir}/tmp/http-{port}.{x}") for x in ("pid", "log"))
     line = (f"{_AS_ROOT}if [ {pid} -gt 0 ] && tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null | "
             f"grep -qF -- {shlex.quote(ours)}; then $S kill {pid}; "
-            f"for i in $(seq 1 100); do kill -0 {pid} 2>/dev/null || break; sleep 0.1; "
-            f"done; kill -0 {pid} 2>/dev/null && $S kill -9 {pid}; fi; $S rm -rf -- {files}")
+            f"for i in $(seq 1 100); do $S kill -0 {pid} 2>/dev/null || break; sleep 0.1; "
+            f"done; $S kill -0 {pid} 2>/dev/null && $S kill -9 {pid}; fi; $S rm -rf -- {files}")
     _run(node, known_hosts, line, 30)
 
 
@@ -335,7 +335,10 @@ def stage(cluster: str, req: Request) -> dict[str, Any]:
         # where the root file system gives out no NFS file handles (an overlay), the set
         # lives on a tmpfs of its own
         if served == "nfs" and not targets.capabilities(rec).exportable_root:
-            entry["tmpfs_mb"] = int(req.images * 0.15) + 64
+            # room for the set: the user's shards as they are, or the synthetic photos
+            held = (sum(p.stat().st_size for p in req.from_dir.glob("*.tar")) / 1e6
+                    if req.from_dir else req.images * 0.15)
+            entry["tmpfs_mb"] = int(held * 1.1) + 64
         staged = dict(rec.get("staged") or {})
         staged[req.name] = entry  # before anything is written: destroy removes what follows
         rec["staged"] = staged
