@@ -298,10 +298,11 @@ def stage(cluster: str, req: Request) -> dict[str, Any]:
         if req.node and req.node not in [n.name for n in nodes]:
             raise InputError(f"--node {req.node}: cluster {cluster} has "
                              f"{', '.join(n.name for n in nodes)}")
+        chosen = next((n for n in nodes if n.name == req.node), None)
         if req.to == "http":
-            where = [next(n for n in nodes if n.name == req.node) if req.node else nodes[-1]]
-        elif req.to == "nfs" and req.node:  # the storage node's own NFS server
-            where = [next(n for n in nodes if n.name == req.node)]
+            where = [chosen or nodes[-1]]
+        elif req.to == "nfs" and chosen:  # the storage node's own NFS server (one set each)
+            where = [chosen]
             taken = [name for name, e in (rec.get("staged") or {}).items()
                      if e.get("served") == "nfs" and e["nodes"] == [req.node]]
             if taken:
@@ -325,7 +326,8 @@ def stage(cluster: str, req: Request) -> dict[str, Any]:
                              "stage tar shards there, or class folders --to nodes")
         for n in where:
             _facts(n)
-        served = "http" if req.to == "http" else "nfs" if req.node else None
+        served = ("http" if req.to == "http" else "nfs" if req.to == "nfs" and chosen
+                  else None)
         entry: dict[str, Any] = {"to": req.to, "nodes": [n.name for n in where],
                                  "dir": set_dir(where[0], req.name, "http" if served else
                                                 req.to)}
@@ -388,13 +390,10 @@ def _stage(cluster: str, rec: dict[str, Any], req: Request, entry: dict[str, Any
                                                  "pid": pid, "kind": "http"})
         entry["data"] = f"http://{where[0].private_address}:{req.port}/{req.name}/shards/" \
                         f"{_range(shards)}"
-    elif entry.get("served") == "nfs":
-        server = _server_of(rec, where[0], NFS_PORT)
-        if server is None:
-            pid = _start_nfs(where[0], kh, entry["dir"], [n.private_address for n in
-                                                          nodes_of(rec)])
-            rec.setdefault("servers", []).append({"node": where[0].name, "port": NFS_PORT,
-                                                 "pid": pid, "kind": "nfs"})
+    elif entry.get("served") == "nfs":  # its own server: stage refused a node serving one
+        pid = _start_nfs(where[0], kh, entry["dir"], [n.private_address for n in nodes_of(rec)])
+        rec.setdefault("servers", []).append({"node": where[0].name, "port": NFS_PORT,
+                                             "pid": pid, "kind": "nfs"})
         entry["data"] = f"nfs://{where[0].private_address}{entry['dir']}/shards/{_range(shards)}"
     elif req.to == "nfs" and not targets.capabilities(rec).kernel_nfs:
         # no kernel client mounts the share here: the ranks read it with libnfs
