@@ -130,6 +130,46 @@ def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_mod
     assert set(lc.link_rates().values()) == {(None, None)}
 
 
+def test_the_storage_nodes_queue_holds_what_a_servers_nic_holds_in_the_devices_time(lab):
+    """A storage link's tbf queue: 20 ms of the rate in the device's time and never fewer than
+    a NIC's 1,000 full frames, on both ends of the node's veth; dilated, the rate falls by k
+    and the queue does not. The other nodes' links keep the cluster's plain queue."""
+    from scalelab.cluster import targets
+    from scalelab.cluster.nodes import nodes_of
+    from scalelab.cluster.targets.localhost import netns_name
+    from scalelab.run.shaping import Shaper
+
+    lc, _, _, _ = lab
+    rec = _state(lc.name)
+    nodes = nodes_of(rec)
+    shaper = Shaper(targets.of(rec).links(lc.name, rec, nodes))
+
+    def tbf(i: int) -> tuple[float, float]:
+        """The rate (bit/s) and the queue (bytes) tc reads back: it shows the queue as the
+        latency it adds past the burst."""
+        out = subprocess.run(["ip", "netns", "exec", netns_name(lc.name, i), "tc", "-j",
+                              "qdisc", "show", "dev", "eth0", "root"], capture_output=True,
+                             text=True, check=True).stdout
+        o = json.loads(out)[0]["options"]
+        return o["rate"] * 8, o["rate"] * o["lat"] / 1e6 + o["burst"]
+
+    def near(got: tuple[float, float], want: tuple[float, float]) -> bool:
+        return got[0] == want[0] and abs(got[1] / want[1] - 1) < 0.01
+
+    try:
+        shaper.set(10_000.0)
+        shaper.set_server(nodes[-1].name, STORAGE_MBIT)
+        assert near(tbf(2), (STORAGE_MBIT * 1e6, 1000 * 1514)), tbf(2)
+        shaper.set_server(nodes[-1].name, 1000.0, dilation=10.0)
+        # 20 ms of 1 Gbit/s, at a tenth of the rate
+        assert near(tbf(2), (100e6, 2_500_000)), tbf(2)
+        assert near(tbf(0), (10_000e6, 25_000_000)), tbf(0)
+        assert lc.link_rates()[nodes[-1].name][0] == 100.0  # into the node as well
+    finally:
+        shaper.restore()
+    assert set(lc.link_rates().values()) == {(None, None)}
+
+
 def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tmp_path):
     """Emulated V100s train on real batches: the bytes come over the storage node's link,
     shaped in the device's time like the other links, and the decode is charged at the probe's

@@ -129,7 +129,9 @@ def test_params_hold_exactly_the_contract_keys():
         # DDP's own default bucket size; a DDP run has no Horovod settings
         "bucket_cap_mb": 25.0, "fusion_threshold_mb": None, "cycle_time_ms": None,
         "compression": "none", "global_batch_size": None, "fabric_profile": "ideal",
-        "intra_link": None, "intra_mbit": None, "storage_bandwidth_mbit": None}
+        "intra_link": None, "intra_mbit": None, "storage_bandwidth_mbit": None,
+        # a DDP run has no parameter servers
+        "ps_placement": None, "ps_servers": None, "ps_overlap": None}
     assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
     probe = next(r for r in runs if r.kind == "allreduce")
     assert probe.params["batch_size"] is None and probe.params["image_size"] is None

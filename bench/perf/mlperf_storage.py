@@ -119,7 +119,7 @@ def main() -> int:
                 shaper = Shaper(target.links(name, rec, nodes))
                 try:
                     shaper.set(None)
-                    shaper.set_node(nodes[-1].name, mbit)
+                    shaper.set_server(nodes[-1].name, mbit)
                     curve = {}
                     for n in range(1, a.nodes + 1):
                         p = storageprobe.measure_read(nodes[:n], rt, sources[store], a.streams,

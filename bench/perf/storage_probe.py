@@ -71,7 +71,7 @@ def main() -> int:
             for rate in a.rates.split(","):
                 mbit = parse_rate_mbit(rate)
                 shaper.set(None)
-                shaper.set_node(nodes[-1].name, mbit)
+                shaper.set_server(nodes[-1].name, mbit)
                 for n in dict.fromkeys((1, a.nodes)):
                     got = []
                     for _ in range(a.repeats):

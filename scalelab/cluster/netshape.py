@@ -19,11 +19,16 @@ from scalelab.core.errors import ClusterError
 from scalelab.core.units import format_rate
 
 MIN_BURST_BYTES = 131072  # must exceed the largest GSO skb (64 KiB) or tbf drops it
+QUEUE_S = 0.020  # a shaped link's queue: 20 ms of its rate
+# a server's NIC queues 1000 packets (Linux's default txqueuelen) of 1514 bytes at least
+SERVER_QUEUE_PACKETS = 1000
+FRAME_BYTES = 1514
 
 
 def tbf_params(mbit: float, burst_s: float = 0.004, min_burst_bytes: int = MIN_BURST_BYTES,
-               queue_s: float = 0.020) -> dict[str, int]:
-    """Token-bucket parameters for a rate: 4 ms of traffic as burst, 20 ms of queue.
+               queue_s: float = QUEUE_S, min_queue_bytes: int = 0) -> dict[str, int]:
+    """Token-bucket parameters for a rate: 4 ms of traffic as burst, 20 ms of queue, or
+    min_queue_bytes where that is more (a server's link: server_queue_bytes).
 
     The netshape role calls this too, with its own (documented) burst and queue settings.
 
@@ -31,15 +36,30 @@ def tbf_params(mbit: float, burst_s: float = 0.004, min_burst_bytes: int = MIN_B
     {'rate_bit': 1000000000, 'burst_bytes': 500000, 'limit_bytes': 2500000}
     >>> tbf_params(100.0)["burst_bytes"]
     131072
+    >>> tbf_params(100.0, min_queue_bytes=server_queue_bytes(100.0))["limit_bytes"]
+    1514000
     """
     rate_bit = int(mbit * 1e6)
     bytes_per_s = rate_bit / 8
     burst = max(int(bytes_per_s * burst_s), min_burst_bytes)
-    limit = max(int(bytes_per_s * queue_s), 2 * burst)
+    limit = max(int(bytes_per_s * queue_s), 2 * burst, min_queue_bytes)
     return {"rate_bit": rate_bit, "burst_bytes": burst, "limit_bytes": limit}
 
 
-def tc_set_args(dev: str, mbit: float | None, delay_us: float = 0.0) -> list[list[str]]:
+def server_queue_bytes(device_mbit: float) -> int:
+    """The queue of a server's link (a storage node's) at a rate in the emulated device's
+    time: 20 ms of that rate, and never fewer than a NIC's 1000 full frames. Set on a
+    dilated link (device_mbit / k), it holds what the device's link holds, so many readers'
+    streams lose no more packets to it than on the link it emulates.
+
+    >>> server_queue_bytes(1000.0), server_queue_bytes(10000.0)
+    (2500000, 25000000)
+    """
+    return max(int(device_mbit * 1e6 / 8 * QUEUE_S), SERVER_QUEUE_PACKETS * FRAME_BYTES)
+
+
+def tc_set_args(dev: str, mbit: float | None, delay_us: float = 0.0,
+                min_queue_bytes: int = 0) -> list[list[str]]:
     """tc argument lists that put the rate on dev ("native" removes shaping); delay_us: a
     netem delay under the tbf, so every packet dev sends waits that long (a hop's latency;
     the first list, which removes what is there, may fail harmlessly).
@@ -55,7 +75,7 @@ def tc_set_args(dev: str, mbit: float | None, delay_us: float = 0.0) -> list[lis
     """
     if mbit is None:
         return [["qdisc", "del", "dev", dev, "root"]]
-    p = tbf_params(mbit)
+    p = tbf_params(mbit, min_queue_bytes=min_queue_bytes)
     tbf = ["tbf", "rate", f"{p['rate_bit']}bit", "burst", str(p["burst_bytes"]), "limit",
            str(p["limit_bytes"])]
     if delay_us <= 0:
@@ -66,9 +86,9 @@ def tc_set_args(dev: str, mbit: float | None, delay_us: float = 0.0) -> list[lis
              f"{max(1, round(delay_us))}us", "limit", "100000"]]
 
 
-def shell_command(dev: str, mbit: float | None) -> str:
+def shell_command(dev: str, mbit: float | None, min_queue_bytes: int = 0) -> str:
     """One shell line for a remote node; clearing a rate that isn't set is not an error."""
-    args = tc_set_args(dev, mbit)[0]
+    args = tc_set_args(dev, mbit, min_queue_bytes=min_queue_bytes)[0]
     line = "tc " + " ".join(args)
     return f"{line} 2>/dev/null || true" if mbit is None else line
 
@@ -212,12 +232,12 @@ class SshLinks:
             check_restorable(n.name, n.iface, qdiscs[n.name])
         return {n.name: {"iface": n.iface, "qdisc": qdiscs[n.name]} for n in self.nodes}
 
-    def _set(self, n: Node, mbit: float | None) -> None:
+    def _set(self, n: Node, mbit: float | None, min_queue_bytes: int = 0) -> None:
         if mbit is None:
             line = (f"if tc qdisc show dev {n.iface} root | grep -q '^qdisc tbf '; then "
                     f"tc qdisc del dev {n.iface} root; fi")
         else:
-            line = shell_command(n.iface, mbit)
+            line = shell_command(n.iface, mbit, min_queue_bytes)
         self._run(n, line)
         got = parse_qdisc_rate(self._run(n, f"tc -j qdisc show dev {n.iface} root"))
         if got != mbit:
@@ -228,10 +248,12 @@ class SshLinks:
         only_links_scalelab_made(delay_us)
         self._each(lambda n: self._set(n, mbit))
 
-    def apply_node(self, name: str, mbit: float | None, delay_us: float = 0.0) -> None:
-        """One node's link at its own rate (a storage node's); restore() puts it back too."""
+    def apply_node(self, name: str, mbit: float | None, delay_us: float = 0.0,
+                   min_queue_bytes: int = 0) -> None:
+        """One node's link at its own rate (a storage node's), its queue at least
+        min_queue_bytes; restore() puts it back too."""
         only_links_scalelab_made(delay_us)
-        self._set(next(n for n in self.nodes if n.name == name), mbit)
+        self._set(next(n for n in self.nodes if n.name == name), mbit, min_queue_bytes)
 
     def apply_intra(self, mbit: float | None) -> None:
         only_own_loopbacks(mbit)

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.core.errors import InputError
-from scalelab.model import fabric
+from scalelab.model import fabric, layouts
 from scalelab.model.stats import ci_half
 
 # settings: the variant settings that differ from their defaults, communication settings and
@@ -279,7 +279,8 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         gradient_bytes=("gradient_bytes", "mean"),
         batch_per_worker=("batch_per_worker", "first"),
         # one series holds one communication setting (settings is a series key)
-        **{k: (k, "first") for k in ("bucket_cap_mb", "fusion_threshold_mb", "compression")
+        **{k: (k, "first") for k in ("bucket_cap_mb", "fusion_threshold_mb", "compression",
+                                     "ps_placement", "ps_servers", "ps_overlap")
            if k in work},
         bandwidth_mbit=("bandwidth_mbit", "first"),
         baseline_world_size=("baseline_world_size", "first"),
@@ -460,12 +461,23 @@ def add_model(summary: pd.DataFrame, alpha_s: float = DEFAULT_ALPHA_S,
     requested, alpha = fabric_terms(out, alpha_s, profile_alpha)
     out["link_target_mbit"] = requested
     rate, source = model_link_mbit(out["link_mbit_measured"], requested, out["busbw_mb_s"])
-    rate = np.where(out["nodes"].to_numpy() <= 1, np.inf, rate)
+    # one node talks over loopback, unless its parameter servers are nodes of their own
+    lays = [layouts.of_row(r) for r in out.to_dict("records")]
+    local = (out["nodes"].to_numpy() <= 1) & np.array(
+        [lay.placement != layouts.DEDICATED for lay in lays], dtype=bool)
+    rate = np.where(local, np.inf, rate)
     out["link_mbit_model"] = np.where(np.isinf(rate), np.nan, rate)
-    out["link_source"] = np.where(out["nodes"].to_numpy() <= 1, "intra-node", source)
+    out["link_source"] = np.where(local, "intra-node", source)
     out["model_alpha_s"] = alpha
     comm = ring_allreduce_time_s(out["world_size"].to_numpy(), out["gradient_bytes"].to_numpy(),
                                  rate, alpha)
+    # parameter servers: their busiest NIC's bytes, push and pull (scalelab.model.layouts)
+    alphas = np.broadcast_to(np.asarray(alpha, dtype=float), (len(out),))
+    comm = np.array(comm, dtype=float)
+    for i, lay in enumerate(lays):
+        if lay.ps:
+            comm[i] = layouts.comm_time_s(lay, float(out["gradient_bytes"].iat[i]),
+                                          float(rate[i]), float(alphas[i]))
     out["predicted_comm_s"] = comm
     keys = list(SERIES_KEYS)
     base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min")

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from scalelab.core.errors import InputError
-from scalelab.model import accel, analysis, fabric
+from scalelab.model import accel, analysis, fabric, layouts
 from scalelab.model.comm import COMM_DEFAULTS, comm_label
 from scalelab.model.networks import MODELS
 
@@ -69,7 +69,8 @@ def ddp_groups(ready: Sequence[tuple[float, int]],
 
 
 def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, link_mbit: float,
-                 alpha_s: float, group_bytes: int | None = None) -> float:
+                 alpha_s: float, group_bytes: int | None = None,
+                 layout: layouts.Layout | None = None) -> float:
     """When the last allreduce ends, in seconds after backward starts.
 
     Groups share the link one after another, but a group's per-hop latencies (alpha x 2(N-1))
@@ -77,7 +78,19 @@ def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, li
     link (gloo and NCCL run several collectives at once), so a group ends at
     max(previous end + its transfer, its ready time + its whole ring time). group_bytes: DDP's
     bucket cap or Horovod's fusion threshold (None: the engine's default).
+
+    Parameter servers (a layout with servers) sum DDP-sized buckets the same way, each bucket
+    on its busiest NIC's bytes (layouts.transfer_s) with two hops of latency; with dedicated
+    servers the last bucket's pull follows its push.
     """
+    if layout is not None and layout.ps:
+        end, tail = 0.0, 0.0
+        lat = layouts.hops(layout) * alpha_s
+        for t, size in ddp_groups(ready, DDP_BUCKET if group_bytes is None else group_bytes):
+            x, tail = layouts.transfer_s(layout, size, link_mbit)
+            end = max(end + x, t + lat + x)
+        return end + tail
+
     def transfer(nbytes: int) -> float:
         return float(analysis.ring_allreduce_time_s(world, nbytes, link_mbit, 0.0))
 
@@ -102,7 +115,8 @@ def timeline_end(ready: Sequence[tuple[float, int]], engine: str, world: int, li
 def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: float,
                    precision: str = "fp32", alpha_s: float = analysis.DEFAULT_ALPHA_S,
                    group_mb: float | None = None, compression: str = "none",
-                   gpu_stretch: float | None = None) -> float:
+                   gpu_stretch: float | None = None,
+                   layout: layouts.Layout | None = None) -> float:
     """A step of `world` ranks over links of link_mbit with this profile (see module doc).
 
     group_mb: the run's DDP bucket_cap_mb or Horovod fusion threshold in MB (None: the
@@ -110,7 +124,9 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     the GPU-side cost of training beside other GPUs and communication (kernels and copies that
     compete with compute, a shared PCIe root and host), as the factor every compute time of a
     rank grows by when world > 1; measured on one node of G GPUs as 1 / its efficiency (None:
-    the profile's gpu_side_stretch, 1 without one).
+    the profile's gpu_side_stretch, 1 without one). layout: where the gradients are summed
+    (layouts.of_row; None: the engine's ring); dedicated servers send over the network at
+    one worker node too.
 
     >>> doc = {"optimizer_s": 0.0, "layers": [{"fwd_s": 0.1, "bwd_s": 0.1, "numel": 25_000_000},
     ...                                       {"fwd_s": 0.1, "bwd_s": 0.1, "numel": 1000}]}
@@ -124,7 +140,8 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     """
     fwd = sum(layer["fwd_s"] for layer in doc["layers"])
     bwd = sum(layer["bwd_s"] for layer in doc["layers"])
-    if world <= 1 or not link_mbit or math.isnan(link_mbit):
+    remote = layout is not None and layout.placement == layouts.DEDICATED
+    if (world <= 1 and not remote) or not link_mbit or math.isnan(link_mbit):
         return fwd + bwd + doc["optimizer_s"]
 
     # with peers, the GPU-side cost as the ranks apply it (emulate.for_world)
@@ -134,7 +151,7 @@ def predict_step_s(doc: dict[str, Any], engine: str, world: int, link_mbit: floa
     bwd = sum(layer["bwd_s"] for layer in doc["layers"])
     ready = ready_times(doc, 2 if precision in ("amp", "bf16") or compression == "fp16" else 4)
     group = None if group_mb is None else int(group_mb * MIB)
-    end = timeline_end(ready, engine, world, link_mbit, alpha_s, group)
+    end = timeline_end(ready, engine, world, link_mbit, alpha_s, group, layout)
     return fwd + max(bwd, end) + doc["optimizer_s"]
 
 
@@ -214,8 +231,9 @@ def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) 
     emulated = out["accelerator"].astype(bool) if "accelerator" in out else out["nodes"] < 0
     for i, row in out[emulated].iterrows():  # only rows with a profile: a big sweep stays fast
         doc, why = _profile_or_reason(row)
-        rate = intra_paced(row, float(row["link_mbit_model"]) if int(row["nodes"]) > 1
-                           else math.inf)
+        layout = layouts.of_row(row)
+        networked = int(row["nodes"]) > 1 or layout.placement == layouts.DEDICATED
+        rate = intra_paced(row, float(row["link_mbit_model"]) if networked else math.inf)
         if doc is not None and not rate > 0:  # NaN: no link rate known, so nothing to predict
             doc, why = None, "no link rate known"
         out.at[i, "overlap_note"] = why
@@ -226,7 +244,7 @@ def add_overlap_model(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) 
                 doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha)
             out.at[i, "overlap_step_s"] = predict_step_s(
                 doc, str(row["engine"]), int(row["world_size"]), rate, str(row["precision"]),
-                alpha, group_mb, compression)
+                alpha, group_mb, compression, layout=layout)
     keys = list(analysis.SERIES_KEYS)
     out = analysis.with_series_columns(out)
     base_ws = out.groupby(keys, dropna=False)["world_size"].transform("min")
@@ -271,6 +289,13 @@ def add_prediction(modelled: Any, alpha_s: float = analysis.DEFAULT_ALPHA_S) -> 
     return out
 
 
+def _layout_at(row: Any, world: int) -> layouts.Layout:
+    """A row's layout at another world size (its ranks per node; colocated servers follow the
+    nodes, dedicated ones stay K)."""
+    ppn = int(row.get("procs_per_node") or 1)
+    return layouts.of_row({**dict(row), "nodes": max(1, world // ppn)})
+
+
 def what_if(row: Any, world_sizes: Sequence[int], link_factors: Sequence[float],
             alpha_s: float = analysis.DEFAULT_ALPHA_S) -> list[dict[str, Any]]:
     """Predictions beyond the measured points for one series (its largest measured row):
@@ -297,10 +322,58 @@ def what_if(row: Any, world_sizes: Sequence[int], link_factors: Sequence[float],
             if at is None:
                 continue
             step = predict_step_s(at, engine, n, intra_paced(row, rate * f), precision,
-                                  alpha_s)
+                                  alpha_s, layout=_layout_at(row, n))
             ips = (g if strong else n * _per_worker(row)) / step
             out.append({"world_size": n, "link_mbit": rate * f, "step_s": step,
                         "eff": ips / (n * one_ips), "images_per_sec": ips})
+    return out
+
+
+LAYOUT_SERVERS = (1, 2, 4, 8, 16, 32)  # the dedicated server counts the layout table tries
+
+
+def layout_choices(row: Any, node_counts: Sequence[int], link_factors: Sequence[float],
+                   alpha_s: float = analysis.DEFAULT_ALPHA_S,
+                   server_counts: Sequence[int] = LAYOUT_SERVERS) -> list[dict[str, Any]]:
+    """For one series with a profile (its largest measured row): at each node count and link
+    rate, the overlap model's images/s for the ring, for parameter servers colocated on the
+    worker nodes and for the fewest dedicated servers within 1 % of the best any count in
+    server_counts gives; which is fastest and by how much over the next. The same batch,
+    precision and buckets as the series ran with."""
+    doc = _profile(row)
+    rate = float(row.get("link_mbit_model") or math.nan)
+    if doc is None or not rate > 0 or row.get("scaling") == "strong":
+        return []
+    alpha_s = analysis.row_alpha_s(row, alpha_s)
+    ppn = int(row.get("procs_per_node") or 1)
+    engine = str(row["engine"]) if row["engine"] != "ps" else "ddp"
+    group_mb, compression = _run_setting({**dict(row), "engine": engine})
+    precision, batch = str(row["precision"]), _per_worker(row)
+    out = []
+    for f in link_factors:
+        link = intra_paced(row, rate * f)
+        for n in node_counts:
+            w = n * ppn
+
+            def ips(layout: layouts.Layout, w: int = w, link: float = link) -> float:
+                return w * batch / predict_step_s(doc, engine, w, link, precision, alpha_s,
+                                                  group_mb, compression, layout=layout)
+
+            ring = ips(layouts.Layout(n, ppn))
+            colocated = ips(layouts.Layout(n, ppn, n, layouts.COLOCATED))
+            dedicated = {k: ips(layouts.Layout(n, ppn, k, layouts.DEDICATED))
+                         for k in server_counts}
+            top = max(dedicated.values())
+            k = min(k for k, v in dedicated.items() if v >= 0.99 * top)
+            options = sorted([("ring", ring), ("colocated servers", colocated),
+                              (f"{k} dedicated server{'s' if k != 1 else ''}", dedicated[k])],
+                             key=lambda kv: -kv[1])
+            out.append({"nodes": n, "link_mbit": rate * f, "ring_ips": ring,
+                        "colocated_ips": colocated, "servers": k,
+                        "dedicated_ips": dedicated[k], "fastest": options[0][0],
+                        "margin": options[0][1] / options[1][1] - 1,
+                        "beats_ring_from": layouts.servers_to_beat_ring(n) if ppn == 1
+                        else None})
     return out
 
 
@@ -468,5 +541,5 @@ def _setting_prediction(row: Any, alpha_s: float) -> float:
     one = predict_step_s(one_doc, str(row["engine"]), 1, math.inf, str(row["precision"]), alpha_s)
     step = predict_step_s(doc, str(row["engine"]), ws, intra_paced(row, float(rate)),
                           str(row["precision"]), alpha_s, float(row["group_mb"]),
-                          str(row["compression"]))
+                          str(row["compression"]), layout=layouts.of_row(row))
     return one / (ws * step) if strong else one / step

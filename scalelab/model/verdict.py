@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalelab.model import datapath
+from scalelab.model import datapath, layouts
 from scalelab.model.analysis import SERIES_KEYS, batch_text
 
 COMPUTE_BOUND_EFFICIENCY = 0.90  # efficiency at or above this: little is lost to scaling
@@ -412,6 +412,14 @@ def _judge_model(row: pd.Series, n: int, eff: float, sure: bool) -> tuple[str, s
         link, intra = float(row["link_mbit_model"]), float(row.get("intra_mbit") or math.nan)
         path = (f"a {link:,.0f} Mbit/s link" if not intra < link else
                 f"a {intra:,.0f} Mbit/s path between the GPUs of a node (slower than the link)")
+        lay = layouts.of_row(row)
+        if lay.ps:  # which NIC paces the step: a server's or a worker's
+            nic, nbytes = layouts.busiest(lay, float(row["gradient_bytes"]))
+            whose = ("a server node's NIC" if nic == "server" else "a worker node's NIC")
+            where = (f"{lay.servers} {lay.placement} parameter server"
+                     f"{'s' if lay.servers != 1 else ''}")
+            path = (f"{path}; with {where} the busiest is {whose}, "
+                    f"{nbytes / 1e6:.3g} MB each way a step")
         return "network-bound", (
             f"At {n} ranks each step moves {float(row['gradient_bytes']) / 1e6:.3g} MB of "
             f"gradients over {path} and {ms(exposed)} "

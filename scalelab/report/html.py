@@ -345,6 +345,37 @@ def _emulation_section(a: Analysis) -> str:
     return "\n".join(parts)
 
 
+def _layout_section(a: Analysis) -> str:
+    """Ring allreduce or parameter servers: the layout the model predicts fastest for each
+    emulated series, at more nodes and a faster link; "" without an emulated series."""
+    lay = tables.layout_rows(a, tables.emulation_rows(a))
+    if lay.empty:
+        return ""
+    lay["link"] = lay["link_mbit"].map(rate_label)
+    lay["margin_text"] = [f"{m * 100:.0f}%" for m in lay["margin"]]
+    lay["beats"] = ["never" if b is None or b != b else f"{int(b)} or more"
+                    for b in lay["beats_ring_from"]]
+    measured = ", ".join(sorted({str(x) for x in a.modelled["engine"]}))
+    return "\n".join([
+        '<h2 id="layout">Layout: ring allreduce or parameter servers</h2>',
+        '<p class="note"><strong>Predictions, not measurements</strong> (this sweep measured '
+        f"{esc(measured)}): the overlap model&#39;s images/s for each layout at the series&#39; "
+        "batch, precision and buckets. A ring sends 2(N-1)/N of the gradients each way on "
+        "every NIC; servers colocated on the worker nodes send as much; K dedicated server "
+        "nodes carry N/K of them each way while a worker sends and receives its own once, so "
+        "from K &gt; N&sup2;/(2(N-1)) servers they beat the ring by up to 2(N-1)/N. "
+        "&ldquo;servers&rdquo; is the fewest dedicated servers within 1% of the best of "
+        f"{', '.join(str(k) for k in bucket_model.LAYOUT_SERVERS)}; "
+        "<code>--engine ps</code> measures a layout (docs/engines.md).</p>",
+        table(lay, [("from", "from the measured series", "str"), ("link", "link", "str"),
+                    ("nodes", "nodes", "int"), ("ring_ips", "ring images/s", "num"),
+                    ("colocated_ips", "colocated servers images/s", "num"),
+                    ("servers", "dedicated servers", "int"),
+                    ("dedicated_ips", "dedicated images/s", "num"),
+                    ("fastest", "fastest", "str"), ("margin_text", "by", "str"),
+                    ("beats", "servers that beat the ring", "str")], "layout")])
+
+
 def _ci_text(lo: pd.Series, hi: pd.Series, fmt: Callable[[float], str]) -> pd.Series:
     return pd.Series([("" if math.isnan(a) else f"{fmt(a)} – {fmt(b)}")
                       for a, b in zip(lo.astype(float), hi.astype(float), strict=True)],
@@ -482,6 +513,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
         parts.append(comm)
     emulation = _emulation_section(a)
     parts.append(emulation)
+    parts.append(_layout_section(a))
     if not emulation:  # there the fabric note opens the section; elsewhere it stands alone
         parts.append(_fabric_note(a, ideal_too=False))
     parts.append(_runs_tables(a))

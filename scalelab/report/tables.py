@@ -204,6 +204,30 @@ def what_if_rows(a: Analysis, emulated: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["from", "link_mbit", "world_size"], kind="stable")
 
 
+LAYOUT_NODES = (2, 4, 8, 16, 32)  # the node counts the layout table predicts for
+
+
+def layout_rows(a: Analysis, emulated: pd.DataFrame) -> pd.DataFrame:
+    """Ring or parameter servers, by the overlap model, for each link's emulated series of the
+    largest batch (its largest measured row) at LAYOUT_NODES and its largest node count, on
+    its link and one 10x faster:
+    images/s of each layout, the dedicated servers needed, the fastest and by how much."""
+    rows = []
+    weak = emulated[emulated["scaling"] != "strong"] if "scaling" in emulated else emulated
+    for _, g in weak.groupby(["bandwidth", "engine", "settings"], sort=False, dropna=False):
+        g = g[g["batch_size"] == g["batch_size"].max()]  # one series a link: its largest batch
+        last = g.iloc[-1]
+        ppn = int(last.get("procs_per_node") or 1)
+        counts = sorted({*LAYOUT_NODES, int(last["nodes"])} - {1})
+        for r in bucket_model.layout_choices(last, counts, WHAT_IF_LINKS, a.alpha_s):
+            rows.append({"from": f"{last['bandwidth']}, {batch_text(last['batch_size'])}, "
+                                 f"{ppn} a node", **r})
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows).drop_duplicates(["from", "link_mbit", "nodes"])
+    return out.sort_values(["from", "link_mbit", "nodes"], kind="stable")
+
+
 # ---------------------------------------------------------------------------- slow ranks
 
 SLOW_RANK_COLUMNS = ["sweep", "run", "node", "rank", "world_size", "batch_size", "scaling",

@@ -97,7 +97,9 @@ class Check:
 
 
 def _used(c: Cluster, runs: list[RunPlan]) -> list[Node]:
-    return c.nodes[:max((r.params["nodes"] for r in runs), default=0)]
+    """The nodes the runs take: their own and their dedicated parameter servers'."""
+    return c.nodes[:max((r.params["nodes"] + planner.server_nodes(r.params) for r in runs),
+                        default=0)]
 
 
 def _no_sudo(c: Cluster, runs: list[RunPlan]) -> list[Node]:
@@ -121,6 +123,11 @@ CHECKS: tuple[Check, ...] = (
           lambda s, runs: True, lambda c, s, runs: s.launcher in c.launchers,
           lambda c, s, runs: f"cluster {c.name} can only start runs with --launcher "
                              f"{' or '.join(c.launchers)}; it has no SSH to its compute nodes"),
+    Check("SSH to the nodes, for parameter servers",
+          lambda s, runs: s.engine == "ps", lambda c, s, runs: s.launcher != "slurm",
+          lambda c, s, runs: "--engine ps starts its workers and servers with torchrun over "
+                             "SSH, and Slurm is not one of its launchers yet; use --launcher "
+                             "ssh (a cluster behind a Slurm login host runs ddp or horovod)"),
     Check("Slurm, for a partition",
           lambda s, runs: bool(s.partition), lambda c, s, runs: s.launcher == "slurm",
           lambda c, s, runs: "partition: only Slurm has partitions; add --launcher slurm (or "

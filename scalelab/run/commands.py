@@ -56,6 +56,8 @@ def workload_args(params: dict[str, Any], profile: str | None = None,
     if params.get("data") not in (None, "synthetic") and params.get("loader_workers") is not None:
         args += ["--workers", str(params["loader_workers"]),
                  "--pin-memory", str(params.get("pin_memory") or "auto")]
+    if params.get("engine") == "ps" and params.get("ps_overlap") == "off":
+        args += ["--ps-overlap", "off"]
     if profile:
         args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
         if decode_cost_s:  # real data on an emulated device: the decode it charges an image
@@ -204,11 +206,17 @@ def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime
 def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: str,
                   args: list[str], rt: Runtime, port: int, shared_host: bool = False,
                   warm: str | None = None, fabric: str = "tcp",
-                  device: str = "cpu", in_container: bool = False) -> tuple[str, list[RankCommand]]:
+                  device: str = "cpu", in_container: bool = False,
+                  servers: list[Node] | None = None) -> tuple[str, list[RankCommand]]:
     """The launcher for a run and its commands: horovodrun for Horovod (hvdrank.py per node
-    where the ranks run in containers); for DDP and the allreduce probe torchrun, or, where
-    the nodes share one host's cores and run one process each, the ranks directly
-    (direct_commands says why), forked from the warm-start server when there is one."""
+    where the ranks run in containers); torchrun for the parameter-server engine (servers:
+    its dedicated server nodes, none where they are colocated); for DDP and the allreduce
+    probe torchrun, or, where the nodes share one host's cores and run one process each, the
+    ranks directly (direct_commands says why), forked from the warm-start server when there
+    is one."""
+    if engine == "ps":
+        return "torchrun", ps_commands(nodes, servers or [], procs_per_node, script, args, rt,
+                                       port, fabric, device)
     if engine == "horovod" and in_container:
         return "hvdrank", horovod_node_commands(nodes, procs_per_node, script, args, rt, port,
                                                 fabric, device)
@@ -220,6 +228,41 @@ def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: s
                                                                warm, fabric, device)
     return "torchrun", torchrun_commands(nodes, procs_per_node, script, args, rt, port, fabric,
                                          device)
+
+
+def ps_commands(workers: list[Node], servers: list[Node], procs_per_node: int, script: str,
+                args: list[str], rt: Runtime, port: int, fabric: str = "tcp",
+                device: str = "cpu") -> list[RankCommand]:
+    """The parameter-server engine's torchrun on every node: a worker node runs its ranks and,
+    with no server nodes (colocated), one server process after them; a server node runs one
+    server. resnet.py takes the last --ps-servers-here processes of a node as servers, and
+    torchrun numbers nodes in this order, so the workers hold the first ranks.
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node(f"c-n{i}", f"10.0.0.1{i}", f"10.0.0.1{i}", "worker", "local", cpus=1.0,
+    ...            iface="eth0") for i in range(3)]
+    >>> [" ".join(c.argv[3:9] + c.argv[-2:]) for c in ps_commands(ns[:2], ns[2:], 1, "r.py",
+    ...                                                           [], rt, 29500)]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ['--nnodes 3 --nproc-per-node 1 --node-rank 0 --ps-servers-here 0',
+     '--nnodes 3 --nproc-per-node 1 --node-rank 1 --ps-servers-here 0',
+     '--nnodes 3 --nproc-per-node 1 --node-rank 2 --ps-servers-here 1']
+    >>> [" ".join(c.argv[6:7] + c.argv[-1:]) for c in ps_commands(ns[:2], [], 2, "r.py", [], rt,
+    ...                                                          29500)]
+    ['3 1', '3 1']
+    """
+    everyone = [*workers, *servers]
+    head = everyone[0].private_address
+    out = []
+    for i, n in enumerate(everyone):
+        serves = 1 if (i >= len(workers) or not servers) else 0
+        procs = 1 if i >= len(workers) else procs_per_node + serves
+        argv = [rt.python, "-m", "torch.distributed.run", "--nnodes", str(len(everyone)),
+                "--nproc-per-node", str(procs), "--node-rank", str(i),
+                "--master-addr", head, "--master-port", str(port),
+                f"{rt.workdir}/{WORKLOADS}/{script}", *args, "--ps-servers-here", str(serves)]
+        out.append(RankCommand(n, argv, rank_env(n, procs, fabric, device), error_file=True))
+    return out
 
 
 def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],

@@ -258,9 +258,11 @@ class Launcher:
         return mbit, why, single
 
     def run(self, run, engine: str, nodes: list[Node], script: str, args: list[str], port: int,
-            timeout_s: float, stop: threading.Event | None,
-            inflight: Path) -> tuple[str, launch.LaunchResult, dict[str, Any] | None]:
-        """Start, wait, reap one run; (launcher name, result, the Slurm job's record)."""
+            timeout_s: float, stop: threading.Event | None, inflight: Path,
+            servers: list[Node] | None = None
+            ) -> tuple[str, launch.LaunchResult, dict[str, Any] | None]:
+        """Start, wait, reap one run; (launcher name, result, the Slurm job's record);
+        servers: the parameter-server engine's dedicated server nodes."""
         ppn = run.params["procs_per_node"]
         fabric, device = run.params.get("fabric") or "tcp", run.params.get("device") or "cpu"
         if self.kind != "slurm" and self.container is not None:
@@ -269,14 +271,15 @@ class Launcher:
             inside = launch.Runtime(image.PYTHON, image.PREFIX, self.rt.known_hosts)
             name, cmds = commands.rank_commands(engine, nodes, ppn, script, args, inside, port,
                                               shared_host=self.emulated, fabric=fabric,
-                                              device=device, in_container=True)
+                                              device=device, in_container=True,
+                                              servers=servers)
             cmds = [dataclasses.replace(c, container=spec) for c in cmds]
             return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
                                     inflight=inflight), None
         if self.kind != "slurm":
             name, cmds = commands.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
                                               shared_host=self.emulated, warm=self.warm,
-                                              fabric=fabric, device=device)
+                                              fabric=fabric, device=device, servers=servers)
             return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
                                     inflight=inflight), None
 
@@ -387,14 +390,13 @@ class _Execution:
     def shape_storage(self, p: dict[str, Any], rate: float | None, dilation: float) -> None:
         """The storage node's link at the run's storage rate (in the emulated device's time:
         divided by the dilation, as the other links), or back at the cluster's."""
-        want = p.get("storage_bandwidth_mbit")
-        node = storage.serving_node(self.all_nodes, p.get("data")) if want else None
-        want = want / dilation if want else want
+        device = p.get("storage_bandwidth_mbit")
+        node = storage.serving_node(self.all_nodes, p.get("data")) if device else None
         for name in [n for n in self.storage_shaped if node is None or n != node.name]:
             self.shaper.set_node(name, rate)
             self.storage_shaped.discard(name)
         if node is not None:
-            self.shaper.set_node(node.name, want)
+            self.shaper.set_server(node.name, device, dilation)
             self.storage_shaped.add(node.name)
 
     def probe_storage(self, run, rate: float | None, netprobe: bool,
@@ -477,9 +479,10 @@ class _Execution:
                                           "emulated device charges, failed: "
                                           f"{source_probe.get('decode_error')}", [], 0.0)
             else:
+                servers = self.all_nodes[p["nodes"]: p["nodes"] + planner.server_nodes(p)]
                 launcher_name, res, job = self.starter.run(
                     run, engine, self.all_nodes[: p["nodes"]], script, args, port, timeout_s,
-                    self.stop, self.sweep_dir / INFLIGHT)
+                    self.stop, self.sweep_dir / INFLIGHT, servers)
         except KeyboardInterrupt:
             interrupted = True
             res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)

@@ -82,12 +82,18 @@ class Shaper:
         self.links.apply_intra(mbit)
         self.intra = mbit
 
-    def set_node(self, name: str, mbit: float | None) -> None:
-        """One node's link at its own rate after set(): a storage node's (restore() puts it
-        back with the others)."""
+    def set_node(self, name: str, mbit: float | None, min_queue_bytes: int = 0) -> None:
+        """One node's link at its own rate after set(): a storage node's, its queue at least
+        min_queue_bytes (restore() puts it back with the others)."""
         if self.original is UNSET:
             self.set(None if self.current is UNSET else self.current, self.delay_us)
-        self.links.apply_node(name, mbit, self.delay_us)
+        self.links.apply_node(name, mbit, self.delay_us, min_queue_bytes)
+
+    def set_server(self, name: str, device_mbit: float, dilation: float = 1.0) -> None:
+        """A server's link (a storage node's) at a rate in the emulated device's time: tc at
+        device_mbit / dilation, its queue what a server NIC's holds at device_mbit
+        (netshape.server_queue_bytes), so many readers' streams fare as on that link."""
+        self.set_node(name, device_mbit / dilation, netshape.server_queue_bytes(device_mbit))
 
     def restore(self) -> None:
         """Put the links back as they were; a failure is logged, never raised (cleanup path)."""

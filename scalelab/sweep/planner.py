@@ -40,7 +40,7 @@ import logging
 import math
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -182,15 +182,46 @@ def allreduce_run_id(nodes: int, ppn: int, mbit: float | None) -> str:
     return f"allreduce-n{nodes:02d}-p{ppn}-{_rate_tag(mbit)}"
 
 
+def server_nodes(params: Mapping[str, Any]) -> int:
+    """The nodes a run's dedicated parameter servers take, after the run's own (0 for a run
+    of another engine or with its servers colocated).
+
+    >>> server_nodes({"engine": "ps", "ps_placement": "dedicated", "ps_servers": 2})
+    2
+    >>> server_nodes({"engine": "ps", "ps_placement": "colocated", "ps_servers": None})
+    0
+    """
+    if params.get("engine") != "ps" or params.get("ps_placement") != "dedicated":
+        return 0
+    return int(params.get("ps_servers") or 0)
+
+
+def _dedicated_servers(spec: SweepSpec) -> int:
+    """The most server nodes any run of the sweep takes beside its own."""
+    if spec.engine != "ps" or "dedicated" not in (spec.ps_placement or ["dedicated"]):
+        return 0
+    return max(spec.ps_servers or [1])
+
+
 def _check_cluster(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
                    cluster: str) -> list[Node]:
     name = f"cluster {cluster}" if cluster else "the cluster"
+    servers = _dedicated_servers(spec)
     if not cluster_nodes:
         raise InputError(f"{name} has no nodes; provision it with invoke provision "
-                         f"--cluster {cluster or 'NAME'} --nodes {max(spec.nodes)}")
+                         f"--cluster {cluster or 'NAME'} --nodes {max(spec.nodes) + servers}")
     nodes = sort_nodes(list(cluster_nodes))
     target = nodes[0].target
-    want = max(spec.nodes)
+    want = max(spec.nodes) + servers
+    if servers and want > len(nodes):
+        have = len(nodes)
+        fits = [n for n in spec.nodes if n + servers <= have]
+        fix_nodes = f"--nodes {format_int_list(fits)}" if fits else "fewer --ps-servers"
+        raise InputError(
+            f"--ps-servers {servers}: dedicated servers take nodes of their own after a run's, "
+            f"so --nodes {format_int_list(spec.nodes)} needs {want} and {name} has {have}; "
+            f"provision more with invoke provision --target {target} --cluster "
+            f"{cluster or 'NAME'} --nodes {want} or use {fix_nodes}")
     if want > len(nodes):
         have = len(nodes)
         fits = [n for n in spec.nodes if n <= have]
@@ -204,7 +235,7 @@ def _check_cluster(spec: SweepSpec, cluster_nodes: list[Node], can_shape: bool,
     if shaped and not can_shape:
         raise InputError(f"--bandwidth {format_rate(shaped[0])}: target {target} cannot shape "
                          "links; use --bandwidth native (or a target that can, e.g. local)")
-    return nodes[:want]
+    return nodes[:want - servers]  # the ranks' nodes: a server's needs no GPU
 
 
 def _check_precision(spec: SweepSpec, used: list[Node], device: str, cluster: str) -> None:

@@ -29,7 +29,11 @@ from scalelab.model.networks import MODELS
 from scalelab.sweep import values
 from scalelab.sweep.values import SYNTHETIC
 
-ENGINES = ("ddp", "horovod")
+ENGINES = ("ddp", "horovod", "ps")
+# where a parameter server's shards are summed: on K nodes of their own, after the run's
+# nodes (BytePS's CPU servers), or one on every worker node beside its ranks
+PS_PLACEMENTS = ("dedicated", "colocated")
+SWITCHES = ("on", "off")
 LAUNCHERS = ("ssh", "slurm")
 RUNTIMES = ("host", "container")  # where ranks run: on the node, or in the training image
 # fp32: true FP32 (TF32 off, which Ampere and Hopper convolutions use by default); tf32: TF32
@@ -199,7 +203,8 @@ SETTINGS: tuple[Setting, ...] = (
             record="model"),
     Setting("engine", "engine", "str", lambda x, w: values.choice(x, w, ENGINES), "ddp",
             "ddp (torchrun; on the local target ranks are forked from a per-node server that "
-            "has torch imported) or horovod (horovodrun)", record="engine"),
+            "has torch imported), horovod (horovodrun) or ps (synchronous parameter servers "
+            "over torch.distributed, started by torchrun)", record="engine"),
     Setting("steps", "steps", "int", lambda x, w: values.one_int(x, w, 1), 30,
             "timed training steps per run (after warm-up)", record="steps"),
     Setting("warmup", "warmup", "int", lambda x, w: values.one_int(x, w, 0), 5,
@@ -227,8 +232,9 @@ SETTINGS: tuple[Setting, ...] = (
             "NHWC memory format (faster convolutions on tensor cores); the same as "
             "--memory-format channels_last", switch=False, alias_of="memory_format"),
     # communication settings: each engine has its own (an engine without one records None)
-    _comm("bucket_cap_mb", "bk", ("ddp",), "25,50",
-          "DDP gradient bucket sizes in MB to sweep, e.g. 10,25,50 (default 25, torch's own)"),
+    _comm("bucket_cap_mb", "bk", ("ddp", "ps"), "25,50",
+          "DDP's gradient bucket sizes in MB to sweep, e.g. 10,25,50 (default 25, torch's "
+          "own); with --engine ps the buckets pushed to the servers"),
     _comm("fusion_threshold_mb", "fu", ("horovod",), "64,128",
           "Horovod fusion thresholds in MB to sweep, e.g. 32,128 (HOROVOD_FUSION_THRESHOLD; "
           "default 128, Horovod's own)"),
@@ -240,6 +246,27 @@ SETTINGS: tuple[Setting, ...] = (
         parse=lambda x, w: values.choice_list(x, w, COMPRESSIONS), tag=str,
         help="gradient compression to sweep: none, fp16 or none,fp16 (DDP: the fp16 compress "
              "hook's cast; Horovod: hvd.Compression.fp16)"),
+    # the parameter-server engine's layout: each names its own series beside the ring's
+    Setting("ps_placement", "ps_placement", "list[str] | None",
+            lambda x, w: values.choice_list(x, w, PS_PLACEMENTS), None,
+            "--engine ps: where the servers run, to sweep: dedicated (K nodes of their own "
+            "after the run's nodes, as BytePS's CPU servers) or colocated (one on every "
+            "worker node), e.g. dedicated,colocated (default dedicated)",
+            variant=True, engines=("ps",), single="dedicated", tag=lambda x: f"ps{x[:3]}",
+            tag_lone=True, record="ps_placement", column="ps_placement", since=11),
+    Setting("ps_servers", "ps_servers", "list[int] | None",
+            lambda x, w: values.int_list(x, w, 1), None,
+            "--engine ps with dedicated servers: server counts K to sweep, e.g. 1,2,4 (each "
+            "on a node of its own; default 1)", variant=True, engines=("ps",), single=1,
+            tag=lambda x: f"k{x}", tag_lone=True,
+            applies=lambda combo: combo.get("ps_placement") == "dedicated",
+            record="ps_servers", column="ps_servers", since=11),
+    Setting("ps_overlap", "ps_overlap", "list[str] | None",
+            lambda x, w: values.choice_list(x, w, SWITCHES), None,
+            "--engine ps: push each bucket during backward as soon as its gradients are "
+            "ready (on, the default) or all after backward (off), to sweep, e.g. on,off",
+            variant=True, engines=("ps",), single="on", tag=lambda x: f"ov{x}", tag_lone=True,
+            record="ps_overlap", column="ps_overlap", since=11),
     # a data source per value: where the ranks' batches come from (sources, docs/data.md)
     Setting("data", "data", "list[str]", values.data, [SYNTHETIC],
             "data sources to sweep: synthetic (the default), an absolute path on the nodes "

@@ -283,9 +283,10 @@ class LocalCluster(LocalNodes):
             self._shape_node(self._index(n["name"]), rate, delay_us)
         rec["bandwidth_mbit"] = rate
 
-    def shape_one(self, name: str, rate: float | None, delay_us: float = 0.0) -> None:
+    def shape_one(self, name: str, rate: float | None, delay_us: float = 0.0,
+                  min_queue_bytes: int = 0) -> None:
         self._loaded()
-        self._shape_node(self._index(name), rate, delay_us)
+        self._shape_node(self._index(name), rate, delay_us, min_queue_bytes)
 
     def set_intra(self, mbit: float | None) -> None:
         """One rate (None: unshaped) on every node's loopback, the path between its ranks."""
@@ -353,10 +354,12 @@ class LocalLinks:
     def apply_intra(self, mbit: float | None) -> None:
         self.cluster.set_intra(mbit)
 
-    def apply_node(self, name: str, mbit: float | None, delay_us: float = 0.0) -> None:
-        """One node's veth at its own rate (a storage node's), with the links' per-hop delay;
-        the record's standing rate, which restore() sets on every node, stays the cluster's."""
-        self.cluster.shape_one(name, mbit, delay_us)
+    def apply_node(self, name: str, mbit: float | None, delay_us: float = 0.0,
+                   min_queue_bytes: int = 0) -> None:
+        """One node's veth at its own rate (a storage node's), with the links' per-hop delay
+        and a queue of at least min_queue_bytes; the record's standing rate, which restore()
+        sets on every node, stays the cluster's."""
+        self.cluster.shape_one(name, mbit, delay_us, min_queue_bytes)
 
     def restore(self, snapshot: float | None) -> None:
         self.cluster.set_bandwidth(snapshot)

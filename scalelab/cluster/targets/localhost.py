@@ -553,12 +553,13 @@ def _tc(ns: str | None, args: list[str], check: bool) -> str:
 
 
 def shape_node(cluster: str, i: int, veth: str, rate: float | None,
-               delay_us: float = 0.0) -> None:
+               delay_us: float = 0.0, min_queue_bytes: int = 0) -> None:
     """One rate on both ends of node i's veth (None: unshaped); delay_us: what the node's
-    packets wait on their way out, one hop's latency each way (tc netem, under the rate)."""
+    packets wait on their way out, one hop's latency each way (tc netem, under the rate);
+    min_queue_bytes: the least its queues hold (netshape.server_queue_bytes)."""
     for ns, dev, delay in ((None, veth, 0.0),
                            (netns_name(cluster, i), NODE_IFACE, delay_us)):
-        steps = netshape.tc_set_args(dev, rate, delay)
+        steps = netshape.tc_set_args(dev, rate, delay, min_queue_bytes)
         if rate is not None and steps[0][1] != "del":  # nothing of an earlier delay stays
             steps = [["qdisc", "del", "dev", dev, "root"], *steps]
         for k, args in enumerate(steps):

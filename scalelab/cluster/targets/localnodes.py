@@ -284,8 +284,9 @@ class LocalNodes:
     def _veth(self, i: int) -> str:
         return host_veth(record_link_id(self._loaded()), i)
 
-    def _shape_node(self, i: int, rate: float | None, delay_us: float = 0.0) -> None:
-        shape_node(self.name, i, self._veth(i), rate, delay_us)
+    def _shape_node(self, i: int, rate: float | None, delay_us: float = 0.0,
+                    min_queue_bytes: int = 0) -> None:
+        shape_node(self.name, i, self._veth(i), rate, delay_us, min_queue_bytes)
 
     # -- teardown
 
