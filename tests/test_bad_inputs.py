@@ -325,6 +325,22 @@ CASES = [
      ["bench", "--nodes", "1", "--batch-size", "32", "--accelerator", "v100",
       "--procs-per-node", "2", "--intra-link", "pcie3"],
      "nodes share a loopback with their host, which scalelab does not shape"),
+    # parameter servers: dedicated ones take nodes of their own; a setting without the engine
+    ("bench-ps-too-few-nodes", "local", ["bench", "--engine", "ps", "--nodes", "1-2",
+                                         "--batch-size", "16", "--ps-servers", "1"],
+     f"--ps-servers 1: dedicated servers take nodes of their own after a run's, so --nodes 1,2 "
+     f"needs 3 and cluster {FAKE} has 2; provision more with invoke provision --target local "
+     f"--cluster {FAKE} --nodes 3 or use --nodes 1"),
+    ("bench-ps-slurm", "slurm", ["bench", "--cluster", FAKE, "--engine", "ps", "--nodes", "1",
+                                 "--batch-size", "16"],
+     "--engine ps starts its workers and servers with torchrun over SSH, and Slurm is not one "
+     "of its launchers yet; use --launcher ssh"),
+    ("bench-ps-setting-without-ps", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                              "--ps-servers", "2"],
+     "--ps-servers is a setting of --engine ps; this sweep's engine is ddp"),
+    ("bench-ps-placement-word", "local", ["bench", "--engine", "ps", "--nodes", "1",
+                                          "--batch-size", "16", "--ps-placement", "nearby"],
+     "nearby"),
     ("bench-unconfigured", "static", ["bench", "--nodes", "1", "--batch-size", "16",
                                       "--bandwidth", "1gbit"],
      "has not been configured (no facts recorded for node "),

@@ -367,6 +367,96 @@ def test_the_format_and_the_loader_workers_are_axes_of_real_data(lab, tmp_path):
         assert proc.returncode == 0, proc.stderr
 
 
+def test_parameter_servers_on_a_node_of_their_own_and_on_the_workers(lab, tmp_path):
+    """The same three nodes (the module's cluster, shared to keep the suite short): --engine
+    ps at 1-2 nodes on a 20 Mbit/s link, one dedicated server on the node after the run's and
+    one server on every worker node. Each server sums its shard of every worker's gradients;
+    a dedicated server's NIC carries both workers' gradients each way, so at 2 nodes it paces
+    the step, named in the verdict, and the model follows both layouts."""
+    lc, _, _, _ = lab
+    reports = tmp_path / "reports"
+    proc = invoke("bench", "--cluster", lc.name, "--sweep", "ci", "--engine", "ps", "--nodes",
+                  "1-2", "--batch-size", "8", "--model", "resnet20", "--steps", "6",
+                  "--ps-placement", "dedicated,colocated", "--bandwidth", "20mbit",
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    rows = {(int(r["nodes"]), r["ps_placement"]): r for r in _rows(sweep_dir)
+            if r["run_id"].startswith("train")}
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values()), rows
+    assert {r["backend"] for r in rows.values()} == {"ps-gloo"}
+    records = {(r["params"]["nodes"], r["params"]["ps_placement"]): r
+               for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+               if r["kind"] == "train"}
+    names = [n.name for n in lc.nodes()]
+    for n in (1, 2):
+        grads = records[(n, "dedicated")]["gradient_bytes"]
+        dedicated = records[(n, "dedicated")]["ps"]
+        # the node after the run's; its shard is every gradient of every worker
+        assert [s["host"] for s in dedicated["servers"]] == [names[n]]
+        assert dedicated["servers"][0]["bytes_in_per_step"] == n * grads
+        assert not dedicated["colocated"]
+        colocated = records[(n, "colocated")]["ps"]
+        assert sorted(s["host"] for s in colocated["servers"]) == names[:n]
+        assert colocated["colocated"]
+        assert sum(s["bytes_in_per_step"] for s in colocated["servers"]) == n * grads
+    # at 2 nodes the dedicated server's NIC carries twice a worker's bytes: far slower
+    assert float(rows[(2, "dedicated")]["images_per_sec"]) < 0.5 * float(
+        rows[(2, "colocated")]["images_per_sec"])
+    analysis = report_data.analyse([report_data.load_sweep_data(sweep_dir)], None, False)
+    for _, point in analysis.modelled.iterrows():
+        assert abs(float(point["model_eff"]) - float(point["eff_mean"])) < 0.10, point
+        if int(point["world_size"]) == 2 and "dedicated" in point["settings"]:
+            assert point["verdict"] == "network-bound", point
+            assert "the busiest is a server node's NIC" in point["verdict_why"], point
+        elif int(point["world_size"]) == 2 and point["verdict"] == "network-bound":
+            # (four processes on this host's two cores may make it emulation-bound instead)
+            assert "the busiest is a worker node's NIC" in point["verdict_why"], point
+    assert set(lc.link_rates().values()) == {(None, None)}
+
+
+def test_a_parameter_server_killed_mid_run_fails_that_run_and_the_sweep_goes_on(lab, tmp_path):
+    """The dedicated server's process ended by a real kill while the worker trains: that run
+    fails, naming the server's node and the signal, and the sweep's next run trains."""
+    from scalelab.cluster import ssh
+
+    lc, _, _, _ = lab
+    rec = _state(lc.name)
+    reports = tmp_path / "reports"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--sweep", "ci",
+         "--engine", "ps", "--nodes", "1", "--batch-size", "8", "--model", "resnet20",
+         "--steps", "400", "--bandwidth", "native", "--ps-overlap", "on,off", "--no-report"],
+        cwd=ROOT, env={**os.environ, "SCALELAB_REPORTS": str(reports)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = lc.nodes()[1]
+    # the server of the first run (--ps-overlap on, which its command leaves out): the
+    # process torchrun started, not torchrun itself
+    find = ("ps -eo pid=,args= | grep -e '--ps-servers-here 1' | grep -v -e torch.distributed.run"
+            " -e grep -e --ps-overlap | awk '{print $1}' || true")
+    try:
+        pids: list[str] = []
+
+        def serving() -> bool:
+            pids[:] = ssh.run(server, rec["known_hosts"], find, timeout=30).stdout.split()
+            return len(pids) == 1
+
+        wait_until(serving, 240, "the parameter server to start")
+        ssh.run(server, rec["known_hosts"], f"kill -9 {int(pids[0])}", timeout=30)
+        out, err = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGINT)
+            sweep.wait(timeout=120)
+    assert sweep.returncode == 1, err[-2000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    rows = {r["ps_overlap"]: r for r in _rows(sweep_dir)}
+    assert rows["on"]["status"] == "failed", rows["on"]
+    assert f"{server.name}: " in rows["on"]["error"] and "SIGKILL" in rows["on"]["error"], \
+        rows["on"]["error"]
+    assert rows["off"]["status"] == "ok", rows["off"]  # the sweep went on
+
+
 def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
     """Last in the module: invoke stage --remove ends the storage node's NFS server and web
     server and removes their sets from the node (the NFS set's tmpfs unmounted); the set on

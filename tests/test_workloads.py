@@ -768,3 +768,45 @@ def test_every_workload_leaves_its_process_group_behind_a_barrier():
                 assert last[1] == "dist.barrier", \
                     f"{path.name}:{fn.name} destroys its group after {last[1]}, not a barrier"
     assert set(seen) >= {"resnet.py", "allreduce.py"}, seen
+
+
+# ------------------------------------------------------------------ parameter servers (--engine ps)
+
+def _losses(res: dict) -> list[float]:
+    return [r["final_loss"] for r in sorted(res["ranks"], key=lambda r: r["rank"])]
+
+
+@pytest.mark.parametrize("servers, overlap", [(1, "on"), (2, "off")])
+def test_parameter_servers_train_as_ddp_does_and_each_server_sums_its_shard(servers, overlap):
+    """Two workers and one or two server processes: the workers' losses after three steps are
+    DDP's own (the servers summed every gradient and the workers averaged them), and each
+    server took its shard of every worker's gradients each step, and sent as much back."""
+    common = ("--model", "resnet20", "--batch-size", "8", "--steps", "3", "--warmup", "1",
+              "--device", "cpu")
+    ddp = torchrun(2, "resnet.py", *common)
+    ps = torchrun(2 + servers, "resnet.py", *common, "--engine", "ps", "--ps-servers-here",
+                  str(servers), "--ps-overlap", overlap)
+    assert ps["world_size"] == 2 and ps["backend"] == "ps-gloo"
+    assert ps["timing_method"] == "ps-comm-hook"
+    assert _losses(ps) == pytest.approx(_losses(ddp), rel=1e-5)
+    assert ps["ps"]["overlap"] is (overlap == "on")
+    got = ps["ps"]["servers"]
+    assert [s["rank"] for s in got] == [2 + k for k in range(servers)]
+    grads = ps["gradient_bytes"]
+    for s in got:
+        assert s["steps"] == 4  # the warm-up step too
+        # its shard (1/K of the gradients, to an element) from both workers, and back
+        assert s["bytes_in_per_step"] == s["bytes_out_per_step"]
+        assert abs(s["bytes_in_per_step"] - 2 * grads / servers) <= 2 * 4 * s["buckets_per_step"]
+    assert sum(s["bytes_in_per_step"] for s in got) == 2 * grads
+
+
+def test_parameter_servers_without_a_server_are_refused():
+    cmd = [str(BIN / "torchrun"), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
+           "127.0.0.1", "--master-port", str(free_port()), str(WORKLOADS / "resnet.py"),
+           "--engine", "ps", "--model", "resnet20", "--steps", "1", "--device", "cpu"]
+    proc = subprocess.run(cmd, cwd=REPO, env=run_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert "--engine ps needs workers and servers; this run has 2 worker(s) and 0 server(s)" \
+        in proc.stderr

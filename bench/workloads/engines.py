@@ -1,4 +1,5 @@
-"""The two engines resnet.py reduces gradients with, and how it times them.
+"""The engines resnet.py reduces gradients with, and how it times them (the parameter servers'
+push and pull, a DDP comm hook too, are psengine.py's).
 
 * DDP: the model is wrapped with a communication hook (_timed_allreduce_hook) that does the
   bucket allreduce itself, as DDP's default hook does, and timestamps each bucket's launch and
@@ -64,11 +65,16 @@ def _timed_allreduce_hook(state: CommTimer, bucket):
     return fut.then(done)
 
 
-def wrap_ddp(model, device, timer: CommTimer, emulated, bucket_cap_mb: float):
-    """The model under DistributedDataParallel, its gradients reduced by the timing hook."""
+def wrap_ddp(model, device, timer: CommTimer, emulated, bucket_cap_mb: float,
+             process_group=None, hook=None):
+    """The model under DistributedDataParallel, its gradients reduced by the timing hook (or
+    by hook, a (state, hook) pair: the parameter servers' push and pull), over process_group
+    (None: every process)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp_kw: dict[str, Any] = {"device_ids": [device.index]} if device.type == "cuda" else {}
+    if process_group is not None:
+        ddp_kw["process_group"] = process_group
     if emulated:
         ddp_kw["gradient_as_bucket_view"] = True  # see emulate.build: no copies into buckets
         if "init_sync" in inspect.signature(DDP.__init__).parameters:
@@ -80,7 +86,7 @@ def wrap_ddp(model, device, timer: CommTimer, emulated, bucket_cap_mb: float):
         ddp_kw["broadcast_buffers"] = False
     ddp_kw["bucket_cap_mb"] = bucket_cap_mb
     model = DDP(model, **ddp_kw)
-    model.register_comm_hook(timer, _timed_allreduce_hook)
+    model.register_comm_hook(*(hook or (timer, _timed_allreduce_hook)))
     return model
 
 

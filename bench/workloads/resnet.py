@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Distributed ResNet training benchmark (synthetic ImageNet or real JPEGs), DDP or Horovod.
+"""Distributed ResNet training benchmark (synthetic ImageNet or real JPEGs), DDP, Horovod or
+synchronous parameter servers (--engine ps, psengine.py: DDP's buckets pushed to the last
+--ps-servers-here processes of each node, summed there and pulled back; no stale updates).
 
     torchrun --nproc-per-node N [--nnodes ...] bench/workloads/resnet.py --model resnet50 \
         --batch-size 64 [--image-size 224] [--precision fp32|tf32|amp|bf16] [--channels-last] \
@@ -77,6 +79,7 @@ import emulate  # noqa: E402
 import engines  # noqa: E402
 import models  # noqa: E402
 import precision  # noqa: E402
+import psengine  # noqa: E402
 from engines import horovod_env  # noqa: E402
 from resnet_cli import parse_args  # noqa: E402
 
@@ -97,6 +100,7 @@ class Rank:
     tf32: bool | None
     device_name: str
     host: str
+    ps: Any = None  # psengine.Roles under --engine ps
 
 
 @dataclass
@@ -138,6 +142,7 @@ class Engine:
     grad_ready: list[Any]  # Horovod: the step's first gradient-ready mark
     timing_method: str
     comm_dtype_name: str
+    pusher: Any = None  # psengine.Pusher under --engine ps
 
 
 @dataclass
@@ -154,6 +159,10 @@ class Timed:
 def run(a: argparse.Namespace) -> int:
     """One benchmark run, phase by phase; rank 0 prints the result. Leaves the process itself."""
     me = set_up(a)
+    if me.ps is not None and me.ps.server:
+        serve(a, me)  # a parameter server: no data, no model
+        finish(me)
+        common.exit_now(0)
     data = load_data(a, me)
     trainee = make_model(a, me, data)
     eng = wrap(a, me, trainee)
@@ -196,7 +205,15 @@ def set_up(a: argparse.Namespace) -> Rank:
         # an emulated accelerator's rank lives on the host: its compute is the profile's waits
         device = common.resolve_device("cpu" if a.emulated else a.device, int(os.environ.get("LOCAL_RANK", "0")))
         backend = a.backend if a.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        if a.engine == "ps":
+            backend = "gloo"  # pushes and pulls are host-memory messages
         rank, world, local_rank = common.init_torch_distributed(backend, a.timeout_s)
+    ps = None
+    if a.engine == "ps":
+        ps = psengine.roles(a.ps_servers_here)
+        backend = "ps-gloo"
+        if not ps.server:  # a worker's rank and world are the workers'
+            rank, world = ps.rank, len(ps.workers)
     TIMELINE["rendezvous"] = time.time()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -209,7 +226,8 @@ def set_up(a: argparse.Namespace) -> Rank:
         "rank %d/%d on %s device %s (%s) backend %s precision %s tf32 %s threads %d",
         rank, world, host, device, device_name, backend, a.precision, tf32, torch.get_num_threads(),
     )
-    return Rank(hvd, hvd_settings, rank, world, local_rank, device, backend, tf32, device_name, host)
+    return Rank(hvd, hvd_settings, rank, world, local_rank, device, backend, tf32, device_name, host,
+                ps)
 
 
 def load_data(a: argparse.Namespace, me: Rank) -> Data:
@@ -331,7 +349,15 @@ def wrap(a: argparse.Namespace, me: Rank, t: Trainee) -> Engine:
         grad_bytes //= 2
     timer = engines.CommTimer(clock, comm_dtype, average=not a.emulated)
     grad_ready: list[Any] = []
-    if hvd is None:
+    pusher = None
+    if me.ps is not None:
+        pusher = psengine.Pusher(me.ps, timer, comm_dtype, a.ps_overlap == "on")
+        model = engines.wrap_ddp(model, device, timer, a.emulated, a.bucket_cap_mb,
+                                 process_group=me.ps.worker_group,
+                                 hook=(pusher, psengine.ps_hook))
+        timing_method = "ps-comm-hook"
+        comm_dtype_name = str(comm_dtype or torch.float32).replace("torch.", "")
+    elif hvd is None:
         model = engines.wrap_ddp(model, device, timer, a.emulated, a.bucket_cap_mb)
         timing_method = "ddp-comm-hook"
         comm_dtype_name = str(comm_dtype or torch.float32).replace("torch.", "")
@@ -342,7 +368,8 @@ def wrap(a: argparse.Namespace, me: Rank, t: Trainee) -> Engine:
         comm_dtype_name = "float16" if comm_dtype is not None else "float32"
 
     model.train()
-    return Engine(model, optimizer, grad_bytes, clock, timer, grad_ready, timing_method, comm_dtype_name)
+    return Engine(model, optimizer, grad_bytes, clock, timer, grad_ready, timing_method, comm_dtype_name,
+                  pusher)
 
 
 def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine) -> Timed:
@@ -436,18 +463,44 @@ def gather(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine,
     import torch.distributed as dist
 
     mine = _rank_record(a, me, eng, timed)
+    servers = None
+    if me.ps is not None:
+        eng.pusher.finish()  # the servers stop serving once every worker is done
+        servers = _server_records(None)
     if me.hvd is not None:
         gathered = me.hvd.allgather_object(mine)
     else:
         gathered = [None] * me.world
-        dist.all_gather_object(gathered, mine)
+        dist.all_gather_object(gathered, mine, group=me.ps.worker_group if me.ps else None)
     if me.rank == 0:
         ranks = sorted(gathered, key=lambda r: r["rank"])
         env = dict(ranks[0]["env"])
         env["hostnames"] = list(dict.fromkeys(r["host"] for r in ranks))
         for rec in ranks:
             rec.pop("env")
-        common.emit_result(_result(a, me, data, t, eng, ranks, env))
+        result = _result(a, me, data, t, eng, ranks, env)
+        if servers is not None:
+            result["ps"] = {"servers": servers, "overlap": a.ps_overlap == "on",
+                            "colocated": bool({s["host"] for s in servers}
+                                              & {r["host"] for r in ranks})}
+        common.emit_result(result)
+
+
+def serve(a: argparse.Namespace, me: Rank) -> None:
+    """A parameter server's run: sum its shard of every bucket until the workers are done,
+    then hand its figures to the workers' rank 0."""
+    TIMELINE["ready"] = time.time()
+    stats = psengine.serve(me.ps, me.host)
+    _server_records(stats.as_record())
+
+
+def _server_records(mine: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every server's figures, to every process (a worker gives None)."""
+    import torch.distributed as dist
+
+    said: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(said, mine)
+    return sorted((s for s in said if s is not None), key=lambda s: s["rank"])
 
 
 def _rank_record(a: argparse.Namespace, me: Rank, eng: Engine, timed: Timed) -> dict[str, Any]:

@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
-    p.add_argument("--engine", choices=["ddp", "horovod"], default="ddp")
+    p.add_argument("--engine", choices=["ddp", "horovod", "ps"], default="ddp",
+                   help="ps: synchronous parameter servers (psengine.py), under torchrun")
     p.add_argument(
         "--data", default="synthetic", help="'synthetic' or a dataset path (class folders or webdataset .tar shards)"
     )
@@ -62,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ps-servers-here", type=int, default=0,
+                   help="--engine ps: the last this many processes of this node are servers")
+    p.add_argument("--ps-overlap", choices=["on", "off"], default="on",
+                   help="--engine ps: push buckets during backward (on) or after it (off)")
     p.add_argument(
         "--backend",
         choices=["auto", "gloo", "nccl"],
@@ -134,6 +139,11 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--warmup, --workers and --threads must be >= 0")
     if a.engine == "horovod" and a.backend != "auto":
         p.error("--backend applies to --engine ddp only")
+    if a.engine != "ps" and (a.ps_servers_here or a.ps_overlap != "on"):
+        p.error("--ps-servers-here and --ps-overlap apply to --engine ps only")
+    if a.engine == "ps" and (a.backend not in ("auto", "gloo") or a.ps_servers_here < 0):
+        p.error("--engine ps pushes over gloo (--backend auto or gloo) and --ps-servers-here "
+                "is 0 or more")
     for name in ("bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms"):
         value = getattr(a, name)
         if value is not None and not value > 0:

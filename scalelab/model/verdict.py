@@ -385,7 +385,10 @@ def _emulation_bound(row: pd.Series, base: pd.Series, lim: dict[str, Any], n: in
 
 def _judge_model(row: pd.Series, n: int, eff: float, sure: bool) -> tuple[str, str, str]:
     pred = float(row["model_eff"])
-    model = f"the {row['predicted_by']} model" if row["predicted_by"] else "the model"
+    by = row["predicted_by"]
+    if by == "ring" and row.get("engine") == "ps":
+        by = "no-overlap"  # the ring model's form, with the parameter servers' bytes
+    model = f"the {by} model" if by else "the model"
     if math.isnan(pred):
         return "undetermined", (
             f"At {n} ranks efficiency is {_eff(eff)}, but no link rate is known (native link, "

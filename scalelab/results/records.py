@@ -67,6 +67,7 @@ class RunRecord:
     placement: dict[str, Any]
     comm: dict[str, Any]
     storage: dict[str, Any]  # a real-data run: what its source gave (scalelab.run.storageprobe)
+    ps: dict[str, Any]  # an --engine ps run: its servers' figures, overlap, colocated
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> RunRecord:
@@ -94,7 +95,7 @@ class RunRecord:
             env=_part(raw.get("env")), timeline=_part(raw.get("timeline")),
             accelerator=_part(raw.get("accelerator")), slurm=_part(raw.get("slurm")),
             placement=_part(raw.get("placement")), comm=_part(raw.get("comm")),
-            storage=_part(raw.get("storage")))
+            storage=_part(raw.get("storage")), ps=_part(raw.get("ps")))
 
 
 def typed(records: Any) -> list[RunRecord]:
