@@ -361,6 +361,18 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert f"http://{machines[1].address}:8610/imagenet-like/shards/" in proc.stdout
         assert _on(machines[1], kh0, "ls /opt/scalelab/data/imagenet-like/shards | wc -l") == "2"
+        # a second set on every host's own disk, through sudo, and taken back by its removal
+        proc = invoke("stage", "--cluster", lab, "--to", "nodes", "--name", "ondisk",
+                      "--images", "20", "--classes", "2", "--shard-size", "10", "--like",
+                      "small", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "--data /opt/scalelab/data/ondisk/shards" in proc.stdout, proc.stdout
+        assert [_on(m, kh0, "ls /opt/scalelab/data/ondisk/shards | wc -l")
+                for m in machines] == ["2", "2"]
+        proc = invoke("stage", "--cluster", lab, "--name", "ondisk", "--remove", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert [_on(m, kh0, "test -e /opt/scalelab/data/ondisk && echo present || echo gone")
+                for m in machines] == ["gone", "gone"]
 
         # The sweep's controller killed outright (SIGKILL) mid-run: the hosts stay shaped and
         # the ranks train on. destroy puts the links back and ends the ranks from the notes the

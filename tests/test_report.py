@@ -680,7 +680,7 @@ def test_the_demo_report_fits_a_1280_px_window(demo_page, browser, tmp_path):
 
 
 FULL_TABLES = ("scaling", "bottlenecks", "slowranks", "linkpairs", "cost", "comm-settings",
-               "emulation", "whatif")
+               "emulation", "whatif", "layout")
 
 
 @needs_chromium
@@ -714,6 +714,31 @@ def test_every_table_of_a_full_page_fits_a_1280_px_window(browser, tmp_path):
     assert {t["cls"] for t in shown} == set(FULL_TABLES)
     wide = [t for t in shown if t["width"] > t["box"] + 1]
     assert not wide, wide
+
+
+def test_the_layout_table_says_where_dedicated_servers_beat_the_ring(tmp_path):
+    """An emulated sweep of the ring: the layout table predicts, per node count and link, the
+    ring, colocated servers and dedicated servers, and on the slower link from 4 nodes on
+    the dedicated servers (as many as the bytes say) are fastest."""
+    d = _two_bucket_store(tmp_path, {1000.0: 50.0, 10000.0: 25.0}, accelerator="v100",
+                          nodes=(1, 2, 3, 4))
+    page = report.build_report(d).read_text()
+    assert "Layout: ring allreduce or parameter servers" in page
+    rows = _rows(page, "layout")
+    assert {int(r["nodes"]) for r in rows} == {2, 4, 8, 16, 32}
+    beats = {int(r["nodes"]): r["servers that beat the ring"] for r in rows}
+    assert beats == {2: "never", 4: "3 or more", 8: "5 or more", 16: "9 or more",
+                     32: "17 or more"}
+    src = "from the measured series"
+    slow = next(r[src] for r in rows if r[src].startswith("1gbit,"))  # on its own link
+    links = sorted({r["link"] for r in rows if r[src] == slow},
+                   key=lambda x: float(x.split()[0]) * (1000 if "Gbit" in x else 1))
+    for r in rows:
+        if r[src] == slow and r["link"] == links[0] and int(r["nodes"]) >= 4:
+            assert "dedicated" in r["fastest"], r
+            assert int(r["dedicated servers"]) >= int(r["servers that beat the ring"].split()[0])
+            assert float(r["dedicated images/s"].replace(",", "")) > float(
+                r["ring images/s"].replace(",", "")), r
 
 
 def test_the_readme_example_report_is_current(tmp_path):

@@ -2,7 +2,8 @@
 memory check and the driver's warm-start servers.
 
 On nodes that share one host's cores a run of one rank per node (DDP, or an allreduce probe)
-starts its ranks directly, without torchrun's agent; those ranks are forked from a warm-start
+starts its ranks directly, without torchrun's agent (Horovod's start with horovodrun, the
+parameter servers' with torchrun on every node, servers included); those ranks are forked from a warm-start
 server per node (scalelab.run.warmstart) unless the ranks run in containers, under Slurm, or
 warm start is off.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 def starts_directly(engine: str, procs_per_node: int, shared_host: bool) -> bool:
     """Whether commands.rank_commands starts a run's ranks without a launcher (direct_commands)."""
-    return shared_host and procs_per_node == 1 and engine != "horovod"
+    return shared_host and procs_per_node == 1 and engine not in ("horovod", "ps")
 
 
 def run_starts_directly(run, shared_host: bool) -> bool:

@@ -1,0 +1,123 @@
+"""Ring allreduce against parameter servers, measured and modelled on emulated GPUs.
+
+A local cluster of max(--nodes) + max(--servers) nodes (needs root). Two sweeps train ResNet-50
+on emulated V100s (the defaults) over links shaped at --bandwidth: DDP's ring, and --engine ps
+with its servers colocated on the worker nodes and on K dedicated nodes for each K in
+--servers. Prints per layout and node count the measured and modelled efficiency (against one
+node of the same layout) and their gap, the images/s, which layout was fastest at each node
+count measured and by the model, and the fewest dedicated servers that beat the ring by the
+model's bytes (K > N^2 / (2(N-1))).
+
+Then the engine's own cost: one node, no shaping, an emulated V100 in every process: DDP over
+two ranks against one worker and one colocated server, the same bytes each way over loopback;
+the images/s of a worker (aim: the parameter servers within 3 % of DDP).
+
+Usage: .venv/bin/python bench/perf/ps_layouts.py [--nodes 2,4,8] [--servers 1,2,4]
+       [--bandwidth 1gbit] [--accelerator v100] [--model resnet50] [--batch-size 32]
+       [--steps 10] [--skip-overhead]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _state import invoke, private_state  # noqa: E402
+
+from scalelab.model import layouts  # noqa: E402
+from scalelab.report.data import analyse, load_sweep_data  # noqa: E402
+
+
+def _sweep(*args: str) -> Path:
+    invoke("bench", "--no-report", *args, timeout=7200)
+    reports = Path(os.environ["SCALELAB_REPORTS"])
+    return reports / os.readlink(reports / "latest")
+
+
+def _label(row) -> str:
+    if row["engine"] != "ps":
+        return "ring"
+    if row.get("ps_placement") == "colocated":
+        return "colocated"
+    return f"dedicated K={int(row['ps_servers'])}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="2,4,8", help="node counts above 1 (1 is the baseline)")
+    ap.add_argument("--servers", default="1,2,4", help="dedicated server counts K")
+    ap.add_argument("--bandwidth", default="1gbit")
+    ap.add_argument("--accelerator", default="v100")
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--batch-size", default="32")
+    ap.add_argument("--steps", default="10")
+    ap.add_argument("--skip-overhead", action="store_true")
+    a = ap.parse_args()
+    counts = sorted({1, *(int(x) for x in a.nodes.split(","))})
+    ks = sorted(int(x) for x in a.servers.split(","))
+    private_state()
+    name = f"pl{uuid.uuid4().hex[:4]}"
+    common = ["--accelerator", a.accelerator, "--model", a.model, "--batch-size", a.batch_size,
+              "--steps", a.steps, "--repeats", "1", "--sweep", "ci", "--timeout", "3600"]
+    invoke("provision", "--target", "local", "--cluster", name, "--nodes",
+           str(max(counts) + max(ks)))
+    try:
+        nodes = ",".join(map(str, counts))
+        shaped = [*common, "--nodes", nodes, "--bandwidth", a.bandwidth]
+        ring = _sweep("--cluster", name, "--engine", "ddp", *shaped)
+        ps = _sweep("--cluster", name, "--engine", "ps", *shaped, "--ps-placement",
+                    "dedicated,colocated", "--ps-servers", a.servers)
+        an = analyse([load_sweep_data(ring), load_sweep_data(ps)], None, True)
+        rows = an.modelled.assign(layout=[_label(r) for _, r in an.modelled.iterrows()])
+        print(f"{a.model} on emulated {a.accelerator}, batch {a.batch_size} a worker, one a "
+              f"node, links {a.bandwidth}; efficiency against 1 node of the same layout")
+        print(f"{'layout':>16} {'N':>3} {'img/s':>8} {'eff':>7} {'model':>7} {'gap':>5}  verdict")
+        gaps = []
+        for _, r in rows.sort_values(["layout", "world_size"]).iterrows():
+            gap = abs(float(r["eff_mean"]) - float(r["model_eff"])) * 100
+            if int(r["world_size"]) > 1 and not math.isnan(gap):
+                gaps.append(gap)
+            print(f"{r['layout']:>16} {int(r['world_size']):>3} {float(r['thr_mean']):8.1f} "
+                  f"{float(r['eff_mean']):7.1%} {float(r['model_eff']):7.1%} {gap:5.1f}  "
+                  f"{r.get('verdict') or ''}")
+        print(f"worst gap {max(gaps, default=math.nan):.1f} points (aim: 5)")
+        for n in counts[1:]:
+            at = rows[rows["world_size"] == n]
+            if at.empty:
+                continue
+            fast = at.loc[at["thr_mean"].astype(float).idxmax()]
+            model = at.loc[(at["model_eff"].astype(float)).idxmax()]
+            ring_ips = at.loc[at["layout"] == "ring", "thr_mean"]
+            beaten = [r["layout"] for _, r in at.iterrows() if r["layout"].startswith("dedicated")
+                      and len(ring_ips) and float(r["thr_mean"]) > float(ring_ips.iloc[0])]
+            print(f"N = {n}: fastest measured {fast['layout']}, by the model {model['layout']}; "
+                  f"dedicated layouts faster than the ring measured: "
+                  f"{', '.join(beaten) or 'none'}; by the bytes from K = "
+                  f"{layouts.servers_to_beat_ring(n) or 'never'}")
+        if not a.skip_overhead:
+            one = [*common, "--nodes", "1", "--bandwidth", "native"]
+            ddp = _sweep("--cluster", name, "--engine", "ddp", *one, "--procs-per-node", "2")
+            ps1 = _sweep("--cluster", name, "--engine", "ps", *one, "--ps-placement", "colocated")
+            d = analyse([load_sweep_data(ddp)], None, False).modelled
+            p = analyse([load_sweep_data(ps1)], None, False).modelled
+            d_w = float(d["per_worker_mean"].iloc[0])
+            p_w = float(p["per_worker_mean"].iloc[0])
+            print(f"one node, unshaped: DDP over 2 ranks {d_w:.1f} images/s a rank; 1 worker and "
+                  f"1 colocated server {p_w:.1f} images/s ({p_w / d_w - 1:+.1%}; aim within 3 %)")
+    finally:
+        subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", name], cwd=ROOT,
+                       capture_output=True, timeout=600)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
