@@ -781,8 +781,9 @@ def test_parameter_servers_train_as_ddp_does_and_each_server_sums_its_shard(serv
     """Two workers and one or two server processes: the workers' losses after three steps are
     DDP's own (the servers summed every gradient and the workers averaged them), and each
     server took its shard of every worker's gradients each step, and sent as much back."""
+    # small buckets: several a step, pushed while earlier ones are still being pulled
     common = ("--model", "resnet20", "--batch-size", "8", "--steps", "3", "--warmup", "1",
-              "--device", "cpu")
+              "--device", "cpu", "--bucket-cap-mb", "0.25")
     ddp = torchrun(2, "resnet.py", *common)
     ps = torchrun(2 + servers, "resnet.py", *common, "--engine", "ps", "--ps-servers-here",
                   str(servers), "--ps-overlap", overlap)
@@ -795,6 +796,7 @@ def test_parameter_servers_train_as_ddp_does_and_each_server_sums_its_shard(serv
     grads = ps["gradient_bytes"]
     for s in got:
         assert s["steps"] == 4  # the warm-up step too
+        assert s["buckets_per_step"] >= 3
         # its shard (1/K of the gradients, to an element) from both workers, and back
         assert s["bytes_in_per_step"] == s["bytes_out_per_step"]
         assert abs(s["bytes_in_per_step"] - 2 * grads / servers) <= 2 * 4 * s["buckets_per_step"]

@@ -89,9 +89,11 @@ def shards(numel: int, k: int) -> list[tuple[int, int]]:
 
 
 class Pusher:
-    """A worker's side: DDP's comm hook state. The hook hands each bucket to one thread that
-    pushes and pulls buckets in the order DDP made them ready (Gloo matches messages between
-    two processes in the order they are posted), and completes the bucket's future."""
+    """A worker's side: DDP's comm hook state. One thread posts each bucket's pushes and pulls
+    in the order DDP made the buckets ready (Gloo matches messages between two processes in the
+    order they are posted) and goes straight on to the next bucket; a second thread waits for
+    each bucket's pull, averages it into the bucket and completes its future. So the push of
+    one bucket rides beside the pull of the one before, as on a full-duplex NIC."""
 
     def __init__(self, roles: Roles, timer: Any, comm_dtype: Any, overlap: bool) -> None:
         self.roles = roles
@@ -100,9 +102,11 @@ class Pusher:
         self.overlap = overlap
         self.held: list[tuple[Any, Any, bool]] = []
         self.work: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._loop, name="ps-push", daemon=True)
-        self.thread.start()
+        self.posted: queue.Queue = queue.Queue()
+        self.threads = [threading.Thread(target=self._post_loop, name="ps-push", daemon=True),
+                        threading.Thread(target=self._pull_loop, name="ps-pull", daemon=True)]
+        for t in self.threads:
+            t.start()
 
     def submit(self, buf, fut, last: bool) -> None:
         if self.overlap:
@@ -114,19 +118,19 @@ class Pusher:
                 self.work.put(item)
             self.held = []
 
-    def _loop(self) -> None:
+    def _post_loop(self) -> None:
         while True:
             item = self.work.get()
             if item is None:
+                self.posted.put(None)
                 return
             buf, fut, last = item
             try:
-                fut.set_result(self._push_pull(buf, last))
+                self.posted.put((buf, fut, *self._post(buf, last)))
             except BaseException as e:  # noqa: BLE001 - handed to DDP's wait, which raises it
-                self.error = e
                 fut.set_exception(e)
 
-    def _push_pull(self, buf, last: bool):
+    def _post(self, buf, last: bool) -> tuple[Any, list, list]:
         import torch
         import torch.distributed as dist
 
@@ -138,33 +142,44 @@ class Pusher:
         if self.comm_dtype is not None and t.dtype != self.comm_dtype:
             t = t.to(self.comm_dtype)
         code = DTYPES.index(str(t.dtype).replace("torch.", ""))
-        works, pulled = [], []
+        works, kept = [], []
+        back = torch.empty_like(t)
         for server, (lo, hi) in zip(servers, shards(t.numel(), len(servers)), strict=True):
             header = torch.tensor([BUCKET, hi - lo, code, int(last)], dtype=torch.int64)
-            piece = t[lo:hi].contiguous()
-            back = torch.empty_like(piece)
+            piece = t[lo:hi]
             works += [dist.isend(header, server, tag=TAG_HEADER),
                       dist.isend(piece, server, tag=TAG_PUSH),
-                      dist.irecv(back, server, tag=TAG_PULL)]
-            pulled.append((header, piece, back))  # kept alive until the waits below
-        for w in works:
-            w.wait()
-        summed = torch.cat([b for _, _, b in pulled])
-        if self.timer.average:
-            summed = summed.div_(len(self.roles.workers))
-        buf.copy_(summed.to(buf.device, buf.dtype).view_as(buf))
-        end = timer.clock.mark()
-        with timer.lock:
-            timer.intervals.append((start, end))
-        return buf
+                      dist.irecv(back[lo:hi], server, tag=TAG_PULL)]
+            kept += [header, piece]  # alive until the sends are done
+        return start, works, [back, kept]
+
+    def _pull_loop(self) -> None:
+        while True:
+            item = self.posted.get()
+            if item is None:
+                return
+            buf, fut, start, works, (back, _kept) = item
+            try:
+                for w in works:
+                    w.wait()
+                if self.timer.average:
+                    back.div_(len(self.roles.workers))
+                buf.copy_(back.view_as(buf))
+                end = self.timer.clock.mark()
+                with self.timer.lock:
+                    self.timer.intervals.append((start, end))
+                fut.set_result(buf)
+            except BaseException as e:  # noqa: BLE001 - handed to DDP's wait, which raises it
+                fut.set_exception(e)
 
     def finish(self) -> None:
-        """Tell every server this worker is done, and end the thread."""
+        """Tell every server this worker is done, and end the threads."""
         import torch
         import torch.distributed as dist
 
         self.work.put(None)
-        self.thread.join()
+        for t in self.threads:
+            t.join()
         done = torch.tensor([DONE, 0, 0, 1], dtype=torch.int64)
         for w in [dist.isend(done, s, tag=TAG_HEADER) for s in self.roles.servers]:
             w.wait()
@@ -232,8 +247,9 @@ def serve(roles: Roles, host: str) -> ServerStats:
         for w in [dist.irecv(p, src, tag=TAG_PUSH) for src, p in pieces.items()]:
             w.wait()
         s0 = time.perf_counter()
-        total = torch.zeros(numel, dtype=torch.float32)
-        for p in pieces.values():
+        first, *rest = pieces.values()
+        total = first.float() if dtype != torch.float32 else first  # half: summed in fp32
+        for p in rest:
             total.add_(p)
         total = total.to(dtype)
         stats.sum_s += time.perf_counter() - s0
