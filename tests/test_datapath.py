@@ -67,6 +67,25 @@ def _state(name: str) -> dict:
                       .read_text())
 
 
+def _sweep_killing(lc, reports: Path, args: list[str], ready, kill) -> Path:
+    """invoke bench on lc with args, kill() once ready() holds while it runs; the sweep must
+    exit 1 (a run failed); its directory."""
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, *args, "--no-report"],
+        cwd=ROOT, env={**os.environ, "SCALELAB_REPORTS": str(reports)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_until(ready, 240, "the run to be under way")
+        kill()
+        _, err = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGINT)  # the group this test started
+            sweep.wait(timeout=120)
+    assert sweep.returncode == 1, err[-2000:]
+    return reports / os.readlink(reports / "latest")
+
+
 def _rows(sweep_dir: Path) -> list[dict]:
     with open(sweep_dir / "results.csv") as fh:
         return list(csv.DictReader(fh))
@@ -244,30 +263,19 @@ def test_a_storage_server_that_dies_mid_run_fails_that_run_and_the_sweep_goes_on
     lc, url, nfs_url, _ = lab
     assert nfs_url == (f"nfs://{lc.nodes()[0].private_address}/srv/scalelab/data/onnfs/shards/"
                        "shard-{000000..000005}.tar")
-    reports = tmp_path / "reports"
     server = next(s for s in _state(lc.name)["servers"] if s["kind"] == "http")
     node = next(n for n in lc.nodes() if n.name == server["node"])
-    sweep = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--nodes", "1",
-         "--batch-size", "8", "--model", "resnet20", "--steps", "400", "--repeats", "1",
-         "--data", f"{url},synthetic,{nfs_url}", "--no-report"], cwd=ROOT,
-        env={**os.environ, "SCALELAB_REPORTS": str(reports)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        # the web server ends (its own pid, inside the storage node) while the ranks read
-        from scalelab.cluster import ssh
+    from scalelab.cluster import ssh
 
-        wait_until(lambda: "resnet.py" in ssh.run(
-            lc.nodes()[0], _state(lc.name)["known_hosts"], "ps -eo args= || true",
-            timeout=30).stdout, 240, "the ranks to train")
-        ssh.run(node, _state(lc.name)["known_hosts"], f"kill {int(server['pid'])}", timeout=30)
-        out, err = sweep.communicate(timeout=600)
-    finally:
-        if sweep.poll() is None:
-            os.killpg(sweep.pid, signal.SIGINT)
-            sweep.wait(timeout=120)
-    assert sweep.returncode == 1, err[-2000:]
-    sweep_dir = reports / os.readlink(reports / "latest")
+    kh = _state(lc.name)["known_hosts"]
+    # the web server ends (its own pid, inside the storage node) while the ranks read
+    sweep_dir = _sweep_killing(
+        lc, tmp_path / "reports",
+        ["--nodes", "1", "--batch-size", "8", "--model", "resnet20", "--steps", "400",
+         "--repeats", "1", "--data", f"{url},synthetic,{nfs_url}"],
+        lambda: "resnet.py" in ssh.run(lc.nodes()[0], kh, "ps -eo args= || true",
+                                       timeout=30).stdout,
+        lambda: ssh.run(node, kh, f"kill {int(server['pid'])}", timeout=30))
     by_source = {r["data"]: r for r in _rows(sweep_dir)}
     nfs = by_source.pop(nfs_url)
     assert nfs["status"] == "ok" and float(nfs["storage_read_mb_s"]) > 1, nfs
@@ -422,34 +430,23 @@ def test_a_parameter_server_killed_mid_run_fails_that_run_and_the_sweep_goes_on(
 
     lc, _, _, _ = lab
     rec = _state(lc.name)
-    reports = tmp_path / "reports"
-    sweep = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--sweep", "ci",
-         "--engine", "ps", "--nodes", "1", "--batch-size", "8", "--model", "resnet20",
-         "--steps", "400", "--bandwidth", "native", "--ps-overlap", "on,off", "--no-report"],
-        cwd=ROOT, env={**os.environ, "SCALELAB_REPORTS": str(reports)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
     server = lc.nodes()[1]
     # the server of the first run (--ps-overlap on, which its command leaves out): the
     # process torchrun started, not torchrun itself
     find = ("ps -eo pid=,args= | grep -e '--ps-servers-here 1' | grep -v -e torch.distributed.run"
             " -e grep -e --ps-overlap | awk '{print $1}' || true")
-    try:
-        pids: list[str] = []
+    pids: list[str] = []
 
-        def serving() -> bool:
-            pids[:] = ssh.run(server, rec["known_hosts"], find, timeout=30).stdout.split()
-            return len(pids) == 1
+    def serving() -> bool:
+        pids[:] = ssh.run(server, rec["known_hosts"], find, timeout=30).stdout.split()
+        return len(pids) == 1
 
-        wait_until(serving, 240, "the parameter server to start")
-        ssh.run(server, rec["known_hosts"], f"kill -9 {int(pids[0])}", timeout=30)
-        out, err = sweep.communicate(timeout=600)
-    finally:
-        if sweep.poll() is None:
-            os.killpg(sweep.pid, signal.SIGINT)
-            sweep.wait(timeout=120)
-    assert sweep.returncode == 1, err[-2000:]
-    sweep_dir = reports / os.readlink(reports / "latest")
+    sweep_dir = _sweep_killing(
+        lc, tmp_path / "reports",
+        ["--sweep", "ci", "--engine", "ps", "--nodes", "1", "--batch-size", "8", "--model",
+         "resnet20", "--steps", "400", "--bandwidth", "native", "--ps-overlap", "on,off"],
+        serving, lambda: ssh.run(server, rec["known_hosts"], f"kill -9 {int(pids[0])}",
+                                 timeout=30))
     rows = {r["ps_overlap"]: r for r in _rows(sweep_dir)}
     assert rows["on"]["status"] == "failed", rows["on"]
     assert f"{server.name}: " in rows["on"]["error"] and "SIGKILL" in rows["on"]["error"], \

@@ -61,3 +61,12 @@ def bench_on_local_cluster(name: str, nodes: int, *bench_args: str) -> tuple[flo
         lc.destroy()
     reports = Path(os.environ["SCALELAB_REPORTS"])
     return wall, reports / os.readlink(reports / "latest")
+
+
+def destroy(name: str) -> None:
+    """Take a benchmark's cluster down by its record (its output is not needed)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", name], cwd=root,
+                   capture_output=True, timeout=600)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _state import invoke, private_state  # noqa: E402
+from _state import destroy, invoke, private_state  # noqa: E402
 
 from scalelab.model import layouts  # noqa: E402
 from scalelab.report.data import analyse, load_sweep_data  # noqa: E402
@@ -95,7 +94,9 @@ def main() -> int:
             if at.empty:
                 continue
             fast = at.loc[at["thr_mean"].astype(float).idxmax()]
-            model = at.loc[(at["model_eff"].astype(float)).idxmax()]
+            # the model's images/s (efficiency is each layout's own, against its one node)
+            predicted = n * at["batch_per_worker"].astype(float) / at["model_step_s"].astype(float)
+            model = at.loc[predicted.idxmax()]
             ring_ips = at.loc[at["layout"] == "ring", "thr_mean"]
             beaten = [r["layout"] for _, r in at.iterrows() if r["layout"].startswith("dedicated")
                       and len(ring_ips) and float(r["thr_mean"]) > float(ring_ips.iloc[0])]
@@ -114,8 +115,7 @@ def main() -> int:
             print(f"one node, unshaped: DDP over 2 ranks {d_w:.1f} images/s a rank; 1 worker and "
                   f"1 colocated server {p_w:.1f} images/s ({p_w / d_w - 1:+.1%}; aim within 3 %)")
     finally:
-        subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", name], cwd=ROOT,
-                       capture_output=True, timeout=600)
+        destroy(name)
     return 0
 
 

@@ -18,7 +18,6 @@ import argparse
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _state import invoke, private_state  # noqa: E402
+from _state import destroy, invoke, private_state  # noqa: E402
 
 from scalelab.cluster import targets  # noqa: E402
 from scalelab.cluster.nodes import nodes_of  # noqa: E402
@@ -86,8 +85,7 @@ def main() -> int:
         finally:
             shaper.restore()
     finally:
-        subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", name], cwd=ROOT,
-                       capture_output=True, timeout=600)
+        destroy(name)
     return 0
 
 
