@@ -535,3 +535,21 @@ def test_overlap_prediction_follows_bucket_size_and_compression():
     slow = {mb: bucket_model.predict_step_s(doc, "horovod", 4, 1000.0, alpha_s=0.005, group_mb=mb)
             for mb in (1.0, 500.0)}
     assert slow[500.0] < slow[1.0] - 0.1
+
+
+def test_a_network_bound_parameter_server_point_names_its_busiest_nic():
+    """The verdict of a parameter-server point says which NIC sets the pace and its bytes: a
+    single dedicated server's at 4 workers, a worker's with as many servers as workers."""
+    from scalelab.model import verdict
+
+    row = pd.Series({"engine": "ps", "nodes": 4, "procs_per_node": 1, "world_size": 4,
+                     "ps_placement": "dedicated", "ps_servers": 1.0, "gradient_bytes": 100e6,
+                     "model_eff": 0.30, "predicted_by": "overlap", "model_exposed_s": 3.0,
+                     "model_share": 0.7, "comm_time_mean_s": 3.1, "link_mbit_model": 1000.0,
+                     "intra_mbit": float("nan")})
+    kind, why, _ = verdict._judge_model(row, 4, 0.31, True)
+    assert kind == "network-bound"
+    assert "with 1 dedicated parameter server the busiest is a server node's NIC, 400 MB" in why
+    kind, why, _ = verdict._judge_model(pd.Series({**row.to_dict(), "ps_servers": 4.0}), 4,
+                                        0.31, True)
+    assert "with 4 dedicated parameter servers the busiest is a worker node's NIC, 100 MB" in why

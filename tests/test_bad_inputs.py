@@ -331,8 +331,8 @@ CASES = [
      f"--ps-servers 1: dedicated servers take nodes of their own after a run's, so --nodes 1,2 "
      f"needs 3 and cluster {FAKE} has 2; provision more with invoke provision --target local "
      f"--cluster {FAKE} --nodes 3 or use --nodes 1"),
-    ("bench-ps-slurm", "slurm", ["bench", "--cluster", FAKE, "--engine", "ps", "--nodes", "1",
-                                 "--batch-size", "16"],
+    ("bench-ps-slurm", "local", ["bench", "--engine", "ps", "--nodes", "1", "--batch-size",
+                                 "16", "--launcher", "slurm"],
      "--engine ps starts its workers and servers with torchrun over SSH, and Slurm is not one "
      "of its launchers yet; use --launcher ssh"),
     ("bench-ps-setting-without-ps", "local", ["bench", "--nodes", "1", "--batch-size", "16",

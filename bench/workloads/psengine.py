@@ -51,14 +51,23 @@ class Roles:
         return self.workers.index(dist.get_rank())
 
 
+def serves(servers_here: int, environ=os.environ) -> bool:
+    """Whether this process is a server: one of the last servers_here local ranks of its node
+    (torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE), known before any group is joined.
+
+    >>> serves(1, {"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3"}), serves(1, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3"})
+    (True, False)
+    """
+    local_world = int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    return int(environ.get("LOCAL_RANK", "0")) >= local_world - servers_here
+
+
 def roles(servers_here: int) -> Roles:
-    """Every process says whether it serves (the last servers_here local ranks of its node);
-    all learn the lists, and the workers' group is made (by every process, as torch asks)."""
+    """Every process says whether it serves (serves); all learn the lists, and the workers'
+    group is made (by every process, as torch asks)."""
     import torch.distributed as dist
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    mine = local_rank >= local_world - servers_here
+    mine = serves(servers_here)
     said: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(said, (dist.get_rank(), mine))
     workers = sorted(r for r, s in said if not s)

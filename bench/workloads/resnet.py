@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Distributed ResNet training benchmark (synthetic ImageNet or real JPEGs), DDP, Horovod or
 synchronous parameter servers (--engine ps, psengine.py: DDP's buckets pushed to the last
---ps-servers-here processes of each node, summed there and pulled back; no stale updates).
+--ps-servers-here processes of each node, summed there in host memory and pulled back before
+every optimizer step; nothing asynchronous, no stale updates; a server holds no GPU).
 
     torchrun --nproc-per-node N [--nnodes ...] bench/workloads/resnet.py --model resnet50 \
         --batch-size 64 [--image-size 224] [--precision fp32|tf32|amp|bf16] [--channels-last] \
@@ -202,8 +203,10 @@ def set_up(a: argparse.Namespace) -> Rank:
         device = common.resolve_device("cpu" if a.emulated else a.device, local_rank)
         backend = engines.horovod_backend(hvd, device)
     else:
-        # an emulated accelerator's rank lives on the host: its compute is the profile's waits
-        device = common.resolve_device("cpu" if a.emulated else a.device, int(os.environ.get("LOCAL_RANK", "0")))
+        # an emulated accelerator's rank lives on the host: its compute is the profile's waits;
+        # so does a parameter server, which only sums host-memory shards (_serves)
+        device = common.resolve_device("cpu" if a.emulated or _serves(a, os.environ) else a.device,
+                                       int(os.environ.get("LOCAL_RANK", "0")))
         backend = a.backend if a.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         if a.engine == "ps":
             backend = "gloo"  # pushes and pulls are host-memory messages
@@ -228,6 +231,14 @@ def set_up(a: argparse.Namespace) -> Rank:
     )
     return Rank(hvd, hvd_settings, rank, world, local_rank, device, backend, tf32, device_name, host,
                 ps)
+
+
+def _serves(a: argparse.Namespace, environ) -> bool:
+    """Whether this process is a parameter server (psengine.serves: the last
+    --ps-servers-here local ranks), known before the group is joined so that a server never
+    takes a GPU: a node's server comes after its one worker per GPU (scalelab's ps_commands), a
+    local rank with no GPU of its own, which resolve_device would refuse for --device cuda."""
+    return a.engine == "ps" and psengine.serves(a.ps_servers_here, environ)
 
 
 def load_data(a: argparse.Namespace, me: Rank) -> Data:
