@@ -171,3 +171,28 @@ def broadcast_parameters(hvd, model) -> None:
     for name, t in state.items():
         if sent[name] is not t:
             t.copy_(sent[name])
+
+
+def step_record(a, hvd, eng, start, t_data, t_bwd, t_sync, t_end,
+                 loss) -> dict[str, float]:
+    """One timed step's figures from its clock marks (after the end-of-step sync)."""
+    clock, timer, grad_ready = eng.clock, eng.timer, eng.grad_ready
+
+    def rel(m, start=start):
+        return clock.seconds(start, m) / a.dilation  # the emulated device's time
+
+    if hvd is None:
+        if not timer.launches:
+            raise RuntimeError("DDP comm hook never ran: no gradients were reduced")
+        exposed = max(0.0, rel(t_bwd) - max(rel(m) for m in timer.launches))
+        inflight = common.union_length([(rel(s), rel(e)) for s, e in timer.intervals])
+    else:
+        exposed = rel(t_sync) - rel(t_bwd)
+        inflight = rel(t_sync) - rel(grad_ready[0]) if grad_ready else exposed
+    return {
+        "step_s": rel(t_end),
+        "data_s": rel(t_data),
+        "comm_s": exposed,
+        "inflight_s": inflight,
+        "loss": float(loss.detach()),
+    }

@@ -228,7 +228,7 @@ class ServerStats:
 
 def serve(roles: Roles, host: str) -> ServerStats:
     """Sum this server's shard of every bucket from every worker and send it back, until every
-    worker says it is done."""
+    worker says it is done; then its figures go to the workers' rank 0 (server_records)."""
     import torch
     import torch.distributed as dist
 
@@ -275,4 +275,14 @@ def serve(roles: Roles, host: str) -> ServerStats:
     for w in sending:
         w.wait()
     stats.wall_s = time.perf_counter() - t0
+    server_records(stats.as_record())  # to the workers' rank 0
     return stats
+
+
+def server_records(mine: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every server's figures, to every process (a worker gives None)."""
+    import torch.distributed as dist
+
+    said: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(said, mine)
+    return sorted((s for s in said if s is not None), key=lambda s: s["rank"])

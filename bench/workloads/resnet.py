@@ -161,7 +161,8 @@ def run(a: argparse.Namespace) -> int:
     """One benchmark run, phase by phase; rank 0 prints the result. Leaves the process itself."""
     me = set_up(a)
     if me.ps is not None and me.ps.server:
-        serve(a, me)  # a parameter server: no data, no model
+        TIMELINE["ready"] = time.time()
+        psengine.serve(me.ps, me.host)  # a parameter server: no data, no model
         finish(me)
         common.exit_now(0)
     data = load_data(a, me)
@@ -204,8 +205,10 @@ def set_up(a: argparse.Namespace) -> Rank:
         backend = engines.horovod_backend(hvd, device)
     else:
         # an emulated accelerator's rank lives on the host: its compute is the profile's waits;
-        # so does a parameter server, which only sums host-memory shards (_serves)
-        device = common.resolve_device("cpu" if a.emulated or _serves(a, os.environ) else a.device,
+        # so does a parameter server, which sums host-memory shards: known before the group is
+        # joined, so that it never takes a GPU (it comes after its node's one worker per GPU)
+        serves = a.engine == "ps" and psengine.serves(a.ps_servers_here, os.environ)
+        device = common.resolve_device("cpu" if a.emulated or serves else a.device,
                                        int(os.environ.get("LOCAL_RANK", "0")))
         backend = a.backend if a.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         if a.engine == "ps":
@@ -231,14 +234,6 @@ def set_up(a: argparse.Namespace) -> Rank:
     )
     return Rank(hvd, hvd_settings, rank, world, local_rank, device, backend, tf32, device_name, host,
                 ps)
-
-
-def _serves(a: argparse.Namespace, environ) -> bool:
-    """Whether this process is a parameter server (psengine.serves: the last
-    --ps-servers-here local ranks), known before the group is joined so that a server never
-    takes a GPU: a node's server comes after its one worker per GPU (scalelab's ps_commands), a
-    local rank with no GPU of its own, which resolve_device would refuse for --device cuda."""
-    return a.engine == "ps" and psengine.serves(a.ps_servers_here, environ)
 
 
 def load_data(a: argparse.Namespace, me: Rank) -> Data:
@@ -433,7 +428,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
         clock.sync()
         if i < a.warmup:
             continue
-        steps_rec.append(_step_record(a, hvd, eng, start, t_data, t_bwd, t_sync, t_end, loss))
+        steps_rec.append(engines.step_record(a, hvd, eng, start, t_data, t_bwd, t_sync, t_end, loss))
     t_last = time.perf_counter()
     TIMELINE["timed_end"] = time.time()
     window = common.sample_delta(sample_start, common.host_sample())
@@ -444,31 +439,6 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     return Timed(steps_rec, t_first, t_last, window, data_bytes)
 
 
-def _step_record(a: argparse.Namespace, hvd, eng: Engine, start, t_data, t_bwd, t_sync, t_end,
-                 loss) -> dict[str, float]:
-    """One timed step's figures from its clock marks (after the end-of-step sync)."""
-    clock, timer, grad_ready = eng.clock, eng.timer, eng.grad_ready
-
-    def rel(m, start=start):
-        return clock.seconds(start, m) / a.dilation  # the emulated device's time
-
-    if hvd is None:
-        if not timer.launches:
-            raise RuntimeError("DDP comm hook never ran: no gradients were reduced")
-        exposed = max(0.0, rel(t_bwd) - max(rel(m) for m in timer.launches))
-        inflight = common.union_length([(rel(s), rel(e)) for s, e in timer.intervals])
-    else:
-        exposed = rel(t_sync) - rel(t_bwd)
-        inflight = rel(t_sync) - rel(grad_ready[0]) if grad_ready else exposed
-    return {
-        "step_s": rel(t_end),
-        "data_s": rel(t_data),
-        "comm_s": exposed,
-        "inflight_s": inflight,
-        "loss": float(loss.detach()),
-    }
-
-
 def gather(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine, timed: Timed) -> None:
     """Every rank's own record to rank 0, which prints the one SCALELAB_RESULT line."""
     import torch.distributed as dist
@@ -477,7 +447,7 @@ def gather(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine,
     servers = None
     if me.ps is not None:
         eng.pusher.finish()  # the servers stop serving once every worker is done
-        servers = _server_records(None)
+        servers = psengine.server_records(None)
     if me.hvd is not None:
         gathered = me.hvd.allgather_object(mine)
     else:
@@ -495,23 +465,6 @@ def gather(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine,
                             "colocated": bool({s["host"] for s in servers}
                                               & {r["host"] for r in ranks})}
         common.emit_result(result)
-
-
-def serve(a: argparse.Namespace, me: Rank) -> None:
-    """A parameter server's run: sum its shard of every bucket until the workers are done,
-    then hand its figures to the workers' rank 0."""
-    TIMELINE["ready"] = time.time()
-    stats = psengine.serve(me.ps, me.host)
-    _server_records(stats.as_record())
-
-
-def _server_records(mine: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Every server's figures, to every process (a worker gives None)."""
-    import torch.distributed as dist
-
-    said: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(said, mine)
-    return sorted((s for s in said if s is not None), key=lambda s: s["rank"])
 
 
 def _rank_record(a: argparse.Namespace, me: Rank, eng: Engine, timed: Timed) -> dict[str, Any]:
