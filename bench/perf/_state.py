@@ -69,4 +69,4 @@ def destroy(name: str) -> None:
 
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", name], cwd=root,
-                   capture_output=True, timeout=600)
+                   capture_output=True, timeout=900)

@@ -25,7 +25,6 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 import uuid
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _state import invoke, private_state  # noqa: E402
+from _state import destroy, invoke, private_state  # noqa: E402
 
 from scalelab.report.data import analyse, load_sweep_data  # noqa: E402
 
@@ -89,8 +88,7 @@ def main() -> int:
             sweep_dir = reports / os.readlink(reports / "latest")
             out += table(sweep_dir, store, counts, a, wall)
     finally:
-        subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", name],
-                       cwd=ROOT, capture_output=True, timeout=900)
+        destroy(name)
     print(f"{a.model} on emulated {a.accelerator}, batch {a.batch_size} a rank, cluster links "
           f"{a.bandwidth}, the storage node's link {a.storage_bandwidth}; staging took "
           f"{staged:.0f} s")

@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -44,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _state import invoke, private_state  # noqa: E402
+from _state import destroy, invoke, private_state  # noqa: E402
 
 from scalelab.cluster import targets  # noqa: E402
 from scalelab.cluster.nodes import nodes_of  # noqa: E402
@@ -143,8 +142,7 @@ def main() -> int:
                     + f"   {fed:>3}   " + ", ".join(f"{n}: {b:.0%}" for n, b in busy.items())
                     + f"   {sustained:>3}")
     finally:
-        subprocess.run([sys.executable, "-m", "invoke", "destroy", "--cluster", name],
-                       cwd=ROOT, capture_output=True, timeout=900)
+        destroy(name)
     print(f"MLPerf Storage's ResNet-50 terms: {SAMPLE_BYTES:,} B a sample, an H100 at "
           f"{H100_SAMPLES_S:,.0f} samples/s, {BUSY:.0%} busy: {PER_ACCEL_MB_S:.1f} MB/s an "
           f"accelerator; emulated H100s at batch {a.batch_size}, {a.loader_workers} loader "

@@ -25,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 HEADER = 4  # int64s: kind, shard elements, dtype code, last bucket of the step
@@ -215,7 +215,6 @@ class ServerStats:
     bytes_out: int = 0
     sum_s: float = 0.0  # adding the workers' shards up
     wall_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     def as_record(self) -> dict[str, Any]:
         per = max(self.steps, 1)

@@ -221,7 +221,7 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     if status == "ok" and run.kind == "train" and placed.get("memory_format") not in (None, fmt):
         status, error = "failed", (f"the run asked for {fmt} but its ranks ran "
                                    f"{placed['memory_format']}")
-    want = ps_servers_asked(run.params)
+    want = planner.ps_servers(run.params)
     got = len((measured.get("ps") or {}).get("servers") or [])
     if status == "ok" and run.kind == "train" and want and got != want:
         status, error = "failed", (f"the run asked for {want} parameter server(s) but "
@@ -232,17 +232,6 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                                    f"ranks ran {placed['precision']}")
     return store.new_record(sweep_id, run, target=target, status=status, started_at=started_at,
                             duration_s=round(res.duration_s, 3), error=error, **measured)
-
-
-def ps_servers_asked(params: dict[str, Any]) -> int:
-    """The parameter servers a run asked for: K dedicated, or one a worker node (0: not ps).
-
-    >>> ps_servers_asked({"engine": "ps", "ps_placement": "colocated", "nodes": 3})
-    3
-    """
-    if params.get("engine") != "ps":
-        return 0
-    return planner.server_nodes(params) or int(params.get("nodes") or 0)
 
 
 class Launcher:

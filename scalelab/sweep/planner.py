@@ -196,6 +196,17 @@ def server_nodes(params: Mapping[str, Any]) -> int:
     return int(params.get("ps_servers") or 0)
 
 
+def ps_servers(params: Mapping[str, Any]) -> int:
+    """The parameter servers a run asks for: K dedicated, or one a worker node (0: not ps).
+
+    >>> ps_servers({"engine": "ps", "ps_placement": "colocated", "nodes": 3})
+    3
+    """
+    if params.get("engine") != "ps":
+        return 0
+    return server_nodes(params) or int(params.get("nodes") or 0)
+
+
 def _dedicated_servers(spec: SweepSpec) -> int:
     """The most server nodes any run of the sweep takes beside its own."""
     if spec.engine != "ps" or "dedicated" not in (spec.ps_placement or ["dedicated"]):
