@@ -785,8 +785,9 @@ def test_parameter_servers_train_as_ddp_does_and_each_server_sums_its_shard(serv
     common = ("--model", "resnet20", "--batch-size", "8", "--steps", "3", "--warmup", "1",
               "--device", "cpu", "--bucket-cap-mb", "0.25")
     ddp = torchrun(2, "resnet.py", *common)
+    # pieces of 64 KB: each server's shard of a bucket in several, summed and sent back one by one
     ps = torchrun(2 + servers, "resnet.py", *common, "--engine", "ps", "--ps-servers-here",
-                  str(servers), "--ps-overlap", overlap)
+                  str(servers), "--ps-overlap", overlap, "--ps-piece-kb", "64")
     assert ps["world_size"] == 2 and ps["backend"] == "ps-gloo"
     assert ps["timing_method"] == "ps-comm-hook"
     assert _losses(ps) == pytest.approx(_losses(ddp), rel=1e-5)
@@ -796,10 +797,11 @@ def test_parameter_servers_train_as_ddp_does_and_each_server_sums_its_shard(serv
     grads = ps["gradient_bytes"]
     for s in got:
         assert s["steps"] == 4  # the warm-up step too
-        assert s["buckets_per_step"] >= 3
+        # a 0.25 MB bucket's shard in 64 KB pieces: more pieces than the step has buckets
+        assert s["pieces_per_step"] >= 2 * 4 / servers
         # its shard (1/K of the gradients, to an element) from both workers, and back
         assert s["bytes_in_per_step"] == s["bytes_out_per_step"]
-        assert abs(s["bytes_in_per_step"] - 2 * grads / servers) <= 2 * 4 * s["buckets_per_step"]
+        assert abs(s["bytes_in_per_step"] - 2 * grads / servers) <= 2 * 4 * s["pieces_per_step"]
     assert sum(s["bytes_in_per_step"] for s in got) == 2 * grads
 
 

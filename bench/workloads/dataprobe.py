@@ -30,7 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit_result  # noqa: E402
 from shards import Counted, open_shard, shard_urls  # noqa: E402
 
-CHUNK = 1 << 20
+# small reads, so that a stream's count trails what it has received by at most one read (a
+# 1 MB read at a node's share of a 100 Mbit/s link is a second of lag: a window that starts
+# after the first instant would count bytes received before it)
+CHUNK = 64 << 10
 SAMPLE_S = 0.05
 
 

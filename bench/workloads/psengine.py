@@ -28,10 +28,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-HEADER = 4  # int64s: kind, shard elements, dtype code, last bucket of the step
+HEADER = 5  # int64s: kind, shard elements, dtype code, last bucket of the step, piece elements
 BUCKET, DONE = 1, 2
 TAG_HEADER, TAG_PUSH, TAG_PULL = 101, 102, 103
 DTYPES = ("float32", "float16", "bfloat16")  # the dtype code is an index here
+# a server's shard of a bucket travels in pieces of at most this many bytes, so that a server
+# sends one piece back while the next comes in (BytePS cuts its tensors at 4,096,000 bytes,
+# BYTEPS_PARTITION_BYTES, for the same reason): a whole 25 MB shard would go out and come back
+# one after the other
+PIECE_BYTES = 4_096_000  # resnet_cli --ps-piece-kb 4000 is this
 
 
 @dataclass
@@ -97,6 +102,16 @@ def shards(numel: int, k: int) -> list[tuple[int, int]]:
     return out
 
 
+def pieces(lo: int, hi: int, most: int) -> list[tuple[int, int]]:
+    """[start, end) of the pieces elements lo..hi travel in, most elements at most each; a
+    worker and its server cut a shard the same way (the header says most).
+
+    >>> pieces(0, 2_500_000, 1_024_000)
+    [(0, 1024000), (1024000, 2048000), (2048000, 2500000)]
+    """
+    return [(start, min(start + most, hi)) for start in range(lo, hi, most)]
+
+
 class Pusher:
     """A worker's side: DDP's comm hook state. One thread posts each bucket's pushes and pulls
     in the order DDP made the buckets ready (Gloo matches messages between two processes in the
@@ -104,8 +119,10 @@ class Pusher:
     each bucket's pull, averages it into the bucket and completes its future. So the push of
     one bucket rides beside the pull of the one before, as on a full-duplex NIC."""
 
-    def __init__(self, roles: Roles, timer: Any, comm_dtype: Any, overlap: bool) -> None:
+    def __init__(self, roles: Roles, timer: Any, comm_dtype: Any, overlap: bool,
+                 piece_bytes: int = PIECE_BYTES) -> None:
         self.roles = roles
+        self.piece_bytes = piece_bytes
         self.timer = timer  # engines.CommTimer: launches and [launch, done] intervals
         self.comm_dtype = comm_dtype
         self.overlap = overlap
@@ -147,20 +164,27 @@ class Pusher:
         start = timer.clock.mark()
         with timer.lock:
             timer.launches.append(start)
+        # the shard comes back into the buffer it went out of: a worker's server answers only
+        # once it has the whole push, so no byte is overwritten before it is sent (on a GPU,
+        # or in another dtype, that buffer is the host copy; on a CPU it is DDP's own bucket,
+        # and nothing is copied at all)
         t = buf.detach().to("cpu")
         if self.comm_dtype is not None and t.dtype != self.comm_dtype:
             t = t.to(self.comm_dtype)
         code = DTYPES.index(str(t.dtype).replace("torch.", ""))
         works, kept = [], []
-        back = torch.empty_like(t)
+        most = max(1, self.piece_bytes // t.element_size())
         for server, (lo, hi) in zip(servers, shards(t.numel(), len(servers)), strict=True):
-            header = torch.tensor([BUCKET, hi - lo, code, int(last)], dtype=torch.int64)
-            piece = t[lo:hi]
-            works += [dist.isend(header, server, tag=TAG_HEADER),
-                      dist.isend(piece, server, tag=TAG_PUSH),
-                      dist.irecv(back[lo:hi], server, tag=TAG_PULL)]
-            kept += [header, piece]  # alive until the sends are done
-        return start, works, [back, kept]
+            # one header a bucket, then its pieces back to back: the server knows the pieces
+            # from the header (pieces()), takes them all at once and answers piece by piece
+            header = torch.tensor([BUCKET, hi - lo, code, int(last), most], dtype=torch.int64)
+            works.append(dist.isend(header, server, tag=TAG_HEADER))
+            kept.append(header)  # alive until the sends are done
+            for start, end in pieces(lo, hi, most):
+                piece = t[start:end]
+                works += [dist.isend(piece, server, tag=TAG_PUSH),
+                          dist.irecv(piece, server, tag=TAG_PULL)]
+        return start, works, [t, kept]
 
     def _pull_loop(self) -> None:
         while True:
@@ -171,9 +195,11 @@ class Pusher:
             try:
                 for w in works:
                     w.wait()
-                if self.timer.average:
-                    back.div_(len(self.roles.workers))
-                buf.copy_(back.view_as(buf))
+                workers = len(self.roles.workers)
+                if self.timer.average and workers > 1:  # one pass, as DDP's own hook divides
+                    back.div_(workers)
+                if back.data_ptr() != buf.data_ptr() or back.device != buf.device:
+                    buf.copy_(back.view_as(buf))
                 end = self.timer.clock.mark()
                 with self.timer.lock:
                     self.timer.intervals.append((start, end))
@@ -189,7 +215,7 @@ class Pusher:
         self.work.put(None)
         for t in self.threads:
             t.join()
-        done = torch.tensor([DONE, 0, 0, 1], dtype=torch.int64)
+        done = torch.tensor([DONE, 0, 0, 1, 1], dtype=torch.int64)
         for w in [dist.isend(done, s, tag=TAG_HEADER) for s in self.roles.servers]:
             w.wait()
 
@@ -210,7 +236,7 @@ class ServerStats:
     rank: int
     host: str
     steps: int = 0
-    buckets: int = 0
+    pieces: int = 0  # pieces of buckets (PIECE_BYTES at most)
     bytes_in: int = 0
     bytes_out: int = 0
     sum_s: float = 0.0  # adding the workers' shards up
@@ -219,7 +245,7 @@ class ServerStats:
     def as_record(self) -> dict[str, Any]:
         per = max(self.steps, 1)
         return {"rank": self.rank, "host": self.host, "steps": self.steps,
-                "buckets_per_step": self.buckets / per,
+                "pieces_per_step": self.pieces / per,
                 "bytes_in_per_step": self.bytes_in / per,
                 "bytes_out_per_step": self.bytes_out / per,
                 "sum_s_per_step": self.sum_s / per, "wall_s": self.wall_s}
@@ -236,14 +262,26 @@ def serve(roles: Roles, host: str) -> ServerStats:
     t0 = time.perf_counter()
     sending: list[Any] = []
     done: set[int] = set()
-    while len(done) < len(roles.workers):
-        live = [w for w in roles.workers if w not in done]
-        headers = {w: torch.empty(HEADER, dtype=torch.int64) for w in live}
-        for w in [dist.irecv(h, src, tag=TAG_HEADER) for src, h in headers.items()]:
+
+    def expect(workers: list[int]) -> dict[int, tuple[Any, Any]]:
+        """The next header from each of these workers, its receive posted now."""
+        out = {}
+        for src in workers:
+            h = torch.empty(HEADER, dtype=torch.int64)
+            out[src] = (h, dist.irecv(h, src, tag=TAG_HEADER))
+        return out
+
+    # the next bucket's header is asked for as soon as this one's has come, so that a worker's
+    # pushes never wait on the server's loop
+    coming = expect(roles.workers)
+    while coming:
+        for _h, w in coming.values():
             w.wait()
+        headers = {src: h for src, (h, _w) in coming.items()}
         kinds = {src: int(h[0]) for src, h in headers.items()}
         done |= {src for src, k in kinds.items() if k == DONE}
         pushing = [src for src, k in kinds.items() if k == BUCKET]
+        coming = expect(pushing)  # a worker that said DONE sends nothing more
         if not pushing:
             continue
         if len(pushing) != len(roles.workers):
@@ -251,22 +289,30 @@ def serve(roles: Roles, host: str) -> ServerStats:
                                f"{pushing} still push: the workers ran different steps")
         h0 = headers[pushing[0]]
         numel, dtype = int(h0[1]), getattr(torch, DTYPES[int(h0[2])])
-        pieces = {src: torch.empty(numel, dtype=dtype) for src in pushing}
-        for w in [dist.irecv(p, src, tag=TAG_PUSH) for src, p in pieces.items()]:
-            w.wait()
-        s0 = time.perf_counter()
-        first, *rest = pieces.values()
-        total = first.float() if dtype != torch.float32 else first  # half: summed in fp32
-        for p in rest:
-            total.add_(p)
-        total = total.to(dtype)
-        stats.sum_s += time.perf_counter() - s0
-        # earlier answers are waited for before more pile up (and their tensors freed)
+        shard = {src: torch.empty(numel, dtype=dtype) for src in pushing}
+        cuts = pieces(0, numel, int(h0[4]))
+        # every piece from every worker is asked for at once; each is summed and sent back as
+        # soon as all workers' have come, while the next ones come in
+        recvs = [[dist.irecv(shard[src][lo:hi], src, tag=TAG_PUSH) for src in pushing]
+                 for lo, hi in cuts]
+        answers = []
+        for (lo, hi), works in zip(cuts, recvs, strict=True):
+            for w in works:
+                w.wait()
+            s0 = time.perf_counter()
+            first, *rest = (shard[src][lo:hi] for src in pushing)
+            total = first.float() if dtype != torch.float32 else first  # half: summed in fp32
+            for p in rest:
+                total.add_(p)
+            total = total.to(dtype)
+            stats.sum_s += time.perf_counter() - s0
+            answers += [dist.isend(total, dst, tag=TAG_PULL) for dst in pushing]
+            stats.pieces += 1
+        # the bucket before's answers are waited for before more pile up (and freed)
         for w in sending:
             w.wait()
-        sending = [dist.isend(total, dst, tag=TAG_PULL) for dst in pushing]
-        stats.buckets += 1
-        nbytes = numel * total.element_size()
+        sending = answers
+        nbytes = numel * shard[pushing[0]].element_size()
         stats.bytes_in += nbytes * len(pushing)
         stats.bytes_out += nbytes * len(pushing)
         if int(h0[3]):

@@ -357,7 +357,8 @@ def wrap(a: argparse.Namespace, me: Rank, t: Trainee) -> Engine:
     grad_ready: list[Any] = []
     pusher = None
     if me.ps is not None:
-        pusher = psengine.Pusher(me.ps, timer, comm_dtype, a.ps_overlap == "on")
+        pusher = psengine.Pusher(me.ps, timer, comm_dtype, a.ps_overlap == "on",
+                                 a.ps_piece_kb * 1024)
         model = engines.wrap_ddp(model, device, timer, a.emulated, a.bucket_cap_mb,
                                  process_group=me.ps.worker_group,
                                  hook=(pusher, psengine.ps_hook))

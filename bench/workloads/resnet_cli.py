@@ -67,6 +67,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="--engine ps: the last this many processes of this node are servers")
     p.add_argument("--ps-overlap", choices=["on", "off"], default="on",
                    help="--engine ps: push buckets during backward (on) or after it (off)")
+    p.add_argument("--ps-piece-kb", type=int, default=4000,
+                   help="--engine ps: a bucket's shard travels in pieces of this many KB at most "
+                   "(BytePS's BYTEPS_PARTITION_BYTES, 4,096,000 bytes, is its default)")
     p.add_argument(
         "--backend",
         choices=["auto", "gloo", "nccl"],
@@ -139,8 +142,10 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--warmup, --workers and --threads must be >= 0")
     if a.engine == "horovod" and a.backend != "auto":
         p.error("--backend applies to --engine ddp only")
-    if a.engine != "ps" and (a.ps_servers_here or a.ps_overlap != "on"):
-        p.error("--ps-servers-here and --ps-overlap apply to --engine ps only")
+    if a.engine != "ps" and (a.ps_servers_here or a.ps_overlap != "on" or a.ps_piece_kb != 4000):
+        p.error("--ps-servers-here, --ps-overlap and --ps-piece-kb apply to --engine ps only")
+    if not 1 <= a.ps_piece_kb <= 1 << 20:
+        p.error("--ps-piece-kb is 1 to 1048576 (KB)")
     if a.engine == "ps" and (a.backend not in ("auto", "gloo") or a.ps_servers_here < 0):
         p.error("--engine ps pushes over gloo (--backend auto or gloo) and --ps-servers-here "
                 "is 0 or more")

@@ -36,6 +36,11 @@ START_SLACK_S = 2.0
 START_SLACK_PER_NODE_S = 0.5  # each node's ssh and interpreter start, on busy hosts
 # the share of the reading time all nodes must have read in together, or the probe failed
 OVERLAP = 0.5
+# the first second all nodes read in is left out (as iperf3's --omit leaves out TCP's slow
+# start): loaders read all through a run, so what counts is the rate streams settle at; the
+# readers' counts trail what they received by one small read (dataprobe.CHUNK), so the bytes
+# counted from that instant are bytes that crossed the link after it
+OMIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: in
                f"{seconds:g} s (they did not start together: the hosts were too busy)")
         log.warning("storage probe of %s: %s", source, why)
         return StorageProbe(source, len(nodes), streams, None, error=why)
+    lo += min(OMIT_S, (hi - lo) / 2)
     per_node = tuple(round((bytes_at(g["samples"], hi) - bytes_at(g["samples"], lo))
                            / (hi - lo) / 1e6, 2) for g in got)
     total = round(sum(per_node), 2)
