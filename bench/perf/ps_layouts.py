@@ -60,7 +60,11 @@ def main() -> int:
     ap.add_argument("--batch-size", default="32")
     ap.add_argument("--steps", default="10")
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--overhead-only", action="store_true", help="only the engine's own cost "
+                    "(one node)")
     a = ap.parse_args()
+    if a.skip_overhead and a.overhead_only:
+        ap.error("--skip-overhead and --overhead-only ask for nothing")
     counts = sorted({1, *(int(x) for x in a.nodes.split(","))})
     ks = sorted(int(x) for x in a.servers.split(","))
     private_state()
@@ -68,55 +72,66 @@ def main() -> int:
     common = ["--accelerator", a.accelerator, "--model", a.model, "--batch-size", a.batch_size,
               "--steps", a.steps, "--repeats", "1", "--sweep", "ci", "--timeout", "3600"]
     invoke("provision", "--target", "local", "--cluster", name, "--nodes",
-           str(max(counts) + max(ks)))
+           "1" if a.overhead_only else str(max(counts) + max(ks)))
     try:
-        nodes = ",".join(map(str, counts))
-        shaped = [*common, "--nodes", nodes, "--bandwidth", a.bandwidth]
-        ring = _sweep("--cluster", name, "--engine", "ddp", *shaped)
-        ps = _sweep("--cluster", name, "--engine", "ps", *shaped, "--ps-placement",
-                    "dedicated,colocated", "--ps-servers", a.servers)
-        an = analyse([load_sweep_data(ring), load_sweep_data(ps)], None, True)
-        rows = an.modelled.assign(layout=[_label(r) for _, r in an.modelled.iterrows()])
-        print(f"{a.model} on emulated {a.accelerator}, batch {a.batch_size} a worker, one a "
-              f"node, links {a.bandwidth}; efficiency against 1 node of the same layout")
-        print(f"{'layout':>16} {'N':>3} {'img/s':>8} {'eff':>7} {'model':>7} {'gap':>5}  verdict")
-        gaps = []
-        for _, r in rows.sort_values(["layout", "world_size"]).iterrows():
-            gap = abs(float(r["eff_mean"]) - float(r["model_eff"])) * 100
-            if int(r["world_size"]) > 1 and not math.isnan(gap):
-                gaps.append(gap)
-            print(f"{r['layout']:>16} {int(r['world_size']):>3} {float(r['thr_mean']):8.1f} "
-                  f"{float(r['eff_mean']):7.1%} {float(r['model_eff']):7.1%} {gap:5.1f}  "
-                  f"{r.get('verdict') or ''}")
-        print(f"worst gap {max(gaps, default=math.nan):.1f} points (aim: 5)")
-        for n in counts[1:]:
-            at = rows[rows["world_size"] == n]
-            if at.empty:
-                continue
-            fast = at.loc[at["thr_mean"].astype(float).idxmax()]
-            # the model's images/s (efficiency is each layout's own, against its one node)
-            predicted = n * at["batch_per_worker"].astype(float) / at["model_step_s"].astype(float)
-            model = at.loc[predicted.idxmax()]
-            ring_ips = at.loc[at["layout"] == "ring", "thr_mean"]
-            beaten = [r["layout"] for _, r in at.iterrows() if r["layout"].startswith("dedicated")
-                      and len(ring_ips) and float(r["thr_mean"]) > float(ring_ips.iloc[0])]
-            print(f"N = {n}: fastest measured {fast['layout']}, by the model {model['layout']}; "
-                  f"dedicated layouts faster than the ring measured: "
-                  f"{', '.join(beaten) or 'none'}; by the bytes from K = "
-                  f"{layouts.servers_to_beat_ring(n) or 'never'}")
+        if not a.overhead_only:
+            _layouts(a, name, common, counts)
         if not a.skip_overhead:
-            one = [*common, "--nodes", "1", "--bandwidth", "native"]
-            ddp = _sweep("--cluster", name, "--engine", "ddp", *one, "--procs-per-node", "2")
-            ps1 = _sweep("--cluster", name, "--engine", "ps", *one, "--ps-placement", "colocated")
-            d = analyse([load_sweep_data(ddp)], None, False).modelled
-            p = analyse([load_sweep_data(ps1)], None, False).modelled
-            d_w = float(d["per_worker_mean"].iloc[0])
-            p_w = float(p["per_worker_mean"].iloc[0])
-            print(f"one node, unshaped: DDP over 2 ranks {d_w:.1f} images/s a rank; 1 worker and "
-                  f"1 colocated server {p_w:.1f} images/s ({p_w / d_w - 1:+.1%}; aim within 3 %)")
+            _overhead(name, common)
     finally:
         destroy(name)
     return 0
+
+
+def _layouts(a: argparse.Namespace, name: str, common: list[str], counts: list[int]) -> None:
+    """The ring and the parameter servers' layouts at each node count, measured and modelled."""
+    nodes = ",".join(map(str, counts))
+    shaped = [*common, "--nodes", nodes, "--bandwidth", a.bandwidth]
+    ring = _sweep("--cluster", name, "--engine", "ddp", *shaped)
+    ps = _sweep("--cluster", name, "--engine", "ps", *shaped, "--ps-placement",
+                "dedicated,colocated", "--ps-servers", a.servers)
+    an = analyse([load_sweep_data(ring), load_sweep_data(ps)], None, True)
+    rows = an.modelled.assign(layout=[_label(r) for _, r in an.modelled.iterrows()])
+    print(f"{a.model} on emulated {a.accelerator}, batch {a.batch_size} a worker, one a "
+          f"node, links {a.bandwidth}; efficiency against 1 node of the same layout")
+    print(f"{'layout':>16} {'N':>3} {'img/s':>8} {'eff':>7} {'model':>7} {'gap':>5}  verdict")
+    gaps = []
+    for _, r in rows.sort_values(["layout", "world_size"]).iterrows():
+        gap = abs(float(r["eff_mean"]) - float(r["model_eff"])) * 100
+        if int(r["world_size"]) > 1 and not math.isnan(gap):
+            gaps.append(gap)
+        print(f"{r['layout']:>16} {int(r['world_size']):>3} {float(r['thr_mean']):8.1f} "
+              f"{float(r['eff_mean']):7.1%} {float(r['model_eff']):7.1%} {gap:5.1f}  "
+              f"{r.get('verdict') or ''}")
+    print(f"worst gap {max(gaps, default=math.nan):.1f} points (aim: 5)")
+    for n in counts[1:]:
+        at = rows[rows["world_size"] == n]
+        if at.empty:
+            continue
+        fast = at.loc[at["thr_mean"].astype(float).idxmax()]
+        # the model's images/s (efficiency is each layout's own, against its one node)
+        predicted = n * at["batch_per_worker"].astype(float) / at["model_step_s"].astype(float)
+        model = at.loc[predicted.idxmax()]
+        ring_ips = at.loc[at["layout"] == "ring", "thr_mean"]
+        beaten = [r["layout"] for _, r in at.iterrows() if r["layout"].startswith("dedicated")
+                  and len(ring_ips) and float(r["thr_mean"]) > float(ring_ips.iloc[0])]
+        print(f"N = {n}: fastest measured {fast['layout']}, by the model {model['layout']}; "
+              f"dedicated layouts faster than the ring measured: "
+              f"{', '.join(beaten) or 'none'}; by the bytes from K = "
+              f"{layouts.servers_to_beat_ring(n) or 'never'}")
+
+
+def _overhead(name: str, common: list[str]) -> None:
+    """One node, unshaped: DDP over two ranks against one worker and one colocated server."""
+    one = [*common, "--nodes", "1", "--bandwidth", "native"]
+    ddp = _sweep("--cluster", name, "--engine", "ddp", *one, "--procs-per-node", "2")
+    ps1 = _sweep("--cluster", name, "--engine", "ps", *one, "--ps-placement", "colocated")
+    d = analyse([load_sweep_data(ddp)], None, False).modelled
+    p = analyse([load_sweep_data(ps1)], None, False).modelled
+    d_w = float(d["per_worker_mean"].iloc[0])
+    p_w = float(p["per_worker_mean"].iloc[0])
+    print(f"one node, unshaped: DDP over 2 ranks {d_w:.1f} images/s a rank; 1 worker and "
+          f"1 colocated server {p_w:.1f} images/s ({p_w / d_w - 1:+.1%}; aim within 3 %)")
 
 
 if __name__ == "__main__":

@@ -119,21 +119,36 @@ def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: in
         why = _why(res)
         log.warning("storage probe of %s from %d node(s) failed: %s", source, len(nodes), why)
         return StorageProbe(source, len(nodes), streams, None, error=why)
-    # the bytes each node read in the window all of them were reading in (their samples of
-    # wall clock and bytes so far), over that window
     longest = max(float(g["seconds"]) for g in got)
-    lo, hi = common_window([g["samples"] for g in got])
-    if hi - lo < OVERLAP * seconds:
-        why = (f"the {len(nodes)} nodes read at once for {max(hi - lo, 0):.2f} s of "
-               f"{seconds:g} s (they did not start together: the hosts were too busy)")
+    per_node, why = window_rates([g["samples"] for g in got], seconds)
+    if why:
+        why = f"the {len(nodes)} nodes {why}"
         log.warning("storage probe of %s: %s", source, why)
         return StorageProbe(source, len(nodes), streams, None, error=why)
-    lo += min(OMIT_S, (hi - lo) / 2)
-    per_node = tuple(round((bytes_at(g["samples"], hi) - bytes_at(g["samples"], lo))
-                           / (hi - lo) / 1e6, 2) for g in got)
     total = round(sum(per_node), 2)
     log.info("storage %s: %.1f MB/s to %d node(s) at once", source, total, len(nodes))
     return StorageProbe(source, len(nodes), streams, total, per_node, round(longest, 3))
+
+
+def window_rates(samples: list[list[list[float]]], seconds: float
+                 ) -> tuple[tuple[float, ...], str]:
+    """Each node's MB/s over the window every node was reading in, less its first OMIT_S
+    (slow start), from their samples of (wall clock, bytes so far); or why there is none.
+
+    A node whose first second crawls and which then reads 10 MB/s gives 10 MB/s:
+
+    >>> window_rates([[[0.0, 0], [1.0, 1e6], [2.0, 11e6], [4.0, 31e6]]], 4.0)
+    ((10.0,), '')
+    >>> window_rates([[[0.0, 0], [4.0, 8e6]], [[3.0, 0], [7.0, 8e6]]], 4.0)[1]
+    'read at once for 1.00 s of 4 s (they did not start together: the hosts were too busy)'
+    """
+    lo, hi = common_window(samples)
+    if hi - lo < OVERLAP * seconds:
+        return (), (f"read at once for {max(hi - lo, 0):.2f} s of {seconds:g} s (they did not "
+                    "start together: the hosts were too busy)")
+    lo += min(OMIT_S, (hi - lo) / 2)
+    return tuple(round((bytes_at(s, hi) - bytes_at(s, lo)) / (hi - lo) / 1e6, 2)
+                 for s in samples), ""
 
 
 def common_window(samples: list[list[list[float]]]) -> tuple[float, float]:
