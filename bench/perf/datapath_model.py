@@ -117,7 +117,9 @@ def table(sweep_dir: Path, store: str, counts: list[int], a, wall: float) -> lis
         eff, model = float(p["eff_mean"]), float(p["model_eff"])
         gap = abs(eff - model) * 100
         worst = max(worst, gap)
-        store_mb, read_mb = float(r["storage_read_mb_s"]), float(r["data_read_mb_s"])
+        # a probe that failed (its reason is in the record) has no figure: NaN, said so
+        store_mb, read_mb = (float(r[k]) if str(r[k]).strip() else math.nan
+                             for k in ("storage_read_mb_s", "data_read_mb_s"))
         share = read_mb / store_mb if store_mb else math.nan
         if p["verdict"] == "input-bound" and model_at is None:
             model_at = n

@@ -9,7 +9,7 @@ shards, --seconds) from 1 node and from N at once. Prints MB/s and the share of 
 rate for each, the median of --repeats. The cluster is destroyed at the end, also on a failure.
 
 Usage: .venv/bin/python bench/perf/storage_probe.py [--nodes 8] [--rates 100mbit,1gbit]
-       [--streams 2] [--seconds 4] [--repeats 3] [--shard-size 100]
+       [--streams 2] [--seconds 5] [--repeats 3] [--shard-size 100]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main() -> int:
                     "by one more node)")
     ap.add_argument("--rates", default="100mbit,1gbit")
     ap.add_argument("--streams", type=int, default=2, help="readers a node (loader workers)")
-    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--shard-size", type=int, default=100, help="images a shard (stage's own "
                     "default; WebDataset's shards are often larger)")

@@ -68,6 +68,8 @@ class RunRecord:
     comm: dict[str, Any]
     storage: dict[str, Any]  # a real-data run: what its source gave (scalelab.run.storageprobe)
     ps: dict[str, Any]  # an --engine ps run: its servers' figures, overlap, colocated
+    # a run with --checkpoint-every: every checkpoint's figures, where they went, kept or not
+    checkpoint: dict[str, Any]
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> RunRecord:
@@ -95,7 +97,8 @@ class RunRecord:
             env=_part(raw.get("env")), timeline=_part(raw.get("timeline")),
             accelerator=_part(raw.get("accelerator")), slurm=_part(raw.get("slurm")),
             placement=_part(raw.get("placement")), comm=_part(raw.get("comm")),
-            storage=_part(raw.get("storage")), ps=_part(raw.get("ps")))
+            storage=_part(raw.get("storage")), ps=_part(raw.get("ps")),
+            checkpoint=_part(raw.get("checkpoint")))
 
 
 def typed(records: Any) -> list[RunRecord]:

@@ -26,10 +26,11 @@ from scalelab.core.errors import InputError
 from scalelab.core.state import load_cluster
 from scalelab.core.units import format_rate
 from scalelab.model import datapath
+from scalelab.run import checkpoints
 from scalelab.run.slurm import short_hostname
 from scalelab.sweep import estimate, planner, starts
 from scalelab.sweep.planner import RunPlan
-from scalelab.sweep.values import SYNTHETIC
+from scalelab.sweep.values import LOCAL_DISK, SYNTHETIC
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,12 @@ CHECKS: tuple[Check, ...] = (
           lambda c, s, runs: "--engine ps starts its workers and servers with torchrun over "
                              "SSH, and Slurm is not one of its launchers yet; use --launcher "
                              "ssh (a cluster behind a Slurm login host runs ddp or horovod)"),
+    Check("SSH to the nodes, for checkpoints",
+          lambda s, runs: bool(s.checkpoint_every and any(s.checkpoint_every)),
+          lambda c, s, runs: s.launcher != "slurm",
+          lambda c, s, runs: "--checkpoint-every: a run's checkpoints are removed over SSH to "
+                             "its nodes, and under --launcher slurm scalelab has none yet; use "
+                             "--launcher ssh, or leave out --checkpoint-every"),
     Check("Slurm, for a partition",
           lambda s, runs: bool(s.partition), lambda c, s, runs: s.launcher == "slurm",
           lambda c, s, runs: "partition: only Slurm has partitions; add --launcher slurm (or "
@@ -201,6 +208,7 @@ def prepare(cluster: str, spec: Any) -> Prepared:
         log.info("%s", hint)
     if runs:
         check_data_sources(c, spec, runs)
+        check_checkpoint_places(c, runs)
     if spec.runtime == "container" and runs:
         check_container_runtime(cluster, rec, spec, runs, c.nodes)
     if spec.launcher == "slurm" and runs:
@@ -314,6 +322,21 @@ def _warm(caps: targets.Capabilities, spec) -> bool:
     """Whether runs that start without a launcher are forked from warm-start servers."""
     return starts.forks_warm(caps.shares_host_cpus, spec.launcher, spec.runtime,
                               spec.warm_start)
+
+
+def check_checkpoint_places(c: Cluster, runs: list[RunPlan]) -> None:
+    """Every node of the runs may write in every shared checkpoint place: InputError naming the
+    place, the node and the fix, before any run (local places are under the workdir)."""
+    places = dict.fromkeys(r.params.get("checkpoint_to") for r in runs
+                           if r.kind == "train" and r.params.get("checkpoint_every"))
+    for place in places:
+        if place in (None, LOCAL_DISK):
+            continue
+        bad = checkpoints.unwritable(_used(c, runs), c.rec["known_hosts"], place)
+        if bad:
+            raise InputError(f"--checkpoint-to {place}: node {bad[0]} cannot write there "
+                             f"({bad[1]}); give a directory every node mounts and may write "
+                             "(e.g. the cluster's NFS share), or local (each node's own disk)")
 
 
 def check_data_sources(c: Cluster, spec: Any, runs: list[RunPlan]) -> None:

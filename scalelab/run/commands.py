@@ -12,6 +12,7 @@ from scalelab.cluster import gpu, ssh
 from scalelab.cluster.nodes import Node
 from scalelab.cluster.targets.interface import Runtime
 from scalelab.model.comm import COMM_DEFAULTS, COMM_KEYS
+from scalelab.run import checkpoints
 from scalelab.run.reap import TOKEN_VAR
 from scalelab.sweep.starts import starts_directly
 
@@ -35,7 +36,8 @@ class RankCommand:
 
 
 def workload_args(params: dict[str, Any], profile: str | None = None,
-                  decode_cost_s: float | None = None) -> list[str]:
+                  decode_cost_s: float | None = None,
+                  checkpoint_dir: str | None = None) -> list[str]:
     """Command-line of bench/workloads/resnet.py for a run's params.
 
     >>> workload_args({"model": "resnet20", "batch_size": 32, "precision": "fp32",
@@ -58,6 +60,11 @@ def workload_args(params: dict[str, Any], profile: str | None = None,
                  "--pin-memory", str(params.get("pin_memory") or "auto")]
     if params.get("engine") == "ps" and params.get("ps_overlap") == "off":
         args += ["--ps-overlap", "off"]
+    if params.get("checkpoint_every") and checkpoint_dir:  # checkpoints.run_dir
+        args += ["--checkpoint-every", str(int(params["checkpoint_every"])),
+                 "--checkpoint-mode", str(params.get("checkpoint_mode") or "sync"),
+                 "--checkpoint-place", "shared" if checkpoints.shared(params) else "local",
+                 "--checkpoint-dir", checkpoint_dir]
     if profile:
         args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
         if decode_cost_s:  # real data on an emulated device: the decode it charges an image

@@ -34,7 +34,8 @@ from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import datapath, fabric
 from scalelab.model.networks import MODELS
 from scalelab.results import store
-from scalelab.run import commands, containers, launch, linkprobe, slurm, storageprobe
+from scalelab.run import (checkpoints, commands, containers, launch, linkprobe, slurm,
+                          storageprobe)
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool
@@ -167,7 +168,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                image: dict[str, Any] | None = None,
                connections: dict[str, int] | None = None,
                intra: float | None = None, delay_us: float = 0.0,
-               storage: dict[str, Any] | None = None) -> dict[str, Any]:
+               storage: dict[str, Any] | None = None,
+               checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
@@ -204,6 +206,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
         measured["storage"] = storage
     if isinstance(result.get("ps"), dict):  # the parameter servers' own figures
         measured["ps"] = result["ps"]
+    if checkpoint is not None:  # the ranks' checkpoints (if they got that far) and their dir
+        measured["checkpoint"] = {**(result.get("checkpoint") or {}), **checkpoint}
     if connections is not None:
         measured["ssh"] = connections
     if run.kind == "allreduce":
@@ -226,6 +230,11 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     if status == "ok" and run.kind == "train" and want and got != want:
         status, error = "failed", (f"the run asked for {want} parameter server(s) but "
                                    f"{got} answered")
+    every = run.params.get("checkpoint_every") or 0
+    saves = len((measured.get("checkpoint") or {}).get("saved") or [])
+    if status == "ok" and run.kind == "train" and every and saves != run.params["steps"] // every:
+        status, error = "failed", (f"the run was to checkpoint every {every} steps of "
+                                   f"{run.params['steps']} but saved {saves} time(s)")
     if status == "ok" and run.kind == "train" and placed.get("precision") not in (
             None, run.params.get("precision")):
         status, error = "failed", (f"the run asked for {run.params.get('precision')} but its "
@@ -365,6 +374,7 @@ class _Execution:
     def __init__(self, cluster: str, sweep_dir: Path, runs: list, launcher: str,
                  partition: str | None, runtime: str, stop: threading.Event | None) -> None:
         self.rec = rec = load_cluster(cluster)
+        self.cluster = cluster
         self.all_nodes = nodes_of(rec)
         target = targets.of(rec)
         self.caps = targets.capabilities(rec)
@@ -435,6 +445,21 @@ class _Execution:
                                           for x in read["read_per_node_mb_s"]]
         return {**read, **self.decodes[source].as_record()}
 
+    def checkpoints_after(self, p: dict[str, Any], where: str | None) -> dict[str, Any] | None:
+        """A run's checkpoints removed from the nodes (unless the sweep keeps them): where
+        they were, whether kept, and a node that could not remove them."""
+        if not where:
+            return None
+        kept = bool(p.get("keep_checkpoints"))
+        errors = {} if kept else checkpoints.remove(self.all_nodes[: p["nodes"]],
+                                                    self.rt.known_hosts, where, p,
+                                                    self.rt.workdir)
+        bad = next(iter(errors.items()), None)
+        if bad:
+            log.warning("checkpoints of a run left at %s on %s: %s", where, *bad)
+        return {"dir": where, "kept": kept,
+                "removal_error": f"{bad[0]}: {bad[1]}" if bad else ""}
+
     def one(self, k: int, run, timeout_s: float, netprobe: bool) -> tuple[dict[str, Any], bool]:
         """Shape, probe, stage and launch one run; its record, committed, and whether the
         user interrupted it."""
@@ -469,15 +494,18 @@ class _Execution:
             raise KeyboardInterrupt
         # a fresh port per run: the last one may still be in TIME_WAIT
         port = BASE_PORT + (os.getpid() * 7 + k) % 400
-        decode = None
+        decode, ckpt_dir = None, None
         if run.kind == "allreduce":
             script, args, engine = ("allreduce.py",
                                     commands.allreduce_args(p, run.allreduce_sizes), "ddp")
         else:
             # an emulated device reading real data charges the decode the probe measured
             decode = (source_probe or {}).get("decode_img_s_per_core") if profile else None
+            if p.get("checkpoint_every"):
+                ckpt_dir = checkpoints.run_dir(p, self.rt.workdir, self.cluster,
+                                               self.sweep_dir.name, run.run_id)
             script, args, engine = ("resnet.py", commands.workload_args(
-                p, profile, 1.0 / decode if decode else None), p["engine"])
+                p, profile, 1.0 / decode if decode else None, ckpt_dir), p["engine"])
         started = utcnow()
         interrupted, job, launcher_name = False, None, self.starter.kind
         try:
@@ -493,6 +521,7 @@ class _Execution:
         except KeyboardInterrupt:
             interrupted = True
             res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
+        saved = self.checkpoints_after(p, ckpt_dir)
         parallel, why, single = self.links[rate]
         # in the emulated device's time
         measured_mbit = None if parallel is None else parallel * dilation
@@ -502,6 +531,7 @@ class _Execution:
                             measured_mbit, rate, why, launcher_name, job, single_mbit=single,
                             intra=lo, delay_us=delay_us, storage=source_probe,
                             image={"id": c.image_id, "tag": c.image} if c is not None else None,
+                            checkpoint=saved,
                             connections={key: v - before[key]
                                          for key, v in ssh.connections().items()})
         store.append_run(self.sweep_dir, record)

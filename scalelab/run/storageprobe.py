@@ -27,7 +27,7 @@ from scalelab.run import commands, launch
 
 log = logging.getLogger(__name__)
 
-READ_SECONDS = 4.0  # each storage probe point: long enough for TCP to reach a shaped rate
+READ_SECONDS = 5.0  # each storage probe point: long enough for TCP to reach a shaped rate
 DECODE_SECONDS = 3.0
 SLACK_S = 60.0  # ssh, interpreter start (decode imports torch) and reaping
 # the readers start together this long after launch (ssh and interpreter start, more nodes
@@ -41,6 +41,10 @@ OVERLAP = 0.5
 # readers' counts trail what they received by one small read (dataprobe.CHUNK), so the bytes
 # counted from that instant are bytes that crossed the link after it
 OMIT_S = 1.0
+# the share of the reading time that must be left once that is left out, or the probe failed
+MIN_WINDOW = 0.4
+FIRST_BYTES = "every node had its first bytes"  # a probe whose window that left too short
+LATE_RETRY = 3.0  # is read once more, this many times as long
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,19 @@ def _why(res: launch.LaunchResult) -> str:
 def measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: int,
                  seconds: float = READ_SECONDS,
                  stop: threading.Event | None = None) -> StorageProbe:
-    """The aggregate rate these nodes read the source at, all at once."""
+    """The aggregate rate these nodes read the source at, all at once. Where a node's first
+    bytes came too late to leave a window (an NFS client's handshakes behind a full queue, many
+    nodes at once), the probe is read once more, LATE_RETRY times as long."""
+    got = _measure_read(nodes, rt, source, streams, seconds, stop)
+    if got.mb_s is None and FIRST_BYTES in got.error and not (stop and stop.is_set()):
+        log.info("storage probe of %s: %s; reading again for %g s", source, got.error,
+                 seconds * LATE_RETRY)
+        got = _measure_read(nodes, rt, source, streams, seconds * LATE_RETRY, stop)
+    return got
+
+
+def _measure_read(nodes: list[Node], rt: launch.Runtime, source: str, streams: int,
+                  seconds: float, stop: threading.Event | None) -> StorageProbe:
     slack = START_SLACK_S + START_SLACK_PER_NODE_S * len(nodes)
     start_at = time.time() + slack
     try:
@@ -135,9 +151,12 @@ def window_rates(samples: list[list[list[float]]], seconds: float
     """Each node's MB/s over the window every node was reading in, less its first OMIT_S
     (slow start), from their samples of (wall clock, bytes so far); or why there is none.
 
-    A node whose first second crawls and which then reads 10 MB/s gives 10 MB/s:
+    A node whose first second crawls and which then reads 10 MB/s gives 10 MB/s; so does one
+    whose first bytes come after a second, counted from then:
 
     >>> window_rates([[[0.0, 0], [1.0, 1e6], [2.0, 11e6], [4.0, 31e6]]], 4.0)
+    ((10.0,), '')
+    >>> window_rates([[[0.0, 0], [0.9, 0], [1.9, 1e6], [5.0, 32e6]]], 5.0)
     ((10.0,), '')
     >>> window_rates([[[0.0, 0], [4.0, 8e6]], [[3.0, 0], [7.0, 8e6]]], 4.0)[1]
     'read at once for 1.00 s of 4 s (they did not start together: the hosts were too busy)'
@@ -146,9 +165,28 @@ def window_rates(samples: list[list[list[float]]], seconds: float
     if hi - lo < OVERLAP * seconds:
         return (), (f"read at once for {max(hi - lo, 0):.2f} s of {seconds:g} s (they did not "
                     "start together: the hosts were too busy)")
-    lo += min(OMIT_S, (hi - lo) / 2)
+    # from the instant every node has its first bytes (a stream's start is a handshake, an
+    # NFS client's several, each behind the queue of the streams already flowing), less slow start
+    flowing = max(first_byte(s, hi) for s in samples)
+    lo = max(lo, flowing) + OMIT_S
+    if hi - lo < MIN_WINDOW * seconds:
+        return (), (f"read at once for {max(hi - lo, 0):.2f} s of {seconds:g} s once "
+                    f"{FIRST_BYTES} ({flowing - common_window(samples)[0]:.2f} s in) and "
+                    f"{OMIT_S:g} s of slow start was left out")
     return tuple(round((bytes_at(s, hi) - bytes_at(s, lo)) / (hi - lo) / 1e6, 2)
                  for s in samples), ""
+
+
+def first_byte(samples: list[list[float]], otherwise: float) -> float:
+    """When a node's count first rose (otherwise, if it never did).
+
+    >>> first_byte([[0.0, 0], [0.5, 0], [1.0, 64], [2.0, 128]], 9.0)
+    0.5
+    """
+    for prev, cur in zip(samples, samples[1:], strict=False):
+        if cur[1] > 0:
+            return prev[0]
+    return otherwise
 
 
 def common_window(samples: list[list[list[float]]]) -> tuple[float, float]:

@@ -45,6 +45,10 @@ DEVICES = ("auto", "cuda", "cpu")  # auto: cuda on nodes with GPUs, never CPU th
 FABRICS = ("auto", "tcp", "rdma")  # auto: rdma where every node has an active port, unshaped
 PIN_MEMORY = ("auto", "on", "off")
 KINDS = ("train", "allreduce")
+# how a checkpoint blocks training: until its files are written (sync), or while the state is
+# copied to host memory, the files written in the background (async: DCP's async_save)
+CHECKPOINT_MODES = ("sync", "async")
+CHECKPOINT_ENGINES = ("ddp", "horovod")  # the parameter servers' state is not saved yet
 
 
 class Planned:
@@ -143,6 +147,28 @@ def _comm(key: str, tag: str, engines: tuple[str, ...], example: str, help: str)
                    engines=engines, single=COMM_DEFAULTS[key],
                    tag=lambda x: tag + _num_tag(x), tag_lone=True, series=False, record=key,
                    column=key, since=5, before=_comm_before(key, engines))
+
+
+def _checkpoint_before(value: Any) -> Callable[[Mapping[str, Any]], Any]:
+    """A train run from before checkpoints saved none (0 for the interval, None for the rest);
+    an allreduce probe and a parameter-server run have none."""
+
+    def before(params: Mapping[str, Any]) -> Any:
+        if params.get("batch_size") is None or params.get("engine") not in CHECKPOINT_ENGINES:
+            return None
+        return value
+    return before
+
+
+def _checkpoints_on(combo: Mapping[str, Any]) -> bool:
+    return bool(combo.get("checkpoint_every"))
+
+
+def _place_tag(place: str) -> str:
+    """local: ckloc; a path: ckp and a short hash of it (run ids stay short and safe)."""
+    if place == values.LOCAL_DISK:
+        return "ckloc"
+    return "ckp" + hashlib.sha1(place.encode()).hexdigest()[:6]
 
 
 def _data_tag(source: str) -> str:
@@ -267,6 +293,33 @@ SETTINGS: tuple[Setting, ...] = (
             "ready (on, the default) or all after backward (off), to sweep, e.g. on,off",
             variant=True, engines=("ps",), single="on", tag=lambda x: f"ov{x}", tag_lone=True,
             record="ps_overlap", column="ps_overlap", since=11),
+    # checkpoints (docs/failures.md): every N timed steps, how, and where
+    Setting("checkpoint_every", "checkpoint_every", "list[int] | None",
+            lambda x, w: values.int_list(x, w, 0), None,
+            "save the run's state (PyTorch Distributed Checkpoint) every N timed steps, to "
+            "sweep, e.g. 0,5,10 (0, the default: never); its blocking time is left out of the "
+            "steps' and recorded on its own", variant=True, engines=CHECKPOINT_ENGINES,
+            single=0, tag=lambda x: f"ck{x}", tag_lone=True, record="checkpoint_every",
+            column="checkpoint_every", since=12, before=_checkpoint_before(0)),
+    Setting("checkpoint_mode", "checkpoint_mode", "list[str] | None",
+            lambda x, w: values.choice_list(x, w, CHECKPOINT_MODES), None,
+            "with --checkpoint-every: sync (training waits for the files) or async (only for "
+            "the copy to host memory; DCP's async_save), to sweep, e.g. sync,async (default "
+            "sync)", variant=True, engines=CHECKPOINT_ENGINES, single="sync",
+            tag=lambda x: f"ck{x}", tag_lone=True, applies=_checkpoints_on,
+            record="checkpoint_mode", column="checkpoint_mode", since=12,
+            before=_checkpoint_before(None)),
+    Setting("checkpoint_to", "checkpoint_to", "list[str] | None", values.checkpoint_places, None,
+            "with --checkpoint-every: local (each node's own disk, the default) or an absolute "
+            "path every node sees (e.g. an NFS mount), to sweep, e.g. local,/mnt/nfs/ckpt; a "
+            "run's checkpoints are removed after it", variant=True,
+            engines=CHECKPOINT_ENGINES, single=values.LOCAL_DISK, tag=_place_tag, tag_lone=True,
+            applies=_checkpoints_on, record="checkpoint_to", column="checkpoint_to", since=12,
+            before=_checkpoint_before(None)),
+    Setting("keep_checkpoints", "keep_checkpoints", "bool", values.flag, False,
+            "keep every run's last checkpoint where it was written (default: removed after "
+            "the run; destroy removes those on each node's own disk)", switch=False,
+            record="keep_checkpoints", since=12, before=False),
     # a data source per value: where the ranks' batches come from (sources, docs/data.md)
     Setting("data", "data", "list[str]", values.data, [SYNTHETIC],
             "data sources to sweep: synthetic (the default), an absolute path on the nodes "

@@ -1,0 +1,109 @@
+"""Where a run's checkpoints go on the nodes, whether the nodes can write there, and their removal.
+
+A run with --checkpoint-every writes its checkpoints (bench/workloads/ckpt.py) into a directory
+of its own, named by the cluster, the sweep and the run:
+
+* local: ``<workdir>/checkpoints/<sweep>/<run>`` on every node's own disk (the workdir is
+  scalelab's, and destroy removes it with the rest);
+* a path every node sees: ``<path>/scalelab-checkpoints/<cluster>/<sweep>/<run>``.
+
+After the run the directory is removed on every node (local) or from the first node (a shared
+path), with the directories above it up to ``scalelab-checkpoints`` where they are left empty,
+unless the sweep keeps its checkpoints. Before any run, every node is asked to create and remove
+a directory in a path it must share (writable), so that a place the nodes cannot write is
+refused in one line, not found out run by run.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+from typing import Any
+
+from scalelab.cluster import ssh
+from scalelab.cluster.nodes import Node
+from scalelab.sweep.values import LOCAL_DISK
+
+SHARED_ROOT = "scalelab-checkpoints"
+_NAME = re.compile(r"[A-Za-z0-9._-]+")  # a cluster, sweep or run id: one path segment
+_PATH = re.compile(r"/[A-Za-z0-9._/+=~-]*")
+
+
+def shared(params: dict[str, Any]) -> bool:
+    """Whether the run's checkpoints go to a path every node sees (else each node's disk)."""
+    return params.get("checkpoint_to") not in (None, LOCAL_DISK)
+
+
+def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_id: str) -> str:
+    """The run's checkpoint directory on the nodes.
+
+    >>> run_dir({"checkpoint_to": "local"}, "/w", "c1", "s1", "r1")
+    '/w/checkpoints/s1/r1'
+    >>> run_dir({"checkpoint_to": "/mnt/nfs"}, "/w", "c1", "s1", "r1")
+    '/mnt/nfs/scalelab-checkpoints/c1/s1/r1'
+    >>> run_dir({"checkpoint_to": "/mnt/nfs"}, "/w", "c1", "s1", "r 1")
+    Traceback (most recent call last):
+    ...
+    ValueError: a checkpoint directory of unexpected characters: 'r 1'
+    """
+    for part in (cluster, sweep, run_id):
+        if not _NAME.fullmatch(part) or part in (".", ".."):
+            raise ValueError(f"a checkpoint directory of unexpected characters: {part!r}")
+    base = (f"{workdir}/checkpoints" if not shared(params)
+            else f"{params['checkpoint_to']}/{SHARED_ROOT}/{cluster}")
+    where = f"{base}/{sweep}/{run_id}"
+    if not _PATH.fullmatch(where) or ".." in where.split("/"):
+        raise ValueError(f"a checkpoint directory of unexpected characters: {where!r}")
+    return where
+
+
+def removal_line(where: str, params: dict[str, Any], workdir: str) -> str:
+    """The shell line that removes a run's directory, then its parents while empty, up to the
+    checkpoints' own root (never the user's path itself).
+
+    >>> removal_line("/mnt/n/scalelab-checkpoints/c1/s1/r1", {"checkpoint_to": "/mnt/n"}, "/w")
+    'rm -rf -- /mnt/n/scalelab-checkpoints/c1/s1/r1; rmdir -- /mnt/n/scalelab-checkpoints/c1/s1 /mnt/n/scalelab-checkpoints/c1 /mnt/n/scalelab-checkpoints 2>/dev/null; true'
+    """
+    root = (f"{params['checkpoint_to']}/{SHARED_ROOT}" if shared(params)
+            else f"{workdir}/checkpoints")
+    parents, up = [], where.rsplit("/", 1)[0]
+    while up.startswith(root):
+        parents.append(up)
+        up = up.rsplit("/", 1)[0]
+    return (f"rm -rf -- {shlex.quote(where)}; rmdir -- "
+            f"{' '.join(shlex.quote(p) for p in parents)} 2>/dev/null; true")
+
+
+def remove(nodes: list[Node], known_hosts: str, where: str, params: dict[str, Any],
+           workdir: str) -> dict[str, str]:
+    """Remove a run's checkpoints (every node's own copy, or the shared one once); the nodes
+    that could not, and why."""
+    line = removal_line(where, params, workdir)
+    on = nodes[:1] if shared(params) else nodes
+    _, errors = ssh.on_each(on, lambda n: ssh.run(n, known_hosts, line, timeout=120).returncode)
+    return errors
+
+
+def unwritable(nodes: list[Node], known_hosts: str, place: str) -> tuple[str, str] | None:
+    """(node, why) for the first node that cannot create a directory under place, or None.
+    The directory is made and removed at once (a name of its own, never one that exists)."""
+    if not _PATH.fullmatch(place) or ".." in place.split("/"):
+        return nodes[0].name if nodes else "", f"{place!r} is not a plain absolute path"
+    probe = f"{place}/.scalelab-write-{secrets.token_hex(6)}"
+    line = (f"test -d {shlex.quote(place)} || {{ echo 'no such directory'; exit 3; }}; "
+            f"mkdir -- {shlex.quote(probe)} && rmdir -- {shlex.quote(probe)}")
+
+    def one(node: Node) -> str:
+        proc = ssh.run(node, known_hosts, line, timeout=60, check=False)
+        if proc.returncode == 0:
+            return ""
+        said = [x for x in (proc.stdout + proc.stderr).strip().splitlines() if x.strip()]
+        return said[-1][:200] if said else f"exit {proc.returncode}"
+
+    results, errors = ssh.on_each(nodes, one)
+    for node in nodes:
+        why = errors.get(node.name) or results.get(node.name)
+        if why:
+            return node.name, why
+    return None
