@@ -455,6 +455,71 @@ def test_a_parameter_server_killed_mid_run_fails_that_run_and_the_sweep_goes_on(
     assert rows["off"]["status"] == "ok", rows["off"]  # the sweep went on
 
 
+def test_checkpoints_on_each_nodes_disk_are_measured_then_removed(lab, tmp_path):
+    """The same cluster: --checkpoint-every 2 of 4 steps at 1 and 2 nodes, sync and async, to
+    each node's own disk. Every run records its two checkpoints (their size, the time training
+    was blocked, and for async the write after it), and the runs' checkpoints are gone from
+    every node after the sweep; with --keep-checkpoints the last one stays where it was
+    written. A path the nodes do not share (each node's own /tmp) and one that does not exist
+    are refused in one line before any run."""
+    from scalelab.cluster import ssh
+
+    lc, _, _, _ = lab
+    rec = _state(lc.name)
+    reports = tmp_path / "reports"
+    common = ["--cluster", lc.name, "--sweep", "ci", "--batch-size", "8", "--model", "resnet20",
+              "--steps", "4", "--bandwidth", "native", "--checkpoint-every", "2"]
+    proc = invoke("bench", *common, "--nodes", "1-2", "--checkpoint-mode", "sync,async",
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    records = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+               if r["kind"] == "train"]
+    assert len(records) == 4 and {r["status"] for r in records} == {"ok"}
+    for r in records:
+        ck = r["checkpoint"]
+        assert ck["mode"] == r["params"]["checkpoint_mode"] and ck["place"] == "local"
+        assert [s["step"] for s in ck["saved"]] == [r["params"]["warmup"] + 2,
+                                                    r["params"]["warmup"] + 4]
+        # every node's first rank writes the whole state: weights and momentum, per node
+        per_node = 2 * r["num_params"] * 4 if "num_params" in r else None
+        for s in ck["saved"]:
+            assert s["bytes"] > 0 and s["blocked_s"] > 0
+            if per_node:
+                assert s["bytes"] >= r["params"]["nodes"] * per_node
+            assert (s["background_s"] is not None) == (ck["mode"] == "async")
+        assert ck["dir"].startswith(f"{ROOT}/checkpoints/") and not ck["kept"]
+        assert ck["removal_error"] == ""
+    left = f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l"
+    assert [ssh.run(n, rec["known_hosts"], left, timeout=30).stdout.strip()
+            for n in lc.nodes()] == ["0"] * 3
+    # kept: the last checkpoint of the one run, on its node
+    proc = invoke("bench", *common, "--nodes", "1", "--keep-checkpoints",
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    kept = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+            if r["kind"] == "train"][0]["checkpoint"]
+    assert kept["kept"]
+    head = lc.nodes()[0]
+    assert ssh.run(head, rec["known_hosts"], f"ls {kept['dir']}", timeout=30).stdout.split() \
+        == ["step-000005"]
+    ssh.run(head, rec["known_hosts"], f"rm -rf {ROOT}/checkpoints", timeout=30)
+    for place, why in (("/tmp", f"node {lc.nodes()[1].name} cannot use it (it does not see "
+                        f"what {head.name} wrote there: not a directory the nodes share)"),
+                       ("/nowhere/ckpt", f"node {head.name} cannot use it (no such directory)")):
+        before = sorted(p.name for p in reports.iterdir())
+        proc = invoke("bench", *common, "--nodes", "1-2", "--checkpoint-to", place,
+                      env={"SCALELAB_REPORTS": str(reports)}, timeout=300)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [
+            f"error: --checkpoint-to {place}: {why}; give a directory every node mounts and "
+            "may write (e.g. the cluster's NFS share), or local (each node's own disk)"]
+        assert sorted(p.name for p in reports.iterdir()) == before  # nothing written
+    assert ssh.run(head, rec["known_hosts"], "ls -A /tmp | grep -c scalelab-write || true",
+                   timeout=30).stdout.strip() == "0"
+
+
 def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
     """Last in the module: invoke stage --remove ends the storage node's NFS server and web
     server and removes their sets from the node (the NFS set's tmpfs unmounted); the set on

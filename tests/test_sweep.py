@@ -131,7 +131,10 @@ def test_params_hold_exactly_the_contract_keys():
         "compression": "none", "global_batch_size": None, "fabric_profile": "ideal",
         "intra_link": None, "intra_mbit": None, "storage_bandwidth_mbit": None,
         # a DDP run has no parameter servers
-        "ps_placement": None, "ps_servers": None, "ps_overlap": None}
+        "ps_placement": None, "ps_servers": None, "ps_overlap": None,
+        # no checkpoints (the interval 0: the mode and the place apply to none)
+        "checkpoint_every": 0, "checkpoint_mode": None, "checkpoint_to": None,
+        "keep_checkpoints": False}
     assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
     probe = next(r for r in runs if r.kind == "allreduce")
     assert probe.params["batch_size"] is None and probe.params["image_size"] is None

@@ -75,12 +75,14 @@ from typing import Any
 TIMELINE: dict[str, float] = {"process": time.time()}
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ckpt  # noqa: E402
 import common  # noqa: E402
 import emulate  # noqa: E402
 import engines  # noqa: E402
 import models  # noqa: E402
 import precision  # noqa: E402
 import psengine  # noqa: E402
+import runrecord  # noqa: E402
 from engines import horovod_env  # noqa: E402
 from resnet_cli import parse_args  # noqa: E402
 
@@ -144,6 +146,7 @@ class Engine:
     timing_method: str
     comm_dtype_name: str
     pusher: Any = None  # psengine.Pusher under --engine ps
+    ckpt: Any = None  # ckpt.Checkpointer under --checkpoint-every
 
 
 @dataclass
@@ -155,6 +158,7 @@ class Timed:
     t_last: float  # perf_counter after the last
     window: dict  # common.sample_delta over the timed steps (the fidelity guard's figures)
     data_bytes: int | None  # bytes the loader read from storage for the timed steps (real data)
+    blocked_s: float = 0.0  # of the timed window, training blocked by checkpoints
 
 
 def run(a: argparse.Namespace) -> int:
@@ -168,6 +172,7 @@ def run(a: argparse.Namespace) -> int:
     data = load_data(a, me)
     trainee = make_model(a, me, data)
     eng = wrap(a, me, trainee)
+    eng.ckpt = ckpt.make(a, me, trainee, eng)
     TIMELINE["ready"] = time.time()
     timed = timed_loop(a, me, data, trainee, eng)
     gather(a, me, data, trainee, eng, timed)
@@ -385,7 +390,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     model, optimizer, clock, timer, grad_ready = eng.model, eng.optimizer, eng.clock, eng.timer, eng.grad_ready
     steps_rec: list[dict[str, float]] = []
     t_first = None
-    real, bytes_first = data.real, 0
+    real, bytes_first, blocked = data.real, 0, 0.0
     it = data.batches()
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
@@ -429,22 +434,26 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
         clock.sync()
         if i < a.warmup:
             continue
+        if eng.ckpt is not None and eng.ckpt.due(i + 1 - a.warmup):
+            blocked += eng.ckpt.save(i + 1)  # between steps: in no step's time
         steps_rec.append(engines.step_record(a, hvd, eng, start, t_data, t_bwd, t_sync, t_end, loss))
     t_last = time.perf_counter()
     TIMELINE["timed_end"] = time.time()
+    if eng.ckpt is not None:
+        eng.ckpt.finish()  # the last asynchronous write: after the timed window
     window = common.sample_delta(sample_start, common.host_sample())
     it.close()
     if t_first is None or len(steps_rec) != a.steps:
         raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected {a.steps}")
     data_bytes = real.bytes_read - bytes_first if real is not None else None
-    return Timed(steps_rec, t_first, t_last, window, data_bytes)
+    return Timed(steps_rec, t_first, t_last, window, data_bytes, blocked)
 
 
 def gather(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine, timed: Timed) -> None:
     """Every rank's own record to rank 0, which prints the one SCALELAB_RESULT line."""
     import torch.distributed as dist
 
-    mine = _rank_record(a, me, eng, timed)
+    mine = runrecord.rank_record(a, me, eng, timed)
     servers = None
     if me.ps is not None:
         eng.pusher.finish()  # the servers stop serving once every worker is done
@@ -460,115 +469,12 @@ def gather(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine,
         env["hostnames"] = list(dict.fromkeys(r["host"] for r in ranks))
         for rec in ranks:
             rec.pop("env")
-        result = _result(a, me, data, t, eng, ranks, env)
+        result = runrecord.result(a, me, data, t, eng, ranks, env, TIMELINE)
         if servers is not None:
             result["ps"] = {"servers": servers, "overlap": a.ps_overlap == "on",
                             "colocated": bool({s["host"] for s in servers}
                                               & {r["host"] for r in ranks})}
         common.emit_result(result)
-
-
-def _rank_record(a: argparse.Namespace, me: Rank, eng: Engine, timed: Timed) -> dict[str, Any]:
-    """What this rank measured and ran on."""
-    import torch
-
-    steps_rec, window, device, model = timed.steps, timed.window, me.device, eng.model
-    step_times = [s["step_s"] for s in steps_rec]
-    return {
-        "rank": me.rank,
-        "local_rank": me.local_rank,
-        "host": me.host,
-        "pid": os.getpid(),
-        # emulated: the device's time is the steps' (host bookkeeping between steps is not the
-        # device's, and would not be dilated like the steps); otherwise the timed window's
-        "images_per_sec": a.batch_size * a.steps / (sum(step_times) if a.emulated
-                                                    else (timed.t_last - timed.t_first)),
-        "step_time_mean_s": common.mean(step_times),
-        "step_time_p95_s": common.percentile(step_times, 95),
-        "compute_time_mean_s": common.mean([s["step_s"] - s["data_s"] - s["comm_s"] for s in steps_rec]),
-        "comm_time_mean_s": common.mean([s["comm_s"] for s in steps_rec]),
-        "comm_inflight_mean_s": common.mean([s["inflight_s"] for s in steps_rec]),
-        "data_time_mean_s": common.mean([s["data_s"] for s in steps_rec]),
-        # what its loader read from storage over the timed steps, and at what rate (real data)
-        "data_bytes": timed.data_bytes,
-        "data_read_mb_s": None if timed.data_bytes is None  # in the (emulated) device's time
-        else timed.data_bytes / 1e6 / max(timed.t_last - timed.t_first, 1e-9) * a.dilation,
-        "step_times_s": step_times,
-        "final_loss": steps_rec[-1]["loss"],
-        # the fidelity guard's figures over the timed steps (wall time, not dilated)
-        "host_cpu_idle": window["host_cpu_idle"],
-        "nic_tx_bytes": window["tx_bytes"],
-        "nic_rx_bytes": window["rx_bytes"],
-        "timed_wall_s": window["seconds"],
-        "device": str(device),
-        "device_name": me.device_name,
-        # as the weights are laid out (an emulated rank has none: as asked)
-        "memory_format": ("channels_last" if a.channels_last else "contiguous") if a.emulated
-        else common.memory_layout(model),
-        "gpu_mem_peak_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-        if device.type == "cuda"
-        else None,
-        "env": common.env_fingerprint([me.host]),
-    }
-
-
-def _result(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine,
-            ranks: list[dict[str, Any]], env: dict[str, Any]) -> dict[str, Any]:
-    """The SCALELAB_RESULT payload: the run's settings, every rank's record and the environment."""
-    hvd, real = me.hvd, data.real
-    return {
-        "world_size": me.world,
-        "model": a.model,
-        "engine": a.engine,
-        "precision": a.precision,
-        "batch_size": a.batch_size,
-        "image_size": a.image_size,
-        "steps": a.steps,
-        "warmup": a.warmup,
-        "gradient_bytes": eng.grad_bytes,
-        "images_per_sec": sum(r["images_per_sec"] for r in ranks),
-        "ranks": ranks,
-        "env": env,
-        "num_classes": data.num_classes,
-        "num_params": t.num_params,
-        "data": a.data,
-        "data_layout": data.layout,
-        # bytes read from storage for the timed steps, all ranks, and per image trained on
-        "data_bytes": None if real is None else sum(r["data_bytes"] for r in ranks),
-        "data_bytes_per_image": None if real is None else sum(r["data_bytes"] for r in ranks)
-        / (a.batch_size * a.steps * me.world),
-        "workers": a.workers if real is not None else 0,
-        "loader_workers": a.workers if real is not None else None,
-        "pin_memory": data.pin_memory if real is not None else None,
-        "channels_last": a.channels_last,
-        # what every rank's weights held: one format, or "mixed"
-        "memory_format": (ranks[0]["memory_format"] if len(
-            {r["memory_format"] for r in ranks}) == 1 else "mixed"),
-        "device": me.device.type,
-        "tf32": me.tf32,
-        "backend": me.backend,
-        "comm_dtype": eng.comm_dtype_name,
-        # the communication settings this run used (the record's "comm")
-        "comm": {
-            "bucket_cap_mb": a.bucket_cap_mb if hvd is None else None,
-            **(me.hvd_settings if hvd is not None
-               else {"fusion_threshold_mb": None, "cycle_time_ms": None}),
-            "compression": a.compression,
-            "comm_dtype": eng.comm_dtype_name,
-        },
-        "timing_method": eng.timing_method,
-        "timeline": {**TIMELINE, "done": time.time()},
-        "dilation": a.dilation,
-        "accelerator": None
-        if not a.emulated
-        else {
-            "device": a.emulated["device"],
-            "source": a.emulated["source"],
-            "provenance": a.emulated["provenance"],
-            "precision": a.emulated["precision"],  # a tf32/bf16 run uses an fp32/amp profile
-            **{f"profile_{k}": v for k, v in emulate.totals(a.emulated).items()},
-        },
-    }
 
 
 def finish(me: Rank) -> None:

@@ -67,6 +67,17 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="--engine ps: the last this many processes of this node are servers")
     p.add_argument("--ps-overlap", choices=["on", "off"], default="on",
                    help="--engine ps: push buckets during backward (on) or after it (off)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="save the state every N timed steps (ckpt.py; 0: never)")
+    p.add_argument("--checkpoint-dir", default="",
+                   help="with --checkpoint-every: the run's own checkpoint directory")
+    p.add_argument("--checkpoint-place", choices=["shared", "local"], default="local",
+                   help="the directory is one place every node sees (shared: the ranks write "
+                   "shares of the state) or on each node's own disk (local: its first rank "
+                   "writes all of it)")
+    p.add_argument("--checkpoint-mode", choices=["sync", "async"], default="sync",
+                   help="training waits for the files (sync) or only for the copy to host "
+                   "memory (async: DCP's async_save)")
     p.add_argument("--ps-piece-kb", type=int, default=4000,
                    help="--engine ps: a bucket's shard travels in pieces of this many KB at most "
                    "(BytePS's BYTEPS_PARTITION_BYTES, 4,096,000 bytes, is its default)")
@@ -144,6 +155,11 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--backend applies to --engine ddp only")
     if a.engine != "ps" and (a.ps_servers_here or a.ps_overlap != "on" or a.ps_piece_kb != 4000):
         p.error("--ps-servers-here, --ps-overlap and --ps-piece-kb apply to --engine ps only")
+    if a.checkpoint_every < 0 or (a.checkpoint_every and not a.checkpoint_dir.startswith("/")):
+        p.error("--checkpoint-every N (0 or more) needs --checkpoint-dir, an absolute path")
+    if a.checkpoint_every and a.engine == "ps":
+        p.error("--checkpoint-every: the parameter servers' state is not saved yet; use "
+                "--engine ddp or horovod")
     if not 1 <= a.ps_piece_kb <= 1 << 20:
         p.error("--ps-piece-kb is 1 to 1048576 (KB)")
     if a.engine == "ps" and (a.backend not in ("auto", "gloo") or a.ps_servers_here < 0):

@@ -325,18 +325,19 @@ def _warm(caps: targets.Capabilities, spec) -> bool:
 
 
 def check_checkpoint_places(c: Cluster, runs: list[RunPlan]) -> None:
-    """Every node of the runs may write in every shared checkpoint place: InputError naming the
-    place, the node and the fix, before any run (local places are under the workdir)."""
+    """Every node of the runs may write in every shared checkpoint place, and sees what the
+    others wrote there: InputError naming the place, the node and the fix, before any run
+    (local places are under the workdir)."""
     places = dict.fromkeys(r.params.get("checkpoint_to") for r in runs
                            if r.kind == "train" and r.params.get("checkpoint_every"))
     for place in places:
         if place in (None, LOCAL_DISK):
             continue
-        bad = checkpoints.unwritable(_used(c, runs), c.rec["known_hosts"], place)
+        bad = checkpoints.place_problem(_used(c, runs), c.rec["known_hosts"], place)
         if bad:
-            raise InputError(f"--checkpoint-to {place}: node {bad[0]} cannot write there "
-                             f"({bad[1]}); give a directory every node mounts and may write "
-                             "(e.g. the cluster's NFS share), or local (each node's own disk)")
+            raise InputError(f"--checkpoint-to {place}: node {bad[0]} cannot use it ({bad[1]}); "
+                             "give a directory every node mounts and may write (e.g. the "
+                             "cluster's NFS share), or local (each node's own disk)")
 
 
 def check_data_sources(c: Cluster, spec: Any, runs: list[RunPlan]) -> None:

@@ -9,9 +9,9 @@ of its own, named by the cluster, the sweep and the run:
 
 After the run the directory is removed on every node (local) or from the first node (a shared
 path), with the directories above it up to ``scalelab-checkpoints`` where they are left empty,
-unless the sweep keeps its checkpoints. Before any run, every node is asked to create and remove
-a directory in a path it must share (writable), so that a place the nodes cannot write is
-refused in one line, not found out run by run.
+unless the sweep keeps its checkpoints. Before any run, the first node makes a directory in a
+shared place and every other node writes in it (place_problem), so that a place the nodes
+cannot write, or do not share, is refused in one line, not found out run by run.
 """
 
 from __future__ import annotations
@@ -85,25 +85,39 @@ def remove(nodes: list[Node], known_hosts: str, where: str, params: dict[str, An
     return errors
 
 
-def unwritable(nodes: list[Node], known_hosts: str, place: str) -> tuple[str, str] | None:
-    """(node, why) for the first node that cannot create a directory under place, or None.
-    The directory is made and removed at once (a name of its own, never one that exists)."""
-    if not _PATH.fullmatch(place) or ".." in place.split("/"):
-        return nodes[0].name if nodes else "", f"{place!r} is not a plain absolute path"
-    probe = f"{place}/.scalelab-write-{secrets.token_hex(6)}"
-    line = (f"test -d {shlex.quote(place)} || {{ echo 'no such directory'; exit 3; }}; "
-            f"mkdir -- {shlex.quote(probe)} && rmdir -- {shlex.quote(probe)}")
+def place_problem(nodes: list[Node], known_hosts: str, place: str) -> tuple[str, str] | None:
+    """(node, why) for the first node that cannot write in place, or that does not see there
+    what the first node wrote (place is then no directory the nodes share); None if all can.
+    The first node makes a directory of its own name there, every other node writes in it, and
+    the first removes it again, also on a failure."""
+    if not _PATH.fullmatch(place) or ".." in place.split("/") or not nodes:
+        return (nodes[0].name if nodes else ""), f"{place!r} is not a plain absolute path"
+    probe = shlex.quote(f"{place}/.scalelab-write-{secrets.token_hex(6)}")
+    first, rest = nodes[0], nodes[1:]
 
-    def one(node: Node) -> str:
-        proc = ssh.run(node, known_hosts, line, timeout=60, check=False)
-        if proc.returncode == 0:
-            return ""
-        said = [x for x in (proc.stdout + proc.stderr).strip().splitlines() if x.strip()]
-        return said[-1][:200] if said else f"exit {proc.returncode}"
+    def said(proc: Any) -> str:
+        lines = [x for x in (proc.stdout + proc.stderr).strip().splitlines() if x.strip()]
+        return lines[-1][:200] if lines else f"exit {proc.returncode}"
 
-    results, errors = ssh.on_each(nodes, one)
-    for node in nodes:
-        why = errors.get(node.name) or results.get(node.name)
-        if why:
-            return node.name, why
-    return None
+    made = ssh.run(first, known_hosts, f"test -d {shlex.quote(place)} || "
+                   f"{{ echo 'no such directory'; exit 3; }}; mkdir -- {probe}",
+                   timeout=60, check=False)
+    if made.returncode != 0:
+        return first.name, said(made)
+    try:
+        def one(node: Node) -> str:
+            mine = f"{probe}/{shlex.quote(node.name)}"
+            proc = ssh.run(node, known_hosts, f"test -d {probe} || {{ echo 'it does not see "
+                           f"what {first.name} wrote there: not a directory the nodes share'; "
+                           f"exit 3; }}; mkdir -- {mine} && rmdir -- {mine}", timeout=60,
+                           check=False)
+            return "" if proc.returncode == 0 else said(proc)
+
+        results, errors = ssh.on_each(rest, one)
+        for node in rest:
+            why = errors.get(node.name) or results.get(node.name)
+            if why:
+                return node.name, why
+        return None
+    finally:
+        ssh.run(first, known_hosts, f"rm -rf -- {probe}", timeout=60, check=False)

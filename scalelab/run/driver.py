@@ -34,8 +34,7 @@ from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import datapath, fabric
 from scalelab.model.networks import MODELS
 from scalelab.results import store
-from scalelab.run import (checkpoints, commands, containers, launch, linkprobe, slurm,
-                          storageprobe)
+from scalelab.run import checkpoints, commands, containers, launch, linkprobe, slurm, storageprobe
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool

@@ -1,0 +1,248 @@
+"""Checkpoints of a training run (resnet.py --checkpoint-every N --checkpoint-dir DIR).
+
+Every N timed steps the run's state is saved with PyTorch Distributed Checkpoint
+(torch.distributed.checkpoint): the model's weights and buffers and the optimizer's
+per-parameter state (SGD's momentum; an emulated rank, which has no optimizer, saves a
+momentum-sized stand-in, so its checkpoint is as large as a real one). Who writes:
+
+* shared: DIR is one place every node sees (the cluster's NFS share, any shared path). Under
+  DDP every rank calls DCP's save over a process group of its own (Gloo), and DCP gives each
+  replicated tensor to one rank, so the ranks write the state once between them, in shares.
+  Horovod's ranks are no torch.distributed group: rank 0 writes it all (DCP without a group),
+  the same files.
+* local: DIR is on each node's own disk. The first rank of every node writes the whole state
+  there, so that each node could reload from its own disk.
+
+--checkpoint-mode sync blocks training until the files are written; async (DCP's async_save)
+blocks only while the state is copied to host memory, and writes in a thread while training
+goes on; the next checkpoint waits for it. Per checkpoint a rank records the time it blocked
+training, the time the write went on after that, and the bytes it wrote; the steps' own times
+leave all of it out, so the run's images/s are those between checkpoints.
+
+Only the last checkpoint is kept: once a newer one is complete, its writer removes the one
+before. The last stays in DIR, and the controller removes the run's directory after the run
+(unless asked to keep it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+SUFFIX = ".distcp"  # DCP's FileSystemWriter names its data files __<rank>_<n>.distcp
+
+
+def step_dir(root: str, step: int) -> str:
+    """The directory of the checkpoint after this (1-based, warm-up included) step.
+
+    >>> step_dir("/c/r1", 25)
+    '/c/r1/step-000025'
+    """
+    return os.path.join(root, f"step-{step:06d}")
+
+
+def writes(shared: bool, engine: str, rank: int, local_rank: int) -> str:
+    """How this rank takes part in a checkpoint: 'share' (DCP over the ranks' group), 'all'
+    (this rank writes the whole state, alone), or '' (it writes nothing).
+
+    >>> writes(True, "ddp", 3, 1), writes(True, "horovod", 0, 0), writes(True, "horovod", 1, 1)
+    ('share', 'all', '')
+    >>> writes(False, "ddp", 2, 0), writes(False, "ddp", 3, 1)
+    ('all', '')
+    """
+    if shared:
+        return "share" if engine == "ddp" else ("all" if rank == 0 else "")
+    return "all" if local_rank == 0 else ""
+
+
+@dataclass
+class Saved:
+    """One checkpoint, as one rank saw it."""
+
+    step: int
+    blocked_s: float  # training stopped this long (waiting for the last one's write included)
+    waited_s: float  # of which the previous asynchronous write (0 when it was done)
+    bytes: int = 0  # what this rank wrote
+    background_s: float | None = None  # async: the write after training went on
+
+    def as_record(self) -> dict[str, Any]:
+        return {"step": self.step, "blocked_s": round(self.blocked_s, 6),
+                "waited_s": round(self.waited_s, 6), "bytes": self.bytes,
+                "background_s": None if self.background_s is None
+                else round(self.background_s, 6)}
+
+
+@dataclass
+class Checkpointer:
+    """Saves a rank's state every `every` timed steps (see the module doc)."""
+
+    every: int
+    root: str
+    mode: str  # sync | async
+    role: str  # writes()
+    state: Any  # () -> the state dict to save
+    group: Any = None  # the checkpoints' own Gloo group ('share')
+    saved: list[Saved] = field(default_factory=list)
+    _pending: Any = None  # async: (future, Saved, when training went on, where)
+    _last: str = ""  # the last complete checkpoint this rank wrote (or, 'share', took part in)
+
+    def due(self, timed_step: int) -> bool:
+        return self.every > 0 and timed_step > 0 and timed_step % self.every == 0
+
+    def save(self, step: int) -> float:
+        """Save after this step; returns the seconds training was blocked."""
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        waited = self._wait()
+        if not self.role:  # the other ranks of a node, or Horovod's ranks but 0
+            rec = Saved(step, time.perf_counter() - t0, waited)
+            self.saved.append(rec)
+            return rec.blocked_s
+        where = step_dir(self.root, step)
+        if self.role == "all":
+            where = os.path.join(where, socket.gethostname())
+        kw: dict[str, Any] = ({"process_group": self.group} if self.role == "share"
+                              else {"no_dist": True})
+        state = self.state()
+        if self.mode == "async":
+            fut = dcp.async_save(state, checkpoint_id=where, **kw)
+            rec = Saved(step, 0.0, waited)
+            went_on = time.perf_counter()
+            rec.blocked_s = went_on - t0
+            self._pending = (fut, rec, went_on, where)
+        else:
+            dcp.save(state, checkpoint_id=where, **kw)
+            rec = Saved(step, time.perf_counter() - t0, waited, self._bytes(where))
+            self._complete(where)
+        self.saved.append(rec)
+        return rec.blocked_s
+
+    def _wait(self) -> float:
+        """Wait for the asynchronous write before; the seconds that took."""
+        if self._pending is None:
+            return 0.0
+        fut, rec, went_on, where = self._pending
+        t0 = time.perf_counter()
+        fut.result()
+        done = time.perf_counter()
+        rec.background_s = done - went_on
+        rec.bytes = self._bytes(where)
+        self._pending = None
+        self._complete(where)
+        return done - t0
+
+    def _complete(self, where: str) -> None:
+        """A checkpoint is complete: the one before it goes (by its writer; under 'share', by
+        the group's first rank, once every rank's save has returned there)."""
+        import torch.distributed as dist
+
+        prev, self._last = self._last, where
+        if not prev or (self.role == "share" and dist.get_rank(self.group) != 0):
+            return
+        shutil.rmtree(prev, ignore_errors=True)
+        if self.role == "all":  # the step's directory, once no node's copy is left in it
+            try:
+                os.rmdir(os.path.dirname(prev))
+            except OSError:
+                pass
+
+    def finish(self) -> float:
+        """After the last step: the last asynchronous write waited for; its seconds."""
+        return self._wait()
+
+    def _bytes(self, where: str) -> int:
+        """What this rank wrote there: its own data files (DCP names them by rank)."""
+        import torch.distributed as dist
+
+        rank = dist.get_rank(self.group) if self.role == "share" else 0
+        try:
+            names = os.listdir(where)
+        except OSError:
+            return 0
+        return sum(os.path.getsize(os.path.join(where, n)) for n in names
+                   if n.startswith(f"__{rank}_") and n.endswith(SUFFIX))
+
+    def as_record(self) -> dict[str, Any]:
+        return {"every": self.every, "mode": self.mode, "role": self.role or "none",
+                "saved": [s.as_record() for s in self.saved]}
+
+
+def state_of(model: Any, optimizer: Any, named_params: list[tuple[str, Any]]) -> Any:
+    """A function giving the state to save: the model's weights and buffers, and the
+    optimizer's per-parameter tensors by parameter name (an emulated rank without an
+    optimizer: a zero momentum buffer per parameter, made once)."""
+    import torch
+
+    inner = getattr(model, "module", model)
+    stand_in = None if optimizer is not None else {
+        f"{n}.momentum_buffer": torch.zeros_like(p) for n, p in named_params}
+
+    def state() -> dict[str, Any]:
+        if stand_in is not None:
+            optim = stand_in
+        else:
+            optim = {f"{n}.{k}": v for n, p in named_params
+                     for k, v in optimizer.state.get(p, {}).items() if torch.is_tensor(v)}
+        return {"model": inner.state_dict(), "optim": optim}
+
+    return state
+
+
+def make(a: Any, me: Any, t: Any, eng: Any) -> Checkpointer | None:
+    """The run's checkpointer (resnet.py --checkpoint-every), or None; every rank calls it
+    (a shared place under DDP makes the checkpoints' own group, which all ranks join)."""
+    if not a.checkpoint_every:
+        return None
+    import torch.distributed as dist
+
+    shared = a.checkpoint_place == "shared"
+    engine = "ddp" if me.hvd is None else "horovod"
+    role = writes(shared, engine, me.rank, me.local_rank)
+    group = dist.new_group(backend="gloo") if engine == "ddp" and shared else None
+    if t.real_model is not None:  # emulated: the real model's weights, a stand-in momentum
+        model, optimizer = t.real_model, None
+    else:
+        model, optimizer = getattr(eng.model, "module", eng.model), t.optimizer
+    return Checkpointer(a.checkpoint_every, a.checkpoint_dir, a.checkpoint_mode, role,
+                        state_of(model, optimizer, list(model.named_parameters())), group)
+
+
+def summary(a: Any, ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's checkpoints from every rank's (rank 0's result "checkpoint"): per checkpoint
+    the slowest rank's blocking and background time and all writers' bytes, and their means.
+
+    >>> class A: checkpoint_every, checkpoint_mode, checkpoint_place = 2, "sync", "shared"
+    >>> r = lambda b, n: {"checkpoint": {"saved": [{"step": 7, "blocked_s": b, "waited_s": 0.0,
+    ...                                             "bytes": n, "background_s": None}]}}
+    >>> s = summary(A, [r(0.5, 10**8), r(1.0, 10**8)])
+    >>> s["saved"][0]["blocked_s"], s["bytes_per_checkpoint"], s["write_mb_s"]
+    (1.0, 200000000.0, 200.0)
+    """
+    if not a.checkpoint_every:
+        return None
+    per = [r["checkpoint"]["saved"] for r in ranks]
+    saved = []
+    for items in zip(*per, strict=False):
+        bg = [s["background_s"] for s in items if s["background_s"] is not None]
+        saved.append({"step": items[0]["step"],
+                      "blocked_s": max(s["blocked_s"] for s in items),
+                      "waited_s": max(s["waited_s"] for s in items),
+                      "background_s": max(bg) if bg else None,
+                      "bytes": sum(s["bytes"] for s in items)})
+
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    size = mean([s["bytes"] for s in saved])
+    blocked = mean([s["blocked_s"] for s in saved])
+    background = mean([s["background_s"] for s in saved if s["background_s"] is not None])
+    took = background if a.checkpoint_mode == "async" else blocked
+    return {"every": a.checkpoint_every, "mode": a.checkpoint_mode,
+            "place": a.checkpoint_place, "saved": saved, "bytes_per_checkpoint": size,
+            "blocked_s_mean": blocked, "background_s_mean": background,
+            "write_mb_s": None if not size or not took else round(size / took / 1e6, 2)}

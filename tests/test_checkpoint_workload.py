@@ -1,0 +1,59 @@
+"""Checkpoints of the training workload (bench/workloads/ckpt.py) under torchrun on this host:
+PyTorch Distributed Checkpoint files a fresh model loads, written between the ranks or by each
+node, sync or async, only the last kept, and the figures of each checkpoint in the result."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from test_workloads import _losses, load_workload, torchrun
+
+COMMON = ("--model", "resnet20", "--batch-size", "8", "--steps", "6", "--warmup", "1",
+          "--device", "cpu")
+
+
+@pytest.mark.parametrize("mode, place", [("sync", "shared"), ("async", "local")])
+def test_a_run_saves_every_n_steps_keeps_the_last_and_trains_as_without(mode, place, tmp_path):
+    """Two ranks, a checkpoint every 2 of 6 timed steps: three checkpoints after steps 3, 5
+    and 7 (the warm-up step counts), each the model's weights and the optimizer's momentum;
+    the losses are those of a run without checkpoints; only the last checkpoint is left, and a
+    fresh model loads it."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    plain = torchrun(2, "resnet.py", *COMMON)
+    res = torchrun(2, "resnet.py", *COMMON, "--checkpoint-every", "2", "--checkpoint-mode",
+                   mode, "--checkpoint-place", place, "--checkpoint-dir", str(tmp_path / "ck"))
+    assert _losses(res) == pytest.approx(_losses(plain), rel=1e-6)
+    ck = res["checkpoint"]
+    assert (ck["every"], ck["mode"], ck["place"]) == (2, mode, place)
+    assert [s["step"] for s in ck["saved"]] == [3, 5, 7]
+    # weights and momentum: twice the parameters' bytes, and the batch norms' buffers and
+    # DCP's header of each tensor (about 1 KB: 13 % of ResNet-20's 0.27 M parameters)
+    params = res["num_params"] * 4
+    for s in ck["saved"]:
+        assert 2 * params <= s["bytes"] <= 2.4 * params, s
+        assert s["blocked_s"] > 0
+        assert (s["background_s"] is not None) == (mode == "async")
+    roles = sorted(r["checkpoint"]["role"] for r in res["ranks"])
+    # shared: both ranks write a share (DCP gives each replicated tensor to one rank); local:
+    # the node's first rank writes all of it
+    assert roles == (["share", "share"] if place == "shared" else ["all", "none"])
+    if place == "shared":
+        assert all(s["bytes"] > 0 for r in res["ranks"] for s in r["checkpoint"]["saved"])
+    left = sorted(os.listdir(tmp_path / "ck"))
+    assert left == ["step-000007"]
+    where = tmp_path / "ck" / "step-000007"
+    if place == "local":
+        where = where / socket.gethostname()
+    # what a fresh rank would load into: an untrained model, a zero momentum per parameter
+    model = load_workload("models").build_model("resnet20", res["num_classes"])
+    state = load_workload("ckpt").state_of(model, None, list(model.named_parameters()))()
+    before = {k: v.clone() for k, v in state["model"].items()}
+    dcp.load(state, checkpoint_id=str(where), no_dist=True)
+    changed = [k for k, v in state["model"].items()
+               if v.dtype.is_floating_point and not torch.equal(v, before[k])]
+    assert changed, "the checkpoint held the untrained weights"
+    assert any(v.abs().sum() > 0 for v in state["optim"].values()), "no momentum saved"
