@@ -926,3 +926,38 @@ def test_a_failed_link_measurement_is_shown_with_its_reason(tmp_path):
     page = html.unescape(report.build("nolink", root=tmp_path)[0].read_text())
     assert "1gbit: measurement failed (iperf3: unable to connect to server)" in page
     assert "10gbit: measurement failed" not in page and re.search(r"10gbit: [\d,]+ Mbit/s", page)
+
+
+def test_the_checkpoint_table_shows_what_each_checkpoint_cost(tmp_path):
+    """A sweep whose runs saved checkpoints every 5 steps, the 2-node runs blocked twice as
+    long: the Checkpoints table gives each point's size, blocked seconds, write rate and the
+    share of training time the checkpoints blocked (blocked over five steps and itself)."""
+    d = synthetic.synthetic_sweep(tmp_path, "ck", nodes=(1, 2), batch_sizes=(64,),
+                                  bandwidths=(1000.0,), repeats=1, allreduce=False)
+    runs = d / "runs.jsonl"
+    out = []
+    for line in runs.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "train":
+            blocked = 0.5 * rec["params"]["nodes"]
+            rec["params"].update({"checkpoint_every": 5, "checkpoint_mode": "sync",
+                                  "checkpoint_to": "local", "keep_checkpoints": False})
+            rec["checkpoint"] = {"every": 5, "mode": "sync", "place": "local",
+                                 "bytes_per_checkpoint": 2e8, "blocked_s_mean": blocked,
+                                 "background_s_mean": None, "write_mb_s": 200 / blocked,
+                                 "saved": [], "dir": "/w/checkpoints/x", "kept": False,
+                                 "removal_error": ""}
+        out.append(rec)
+    runs.write_text("".join(json.dumps(r) + "\n" for r in out))
+    page = report.build_report(d).read_text()
+    assert '<h2 id="checkpoints">Checkpoints</h2>' in page
+    rows = {int(r["nodes"]): r for r in _rows(page, "checkpoints")}
+    assert set(rows) == {1, 2}
+    with open(d / "results.csv") as fh:
+        step = {int(r["nodes"]): float(r["step_time_mean_s"]) for r in csv.DictReader(fh)
+                if r["run_id"].startswith("train")}
+    for n, r in rows.items():
+        assert float(r["MB"]) == pytest.approx(200.0)
+        assert float(r["blocked s"]) == pytest.approx(0.5 * n, rel=0.01)
+        lost = 0.5 * n / (5 * step[n] + 0.5 * n)
+        assert float(r["training time blocked"].rstrip("%")) == pytest.approx(100 * lost, abs=0.1)

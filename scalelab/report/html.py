@@ -193,6 +193,42 @@ def _datapath_section(a: Analysis) -> str:
     return "\n".join(parts)
 
 
+def _checkpoint_section(a: Analysis) -> str:
+    """Where runs saved checkpoints: a checkpoint's size and what it cost, per point."""
+    runs = a.runs
+    if runs.empty or "checkpoint_bytes" not in runs:
+        return ""
+    ck = runs[(runs["status"] == "ok") & (runs["checkpoint_bytes"].astype(float) > 0)].copy()
+    if ck.empty:
+        return ""
+    keys = ["nodes", "world_size", "checkpoint_every", "checkpoint_mode", "checkpoint_to"]
+    ck = ck.groupby(keys, as_index=False, dropna=False).agg(
+        mb=("checkpoint_bytes", lambda x: x.astype(float).mean() / 1e6),
+        blocked=("checkpoint_blocked_s", "mean"),
+        background=("checkpoint_background_s", "mean"),
+        write=("checkpoint_write_mb_s", "mean"),
+        step=("step_time_mean_s", "mean"), dilation=("dilation", "max"))
+    # the share of training time the checkpoints took: blocked over the steps between two
+    # checkpoints and the checkpoint; not for a dilated run, whose steps are the device's time
+    undilated = ck["dilation"].astype(float).fillna(1.0) == 1.0
+    lost = ck["blocked"] / (ck["checkpoint_every"].astype(float) * ck["step"] + ck["blocked"])
+    ck["lost"] = lost.where(undilated)
+    parts = ['<h2 id="checkpoints">Checkpoints</h2>',
+             '<p class="note">Each point that saved checkpoints (docs/checkpoints.md): a '
+             "checkpoint&#39;s size (every writer&#39;s bytes), the seconds training was blocked "
+             "(the slowest rank&#39;s), for async the seconds the write went on after that, the "
+             "write&#39;s MB/s, and the share of training time the checkpoints blocked at "
+             "this interval. Seconds are the host&#39;s own: a disk is not dilated, so a "
+             "dilated run shows no share.</p>"]
+    cols = [("nodes", "nodes", "int"), ("world_size", "ranks", "int"),
+            ("checkpoint_every", "every (steps)", "int"), ("checkpoint_mode", "mode", "str"),
+            ("checkpoint_to", "to", "wrap"), ("mb", "MB", "num"),
+            ("blocked", "blocked s", "num"), ("background", "background s", "num"),
+            ("write", "write MB/s", "num"), ("lost", "training time blocked", "pct")]
+    parts.append(table(ck, cols, "checkpoints"))
+    return "\n".join(parts)
+
+
 def _comm_settings_section(a: Analysis) -> str:
     """Communication settings (bucket size, fusion threshold, cycle time, compression), where
     the sweep varies one: each setting's measured efficiency beside the model's prediction,
@@ -507,6 +543,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
     parts.append(_scaling_table(a))
     parts.append(_slow_ranks_section(a))
     parts.append(_datapath_section(a))
+    parts.append(_checkpoint_section(a))
     parts.append(_cost_section(a))
     comm = _comm_settings_section(a)  # only where a sweep varies a setting
     if comm:

@@ -72,6 +72,14 @@ SETTING_COLUMNS = {st.column: st for st in SETTINGS if st.column}
 CSV_COLUMNS += [c for c, st in SETTING_COLUMNS.items() if c not in CSV_COLUMNS and st.since <= 10]
 CSV_COLUMNS += ["accel_busy"]
 CSV_COLUMNS += [c for c in SETTING_COLUMNS if c not in CSV_COLUMNS]
+# runs with --checkpoint-every (store version 12): a checkpoint's bytes (all writers), the
+# seconds it blocked training and, async, its write's after that (means over the run's
+# checkpoints, the slowest rank's, in wall time), and the write's MB/s
+CHECKPOINT_COLUMNS = {"checkpoint_bytes": "bytes_per_checkpoint",
+                      "checkpoint_blocked_s": "blocked_s_mean",
+                      "checkpoint_background_s": "background_s_mean",
+                      "checkpoint_write_mb_s": "write_mb_s"}
+CSV_COLUMNS += list(CHECKPOINT_COLUMNS)
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s",
@@ -195,6 +203,7 @@ RUN_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world
                "intra_link", "intra_mbit", "hop_delay_us", "storage_read_mb_s",
                "decode_img_s_per_core"]
 RUN_COLUMNS += [c for c in SETTING_COLUMNS if c not in RUN_COLUMNS]
+RUN_COLUMNS += list(CHECKPOINT_COLUMNS)
 # each rank's figures as to_frame reads them: short name -> the record's key
 RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step_time_p95_s",
                "compute": "compute_time_mean_s", "comm": "comm_time_mean_s",
@@ -291,6 +300,7 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
         "hop_delay_us": number(env.get("hop_delay_us")),
         "storage_read_mb_s": number(rec.storage.get("read_mb_s")),
         "decode_img_s_per_core": number(rec.storage.get("decode_img_s_per_core")),
+        **{c: number(rec.checkpoint.get(k)) for c, k in CHECKPOINT_COLUMNS.items()},
     }
 
 

@@ -90,6 +90,18 @@ def _checkpoints_on(combo: Mapping[str, Any]) -> bool:
     return bool(combo.get("checkpoint_every"))
 
 
+def _check_checkpoint_settings(spec: Any) -> None:
+    """A checkpoint setting without --checkpoint-every above 0 asks for nothing: refused."""
+    if any(spec.checkpoint_every or []):
+        return
+    given = [k for k, v in (("checkpoint-mode", spec.checkpoint_mode),
+                            ("checkpoint-to", spec.checkpoint_to),
+                            ("keep-checkpoints", spec.keep_checkpoints)) if v]
+    if given:
+        raise InputError(f"--{given[0]} applies to runs that save checkpoints; add "
+                         "--checkpoint-every N (steps between checkpoints), or drop it")
+
+
 def _place_tag(place: str) -> str:
     """local: ckloc; a path: ckp and a short hash of it (run ids stay short and safe)."""
     if place == values.LOCAL_DISK:
@@ -245,7 +257,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("keep_checkpoints", "keep_checkpoints", "bool", values.flag, False,
             "keep every run's last checkpoint where it was written (default: removed after "
             "the run; destroy removes those on each node's own disk)", switch=False,
-            record="keep_checkpoints", since=12, before=False),
+            record="keep_checkpoints", since=12, before=False,
+            check=_check_checkpoint_settings),
     # a data source per value: where the ranks' batches come from (sources, docs/data.md)
     Setting("data", "data", "list[str]", values.data, [SYNTHETIC],
             "data sources to sweep: synthetic (the default), an absolute path on the nodes "
