@@ -5,6 +5,7 @@ node, sync or async, only the last kept, and the figures of each checkpoint in t
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 
 import pytest
@@ -57,3 +58,26 @@ def test_a_run_saves_every_n_steps_keeps_the_last_and_trains_as_without(mode, pl
                if v.dtype.is_floating_point and not torch.equal(v, before[k])]
     assert changed, "the checkpoint held the untrained weights"
     assert any(v.abs().sum() > 0 for v in state["optim"].values()), "no momentum saved"
+
+
+def test_horovods_rank_0_writes_a_shared_checkpoint_alone(tmp_path):
+    """Horovod's ranks are no torch.distributed group: on a shared place rank 0 writes the
+    whole state in DCP's files, the other rank nothing, and the last checkpoint is left."""
+    from test_workloads import BIN, PY, WORKLOADS, _horovod_missing, parse_result, run_cmd
+
+    if _horovod_missing():
+        pytest.skip(_horovod_missing())
+    horovodrun = shutil.which("horovodrun", path=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    proc = run_cmd([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface",
+                    "lo", PY, str(WORKLOADS / "resnet.py"), "--engine", "horovod", *COMMON,
+                    "--threads", "1", "--checkpoint-every", "3", "--checkpoint-place", "shared",
+                    "--checkpoint-dir", str(tmp_path / "ck")], timeout=180)
+    res = parse_result(proc.stdout)
+    roles = {r["rank"]: r["checkpoint"]["role"] for r in res["ranks"]}
+    assert roles == {0: "all", 1: "none"}
+    saved = res["checkpoint"]["saved"]
+    assert [s["step"] for s in saved] == [4, 7]
+    for s in saved:
+        assert 2 * res["num_params"] * 4 <= s["bytes"] <= 2.4 * res["num_params"] * 4, s
+    assert sorted(os.listdir(tmp_path / "ck")) == ["step-000007"]
+    assert (tmp_path / "ck" / "step-000007" / socket.gethostname() / ".metadata").is_file()
