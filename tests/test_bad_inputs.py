@@ -348,7 +348,7 @@ CASES = [
     ("bench-checkpoint-to-relative", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                                "--checkpoint-every", "2", "--checkpoint-to",
                                                "ckpt"],
-     "--checkpoint-to: 'ckpt' must be local (each node's own disk) or an absolute path"),
+     "--checkpoint-to: 'ckpt' must be nodes (each node's own disk) or an absolute path"),
     ("bench-checkpoint-mode-alone", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                               "--checkpoint-mode", "async"],
      "--checkpoint-mode applies to runs that save checkpoints; add --checkpoint-every N"),

@@ -15,7 +15,7 @@ COMMON = ("--model", "resnet20", "--batch-size", "8", "--steps", "6", "--warmup"
           "--device", "cpu")
 
 
-@pytest.mark.parametrize("mode, place", [("sync", "shared"), ("async", "local")])
+@pytest.mark.parametrize("mode, place", [("sync", "shared"), ("async", "nodes")])
 def test_a_run_saves_every_n_steps_keeps_the_last_and_trains_as_without(mode, place, tmp_path):
     """Two ranks, a checkpoint every 2 of 6 timed steps: three checkpoints after steps 3, 5
     and 7 (the warm-up step counts), each the model's weights and the optimizer's momentum;
@@ -39,7 +39,7 @@ def test_a_run_saves_every_n_steps_keeps_the_last_and_trains_as_without(mode, pl
         assert s["blocked_s"] > 0
         assert (s["background_s"] is not None) == (mode == "async")
     roles = sorted(r["checkpoint"]["role"] for r in res["ranks"])
-    # shared: both ranks write a share (DCP gives each replicated tensor to one rank); local:
+    # shared: both ranks write a share (DCP gives each replicated tensor to one rank); nodes:
     # the node's first rank writes all of it
     assert roles == (["share", "share"] if place == "shared" else ["all", "none"])
     if place == "shared":
@@ -47,7 +47,7 @@ def test_a_run_saves_every_n_steps_keeps_the_last_and_trains_as_without(mode, pl
     left = sorted(os.listdir(tmp_path / "ck"))
     assert left == ["step-000007"]
     where = tmp_path / "ck" / "step-000007"
-    if place == "local":
+    if place == "nodes":
         where = where / socket.gethostname()
     # what a fresh rank would load into: an untrained model, a zero momentum per parameter
     model = load_workload("models").build_model("resnet20", res["num_classes"])

@@ -478,7 +478,7 @@ def test_checkpoints_on_each_nodes_disk_are_measured_then_removed(lab, tmp_path)
     assert len(records) == 4 and {r["status"] for r in records} == {"ok"}
     for r in records:
         ck = r["checkpoint"]
-        assert ck["mode"] == r["params"]["checkpoint_mode"] and ck["place"] == "local"
+        assert ck["mode"] == r["params"]["checkpoint_mode"] and ck["place"] == "nodes"
         assert [s["step"] for s in ck["saved"]] == [r["params"]["warmup"] + 2,
                                                     r["params"]["warmup"] + 4]
         # every node's first rank writes the whole state: weights and momentum (each as large
@@ -513,7 +513,7 @@ def test_checkpoints_on_each_nodes_disk_are_measured_then_removed(lab, tmp_path)
         assert proc.returncode != 0
         assert proc.stderr.strip().splitlines() == [
             f"error: --checkpoint-to {place}: {why}; give a directory every node mounts and "
-            "may write (e.g. the cluster's NFS share), or local (each node's own disk)"]
+            "may write (e.g. the cluster's NFS share), or nodes (each node's own disk)"]
         assert sorted(p.name for p in reports.iterdir()) == before  # nothing written
     assert ssh.run(head, rec["known_hosts"], "ls -A /tmp | grep -c scalelab-write || true",
                    timeout=30).stdout.strip() == "0"

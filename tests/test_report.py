@@ -941,8 +941,8 @@ def test_the_checkpoint_table_shows_what_each_checkpoint_cost(tmp_path):
         if rec.get("kind") == "train":
             blocked = 0.5 * rec["params"]["nodes"]
             rec["params"].update({"checkpoint_every": 5, "checkpoint_mode": "sync",
-                                  "checkpoint_to": "local", "keep_checkpoints": False})
-            rec["checkpoint"] = {"every": 5, "mode": "sync", "place": "local",
+                                  "checkpoint_to": "nodes", "keep_checkpoints": False})
+            rec["checkpoint"] = {"every": 5, "mode": "sync", "place": "nodes",
                                  "bytes_per_checkpoint": 2e8, "blocked_s_mean": blocked,
                                  "background_s_mean": None, "write_mb_s": 200 / blocked,
                                  "saved": [], "dir": "/w/checkpoints/x", "kept": False,

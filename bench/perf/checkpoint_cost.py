@@ -3,7 +3,7 @@
 A local cluster of max(--nodes) nodes (needs root). One `invoke bench` sweep trains --model
 (ResNet-50 by default, 25.6 M parameters: a checkpoint of about 205 MB with its momentum) on
 emulated --accelerator devices (V100 by default) at each node count, saving a checkpoint every
---every timed steps to each node's own disk (--checkpoint-to local), sync and async in the
+--every timed steps to each node's own disk (--checkpoint-to nodes), sync and async in the
 same sweep. Prints per node count and mode the checkpoint's size (all writers), the seconds
 training was blocked (the slowest rank's, the mean over the run's checkpoints), the seconds
 an async write went on after that, the write's MB/s, and the async blocking time against the

@@ -10,7 +10,7 @@ momentum-sized stand-in, so its checkpoint is as large as a real one). Who write
   replicated tensor to one rank, so the ranks write the state once between them, in shares.
   Horovod's ranks are no torch.distributed group: rank 0 writes it all (DCP without a group),
   the same files.
-* local: DIR is on each node's own disk. The first rank of every node writes the whole state
+* nodes: DIR is on each node's own disk. The first rank of every node writes the whole state
   there, so that each node could reload from its own disk.
 
 --checkpoint-mode sync blocks training until the files are written; async (DCP's async_save)

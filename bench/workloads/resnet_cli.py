@@ -71,9 +71,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="save the state every N timed steps (ckpt.py; 0: never)")
     p.add_argument("--checkpoint-dir", default="",
                    help="with --checkpoint-every: the run's own checkpoint directory")
-    p.add_argument("--checkpoint-place", choices=["shared", "local"], default="local",
+    p.add_argument("--checkpoint-place", choices=["shared", "nodes"], default="nodes",
                    help="the directory is one place every node sees (shared: the ranks write "
-                   "shares of the state) or on each node's own disk (local: its first rank "
+                   "shares of the state) or on each node's own disk (nodes: its first rank "
                    "writes all of it)")
     p.add_argument("--checkpoint-mode", choices=["sync", "async"], default="sync",
                    help="training waits for the files (sync) or only for the copy to host "

@@ -30,7 +30,7 @@ from scalelab.run import checkpoints
 from scalelab.run.slurm import short_hostname
 from scalelab.sweep import estimate, planner, starts
 from scalelab.sweep.planner import RunPlan
-from scalelab.sweep.values import LOCAL_DISK, SYNTHETIC
+from scalelab.sweep.values import NODE_DISKS, SYNTHETIC
 
 log = logging.getLogger(__name__)
 
@@ -327,17 +327,17 @@ def _warm(caps: targets.Capabilities, spec) -> bool:
 def check_checkpoint_places(c: Cluster, runs: list[RunPlan]) -> None:
     """Every node of the runs may write in every shared checkpoint place, and sees what the
     others wrote there: InputError naming the place, the node and the fix, before any run
-    (local places are under the workdir)."""
+    (each node's own disk is under the workdir)."""
     places = dict.fromkeys(r.params.get("checkpoint_to") for r in runs
                            if r.kind == "train" and r.params.get("checkpoint_every"))
     for place in places:
-        if place in (None, LOCAL_DISK):
+        if place in (None, NODE_DISKS):
             continue
         bad = checkpoints.place_problem(_used(c, runs), c.rec["known_hosts"], place)
         if bad:
             raise InputError(f"--checkpoint-to {place}: node {bad[0]} cannot use it ({bad[1]}); "
                              "give a directory every node mounts and may write (e.g. the "
-                             "cluster's NFS share), or local (each node's own disk)")
+                             "cluster's NFS share), or nodes (each node's own disk)")
 
 
 def check_data_sources(c: Cluster, spec: Any, runs: list[RunPlan]) -> None:

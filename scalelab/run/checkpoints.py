@@ -3,11 +3,11 @@
 A run with --checkpoint-every writes its checkpoints (bench/workloads/ckpt.py) into a directory
 of its own, named by the cluster, the sweep and the run:
 
-* local: ``<workdir>/checkpoints/<sweep>/<run>`` on every node's own disk (the workdir is
+* nodes: ``<workdir>/checkpoints/<sweep>/<run>`` on every node's own disk (the workdir is
   scalelab's, and destroy removes it with the rest);
 * a path every node sees: ``<path>/scalelab-checkpoints/<cluster>/<sweep>/<run>``.
 
-After the run the directory is removed on every node (local) or from the first node (a shared
+After the run the directory is removed on every node (nodes) or from the first node (a shared
 path), with the directories above it up to ``scalelab-checkpoints`` where they are left empty,
 unless the sweep keeps its checkpoints. Before any run, the first node makes a directory in a
 shared place and every other node writes in it (place_problem), so that a place the nodes
@@ -23,7 +23,7 @@ from typing import Any
 
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
-from scalelab.sweep.values import LOCAL_DISK
+from scalelab.sweep.values import NODE_DISKS
 
 SHARED_ROOT = "scalelab-checkpoints"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")  # a cluster, sweep or run id: one path segment
@@ -32,13 +32,13 @@ _PATH = re.compile(r"/[A-Za-z0-9._/+=~-]*")
 
 def shared(params: dict[str, Any]) -> bool:
     """Whether the run's checkpoints go to a path every node sees (else each node's disk)."""
-    return params.get("checkpoint_to") not in (None, LOCAL_DISK)
+    return params.get("checkpoint_to") not in (None, NODE_DISKS)
 
 
 def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_id: str) -> str:
     """The run's checkpoint directory on the nodes.
 
-    >>> run_dir({"checkpoint_to": "local"}, "/w", "c1", "s1", "r1")
+    >>> run_dir({"checkpoint_to": "nodes"}, "/w", "c1", "s1", "r1")
     '/w/checkpoints/s1/r1'
     >>> run_dir({"checkpoint_to": "/mnt/nfs"}, "/w", "c1", "s1", "r1")
     '/mnt/nfs/scalelab-checkpoints/c1/s1/r1'

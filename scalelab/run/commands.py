@@ -63,7 +63,7 @@ def workload_args(params: dict[str, Any], profile: str | None = None,
     if params.get("checkpoint_every") and checkpoint_dir:  # checkpoints.run_dir
         args += ["--checkpoint-every", str(int(params["checkpoint_every"])),
                  "--checkpoint-mode", str(params.get("checkpoint_mode") or "sync"),
-                 "--checkpoint-place", "shared" if checkpoints.shared(params) else "local",
+                 "--checkpoint-place", "shared" if checkpoints.shared(params) else "nodes",
                  "--checkpoint-dir", checkpoint_dir]
     if profile:
         args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]

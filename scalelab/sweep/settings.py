@@ -103,9 +103,9 @@ def _check_checkpoint_settings(spec: Any) -> None:
 
 
 def _place_tag(place: str) -> str:
-    """local: ckloc; a path: ckp and a short hash of it (run ids stay short and safe)."""
-    if place == values.LOCAL_DISK:
-        return "ckloc"
+    """nodes: cknodes; a path: ckp and a short hash of it (run ids stay short and safe)."""
+    if place == values.NODE_DISKS:
+        return "cknodes"
     return "ckp" + hashlib.sha1(place.encode()).hexdigest()[:6]
 
 
@@ -248,10 +248,10 @@ SETTINGS: tuple[Setting, ...] = (
             record="checkpoint_mode", column="checkpoint_mode", since=12,
             before=_checkpoint_before(None)),
     Setting("checkpoint_to", "checkpoint_to", "list[str] | None", values.checkpoint_places, None,
-            "with --checkpoint-every: local (each node's own disk, the default) or an absolute "
-            "path every node sees (e.g. an NFS mount), to sweep, e.g. local,/mnt/nfs/ckpt; a "
+            "with --checkpoint-every: nodes (each node's own disk, the default) or an absolute "
+            "path every node sees (e.g. an NFS mount), to sweep, e.g. nodes,/mnt/nfs/ckpt; a "
             "run's checkpoints are removed after it", variant=True,
-            engines=CHECKPOINT_ENGINES, single=values.LOCAL_DISK, tag=_place_tag, tag_lone=True,
+            engines=CHECKPOINT_ENGINES, single=values.NODE_DISKS, tag=_place_tag, tag_lone=True,
             applies=_checkpoints_on, record="checkpoint_to", column="checkpoint_to", since=12,
             before=_checkpoint_before(None)),
     Setting("keep_checkpoints", "keep_checkpoints", "bool", values.flag, False,

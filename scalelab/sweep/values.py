@@ -185,29 +185,29 @@ def data(value: Any, what: str) -> list[str]:
     return out
 
 
-LOCAL_DISK = "local"  # a checkpoint place: each node's own disk (under the workdir)
+NODE_DISKS = "nodes"  # a checkpoint place: each node's own disk (under the workdir)
 _PATH_CHARS = re.compile(r"/[A-Za-z0-9._/+=~-]*")
 
 
 def checkpoint_places(value: Any, what: str) -> list[str]:
-    """Where checkpoints go, to sweep: local (each node's own disk) or an absolute path every
+    """Where checkpoints go, to sweep: nodes (each node's own disk) or an absolute path every
     node sees (an NFS mount, a parallel file system), comma-separated or a YAML list.
 
-    >>> checkpoint_places("local,/mnt/nfs/ckpt/", "--checkpoint-to")
-    ['local', '/mnt/nfs/ckpt']
+    >>> checkpoint_places("nodes,/mnt/nfs/ckpt/", "--checkpoint-to")
+    ['nodes', '/mnt/nfs/ckpt']
     >>> checkpoint_places("/mnt/a b", "--checkpoint-to")
     Traceback (most recent call last):
     ...
-    scalelab.core.errors.InputError: --checkpoint-to: '/mnt/a b' must be local (each node's own disk) or an absolute path every node sees, of letters, digits and ._/+=~- (e.g. /mnt/nfs/checkpoints)
+    scalelab.core.errors.InputError: --checkpoint-to: '/mnt/a b' must be nodes (each node's own disk) or an absolute path every node sees, of letters, digits and ._/+=~- (e.g. /mnt/nfs/checkpoints)
     """
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     out: list[str] = []
     for item in items:
         text = str(item).strip()
-        if text != LOCAL_DISK:
+        if text != NODE_DISKS:
             if (not _PATH_CHARS.fullmatch(text) or ".." in text.split("/")
                     or text.rstrip("/") == ""):
-                raise InputError(f"{what}: {text!r} must be {LOCAL_DISK} (each node's own disk) "
+                raise InputError(f"{what}: {text!r} must be {NODE_DISKS} (each node's own disk) "
                                  "or an absolute path every node sees, of letters, digits and "
                                  "._/+=~- (e.g. /mnt/nfs/checkpoints)")
             text = text.rstrip("/")
