@@ -255,8 +255,8 @@ SETTINGS: tuple[Setting, ...] = (
             applies=_checkpoints_on, record="checkpoint_to", column="checkpoint_to", since=12,
             before=_checkpoint_before(None)),
     Setting("keep_checkpoints", "keep_checkpoints", "bool", values.flag, False,
-            "keep every run's last checkpoint where it was written (default: removed after "
-            "the run; destroy removes those on each node's own disk)", switch=False,
+            "keep every run's last checkpoint where it was written, until you remove it "
+            "(default: removed after the run)", switch=False,
             record="keep_checkpoints", since=12, before=False,
             check=_check_checkpoint_settings),
     # a data source per value: where the ranks' batches come from (sources, docs/data.md)
