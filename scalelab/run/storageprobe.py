@@ -27,7 +27,10 @@ from scalelab.run import commands, launch
 
 log = logging.getLogger(__name__)
 
-READ_SECONDS = 5.0  # each storage probe point: long enough for TCP to reach a shaped rate
+# each storage probe point: long enough for TCP to reach a shaped rate and for every stream to
+# open several shards (an NFS reader's reopen of a 1.1 MB shard stalls a second or two behind
+# a full queue: at 20 Mbit/s a 5 s probe gave 82 % and 50 % of the link, 15 s 92 % and 87 %)
+READ_SECONDS = 15.0
 DECODE_SECONDS = 3.0
 SLACK_S = 60.0  # ssh, interpreter start (decode imports torch) and reaping
 # the readers start together this long after launch (ssh and interpreter start, more nodes
