@@ -23,11 +23,10 @@ from typing import Any
 
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
-from scalelab.sweep.values import NODE_DISKS
+from scalelab.sweep.values import NODE_DISKS, PATH_CHARS
 
 SHARED_ROOT = "scalelab-checkpoints"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")  # a cluster, sweep or run id: one path segment
-_PATH = re.compile(r"/[A-Za-z0-9._/+=~-]*")
 
 
 def shared(params: dict[str, Any]) -> bool:
@@ -53,7 +52,7 @@ def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_
     base = (f"{workdir}/checkpoints" if not shared(params)
             else f"{params['checkpoint_to']}/{SHARED_ROOT}/{cluster}")
     where = f"{base}/{sweep}/{run_id}"
-    if not _PATH.fullmatch(where) or ".." in where.split("/"):
+    if not PATH_CHARS.fullmatch(where) or ".." in where.split("/"):
         raise ValueError(f"a checkpoint directory of unexpected characters: {where!r}")
     return where
 
@@ -90,7 +89,7 @@ def place_problem(nodes: list[Node], known_hosts: str, place: str) -> tuple[str,
     what the first node wrote (place is then no directory the nodes share); None if all can.
     The first node makes a directory of its own name there, every other node writes in it, and
     the first removes it again, also on a failure."""
-    if not _PATH.fullmatch(place) or ".." in place.split("/") or not nodes:
+    if not PATH_CHARS.fullmatch(place) or ".." in place.split("/") or not nodes:
         return (nodes[0].name if nodes else ""), f"{place!r} is not a plain absolute path"
     probe = shlex.quote(f"{place}/.scalelab-write-{secrets.token_hex(6)}")
     first, rest = nodes[0], nodes[1:]

@@ -186,7 +186,7 @@ def data(value: Any, what: str) -> list[str]:
 
 
 NODE_DISKS = "nodes"  # a checkpoint place: each node's own disk (under the workdir)
-_PATH_CHARS = re.compile(r"/[A-Za-z0-9._/+=~-]*")
+PATH_CHARS = re.compile(r"/[A-Za-z0-9._/+=~-]*")  # a path a checkpoint place may be
 
 
 def checkpoint_places(value: Any, what: str) -> list[str]:
@@ -205,7 +205,7 @@ def checkpoint_places(value: Any, what: str) -> list[str]:
     for item in items:
         text = str(item).strip()
         if text != NODE_DISKS:
-            if (not _PATH_CHARS.fullmatch(text) or ".." in text.split("/")
+            if (not PATH_CHARS.fullmatch(text) or ".." in text.split("/")
                     or text.rstrip("/") == ""):
                 raise InputError(f"{what}: {text!r} must be {NODE_DISKS} (each node's own disk) "
                                  "or an absolute path every node sees, of letters, digits and "
