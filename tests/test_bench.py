@@ -256,10 +256,12 @@ def test_emulated_accelerator_sweep_records_fidelity_and_reports_both_models(clu
         assert r["accelerator"] == "v100"
         assert float(r["dilation"]) >= 1 and rec["params"]["dilation"] == float(r["dilation"])
         assert rec["accelerator"]["source"] == "derived"
-        # compute per step is the profile's (V100 fp32 at batch 32: 367 img/s)
+        # compute per step is the profile's (V100 fp32 at batch 32: 367 img/s); within 10 %:
+        # a mean of 3 steps, where one wake-up late on a loaded 2-core CI machine moved it by 8 %
+        # (left in wall time it would be off by the dilation the sweep chose)
         rank = rec["ranks"][0]
         assert rank["compute_time_mean_s"] == pytest.approx(
-            rec["accelerator"]["profile_step_s"], rel=0.05)
+            rec["accelerator"]["profile_step_s"], rel=0.10)
         assert rec["accelerator"]["profile_step_s"] == pytest.approx(32 / 367, rel=0.02)
         assert r["host_cpu_idle"] != ""
     # two nodes: every step moves ResNet-50's gradient over a 1 Gbit/s link, which the
