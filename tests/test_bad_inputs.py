@@ -352,6 +352,25 @@ CASES = [
     ("bench-checkpoint-mode-alone", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                               "--checkpoint-mode", "async"],
      "--checkpoint-mode applies to runs that save checkpoints; add --checkpoint-every N"),
+    ("bench-failure-horovod", "local", ["bench", "--engine", "horovod", "--nodes", "2",
+                                        "--batch-size", "16", "--inject-failure", "5"],
+     "--inject-failure is a setting of --engine ddp; this sweep's engine is horovod"),
+    ("bench-failure-slurm", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                      "--launcher", "slurm", "--inject-failure", "5"],
+     "--inject-failure: a run comes back through torchrun's elastic agent on each node, "
+     "started over SSH, and scalelab does not requeue Slurm jobs yet; use --launcher ssh"),
+    ("bench-failure-past-the-end", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                             "--steps", "10", "--inject-failure", "off,10"],
+     "--inject-failure 10: the runs have 10 timed steps, and a failure needs steps after it "
+     "to recover into; choose a step below 10, or raise --steps"),
+    ("bench-failure-no-such-node", "local", ["bench", "--nodes", "1-2", "--batch-size", "16",
+                                             "--inject-failure", "5@1"],
+     "--inject-failure 5@1: node 1 is past the 1 node(s) of the smallest run (0 is the "
+     "first); choose a node below 1, or leave @1 out (a node at random)"),
+    ("bench-failure-word", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                     "--inject-failure", "soon"],
+     "--inject-failure: 'soon' must be off, a timed step (e.g. 12: one node's ranks killed "
+     "after step 12, the node at random) or STEP@K"),
     ("bench-ps-placement-word", "local", ["bench", "--engine", "ps", "--nodes", "1",
                                           "--batch-size", "16", "--ps-placement", "nearby"],
      "nearby"),

@@ -519,6 +519,51 @@ def test_checkpoints_on_each_nodes_disk_are_measured_then_removed(lab, tmp_path)
                    timeout=30).stdout.strip() == "0"
 
 
+def test_a_node_killed_mid_run_comes_back_from_its_last_checkpoint(lab, tmp_path):
+    """The same cluster: a 2-node run checkpointing every 5 of 20 steps, the second node's
+    ranks killed (SIGKILL, by pid) after step 12. torchrun's agents restart every rank, which
+    go on from the last checkpoint and finish; the record says what was killed, when, and
+    what coming back cost; the run's checkpoints and ranks are gone from the nodes after."""
+    from scalelab.cluster import ssh
+
+    lc, _, _, _ = lab
+    rec = _state(lc.name)
+    reports = tmp_path / "reports"
+    proc = invoke("bench", "--cluster", lc.name, "--nodes", "2", "--batch-size", "32",
+                  "--model", "resnet20", "--steps", "20", "--repeats", "1", "--bandwidth",
+                  "native", "--checkpoint-every", "5", "--inject-failure", "12@1",
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    run = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+           if r["kind"] == "train"][0]
+    assert run["status"] == "ok", run["error"]
+    failure, back = run["failure"], run["failure"]["recovery"]
+    assert failure["node"] == lc.nodes()[1].name and failure["after_step"] == 12
+    assert len(failure["killed_pids"]) == 1 and failure["error"] == ""
+    killed = failure["killed_step"]
+    assert killed >= 12
+    # on from the last checkpoint saved before the kill (step 15's, if it was done by then)
+    assert back["restart"] >= 1 and back["from_step"] in (5 * (killed // 5), killed)
+    assert back["recomputed_steps"] == killed - back["from_step"]
+    assert 0 < back["back_s"] <= back["joined_s"] <= back["ready_s"] < 120
+    assert back["load_s"] > 0
+    # the figures are the last attempt's: its steps, its checkpoints
+    assert {len(r["step_times_s"]) for r in run["ranks"]} == {20 - back["from_step"]}
+    assert [s["step"] - run["params"]["warmup"] for s in run["checkpoint"]["saved"]] == \
+        list(range(back["from_step"] + 5, 21, 5))
+    with open(sweep_dir / "results.csv") as fh:
+        row = next(csv.DictReader(fh))
+    assert row["inject_failure"] == "12@1" and row["failed_node"] == failure["node"]
+    assert float(row["recovery_ready_s"]) == back["ready_s"]
+    # nothing left: no checkpoint, no rank, agent or armed kill (the nodes share the host's
+    # processes: counted once per node)
+    left = (f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l; "
+            "grep -lE 'resnet[.]py|read -r pid[s]' /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
+    assert [ssh.run(n, rec["known_hosts"], left, timeout=30).stdout.split()
+            for n in lc.nodes()[:2]] == [["0", "0"]] * 2
+
+
 def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
     """Last in the module: invoke stage --remove ends the storage node's NFS server and web
     server and removes their sets from the node (the NFS set's tmpfs unmounted); the set on

@@ -172,6 +172,83 @@ class Checkpointer:
                 "saved": [s.as_record() for s in self.saved]}
 
 
+def complete_steps(root: str, role_all: bool, host: str) -> list[int]:
+    """The steps whose checkpoint in root is complete (DCP writes .metadata last) and this rank
+    can read: the shared one, or (role_all: the nodes' place) this host's own copy.
+
+    >>> import tempfile
+    >>> r = tempfile.mkdtemp()
+    >>> for d in ("step-000010/h1", "step-000015/h1", "step-000015/h2", "step-000020/h1"):
+    ...     os.makedirs(os.path.join(r, d))
+    >>> for d in ("step-000010/h1", "step-000015/h1", "step-000015/h2"):
+    ...     open(os.path.join(r, d, ".metadata"), "w").close()
+    >>> complete_steps(r, True, "h1"), complete_steps(r, True, "h2"), complete_steps(r, False, "h1")
+    ([10, 15], [15], [])
+    """
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if not (name.startswith("step-") and name[5:].isdigit()):
+            continue
+        where = os.path.join(root, name, host) if role_all else os.path.join(root, name)
+        if os.path.exists(os.path.join(where, ".metadata")):
+            out.append(int(name[5:]))
+    return out
+
+
+def common_step(per_rank: list[list[int]]) -> int:
+    """The last step every rank has a complete checkpoint of; 0 (start again) where none.
+
+    >>> common_step([[10, 15], [15]]), common_step([[10], [15]]), common_step([[], [5]])
+    (15, 0, 0)
+    """
+    shared = set(per_rank[0]).intersection(*per_rank[1:]) if per_rank else set()
+    return max(shared, default=0)
+
+
+def resume(a: Any, me: Any, t: Any, eng: Any) -> dict[str, Any] | None:
+    """Every rank of a run torchrun's agents may restart calls this at start, so that all
+    agree: whether this attempt is a restart (any rank's TORCHELASTIC_RESTART_COUNT above 0:
+    an agent that restarts its ranks because another node's failed counts no failure of its
+    own) and, if it is, the last checkpoint every rank can read, loaded into each rank's
+    state (weights, buffers, momentum). None on a first attempt; else its record: restart,
+    from_step (0: none to load, the run starts again), load_s."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    ck: Checkpointer | None = eng.ckpt
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    mine = complete_steps(a.checkpoint_dir, a.checkpoint_place == "nodes",
+                          socket.gethostname()) if ck is not None else []
+    every: list[Any] = [None] * me.world
+    dist.all_gather_object(every, (restart, mine))
+    restart = max(r for r, _ in every)
+    if not restart:
+        return None
+    step = common_step([steps for _, steps in every])
+    if step and ck is not None:
+        optimizer = t.optimizer if t.real_model is None else None
+        if optimizer is not None:  # SGD makes its momentum at the first step: made to load into
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+        where = step_dir(a.checkpoint_dir, step)
+        if a.checkpoint_place == "nodes":
+            where = os.path.join(where, socket.gethostname())
+            dcp.load(ck.state(), checkpoint_id=where, no_dist=True)
+        else:
+            dcp.load(ck.state(), checkpoint_id=where, process_group=ck.group)
+        ck._last = where if ck.role else ""  # removed once a newer one is complete
+    dist.barrier()
+    return {"restart": restart, "from_step": step,
+            "load_s": round(time.perf_counter() - t0, 6)}
+
+
 def state_of(model: Any, optimizer: Any, named_params: list[tuple[str, Any]]) -> Any:
     """A function giving the state to save: the model's weights and buffers, and the
     optimizer's per-parameter tensors by parameter name (an emulated rank without an

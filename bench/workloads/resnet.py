@@ -147,6 +147,7 @@ class Engine:
     comm_dtype_name: str
     pusher: Any = None  # psengine.Pusher under --engine ps
     ckpt: Any = None  # ckpt.Checkpointer under --checkpoint-every
+    attempt: Any = None  # after a restart: ckpt.resume's record (restart, from_step, load_s)
 
 
 @dataclass
@@ -173,7 +174,12 @@ def run(a: argparse.Namespace) -> int:
     trainee = make_model(a, me, data)
     eng = wrap(a, me, trainee)
     eng.ckpt = ckpt.make(a, me, trainee, eng)
+    # restarted by torchrun's agent after a failure: on from the last checkpoint all can read
+    eng.attempt = ckpt.resume(a, me, trainee, eng) if a.restartable else None
     TIMELINE["ready"] = time.time()
+    if eng.attempt is not None:
+        eng.attempt.update(process_at=TIMELINE["process"], rendezvous_at=TIMELINE["rendezvous"],
+                           ready_at=TIMELINE["ready"])
     timed = timed_loop(a, me, data, trainee, eng)
     gather(a, me, data, trainee, eng, timed)
     finish(me)
@@ -392,8 +398,11 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     t_first = None
     real, bytes_first, blocked = data.real, 0, 0.0
     it = data.batches()
-    for i in range(a.warmup + a.steps):
-        if i == a.warmup:
+    # after a restart, on from the checkpoint's step (its timed steps are those left)
+    begin = eng.attempt["from_step"] if eng.attempt else 0
+    first = max(begin, a.warmup)
+    for i in range(begin, a.warmup + a.steps):
+        if i == first:
             clock.sync()
             sample_start = common.host_sample()  # before the clock starts: not in the window
             t_first = time.perf_counter()
@@ -432,6 +441,9 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
                     optimizer.step()
         t_end = clock.mark()
         clock.sync()
+        if a.report_steps:
+            print(f"SCALELAB_STEP {eng.attempt['restart'] if eng.attempt else 0} {me.rank} "
+                  f"{i + 1} {os.getpid()}", flush=True)
         if i < a.warmup:
             continue
         if eng.ckpt is not None and eng.ckpt.due(i + 1 - a.warmup):
@@ -443,8 +455,9 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
         eng.ckpt.finish()  # the last asynchronous write: after the timed window
     window = common.sample_delta(sample_start, common.host_sample())
     it.close()
-    if t_first is None or len(steps_rec) != a.steps:
-        raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected {a.steps}")
+    if t_first is None or len(steps_rec) != a.warmup + a.steps - first:
+        raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected "
+                           f"{a.warmup + a.steps - first}")
     data_bytes = real.bytes_read - bytes_first if real is not None else None
     return Timed(steps_rec, t_first, t_last, window, data_bytes, blocked)
 

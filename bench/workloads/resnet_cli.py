@@ -75,6 +75,14 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the directory is one place every node sees (shared: the ranks write "
                    "shares of the state) or on each node's own disk (nodes: its first rank "
                    "writes all of it)")
+    p.add_argument("--report-steps", action="store_true",
+                   help="print SCALELAB_STEP <restart> <rank> <step> <pid> after every step "
+                        "(what an injected failure waits for; the workload acts on none)")
+    p.add_argument("--restartable", action="store_true",
+                   help="torchrun's agents may restart the ranks: at start every rank agrees "
+                        "with the others whether this is a restart and which checkpoint to go "
+                        "on from (an agent that restarts its ranks for another node's failure "
+                        "does not count it in TORCHELASTIC_RESTART_COUNT)")
     p.add_argument("--checkpoint-mode", choices=["sync", "async"], default="sync",
                    help="training waits for the files (sync) or only for the copy to host "
                    "memory (async: DCP's async_save)")

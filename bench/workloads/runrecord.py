@@ -30,7 +30,7 @@ def rank_record(a: argparse.Namespace, me: Any, eng: Any, timed: Any) -> dict[st
         # emulated: the device's time is the steps' (host bookkeeping between steps is not the
         # device's, and would not be dilated like the steps); otherwise the timed window's
         # (the time checkpoints blocked training is in neither: it is recorded on its own)
-        "images_per_sec": a.batch_size * a.steps / (
+        "images_per_sec": a.batch_size * len(step_times) / (
             sum(step_times) if a.emulated else (timed.t_last - timed.t_first - timed.blocked_s)),
         "step_time_mean_s": common.mean(step_times),
         "step_time_p95_s": common.percentile(step_times, 95),
@@ -59,6 +59,8 @@ def rank_record(a: argparse.Namespace, me: Any, eng: Any, timed: Any) -> dict[st
         else None,
         "env": common.env_fingerprint([me.host]),
         "checkpoint": eng.ckpt.as_record() if eng.ckpt is not None else None,
+        # after a restart: how this attempt began (ckpt.resume, and when, in unix seconds)
+        "attempt": eng.attempt,
     }
 
 
@@ -87,7 +89,7 @@ def result(a: argparse.Namespace, me: Any, data: Any, t: Any, eng: Any,
         # bytes read from storage for the timed steps, all ranks, and per image trained on
         "data_bytes": None if real is None else sum(r["data_bytes"] for r in ranks),
         "data_bytes_per_image": None if real is None else sum(r["data_bytes"] for r in ranks)
-        / (a.batch_size * a.steps * me.world),
+        / (a.batch_size * len(ranks[0]["step_times_s"]) * me.world),
         "workers": a.workers if real is not None else 0,
         "loader_workers": a.workers if real is not None else None,
         "pin_memory": data.pin_memory if real is not None else None,
@@ -111,6 +113,7 @@ def result(a: argparse.Namespace, me: Any, data: Any, t: Any, eng: Any,
         "timeline": {**timeline, "done": time.time()},
         "dilation": a.dilation,
         "checkpoint": ckpt.summary(a, ranks),
+        "recovery": recovery(ranks),
         "accelerator": None
         if not a.emulated
         else {
@@ -121,3 +124,26 @@ def result(a: argparse.Namespace, me: Any, data: Any, t: Any, eng: Any,
             **{f"profile_{k}": v for k, v in emulate.totals(a.emulated).items()},
         },
     }
+
+
+def recovery(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How the last attempt of a restarted run came back (None: it was never restarted): its
+    restart count and the step it went on from, the slowest load, and when the first rank's
+    process started, every rank had joined the group, and every rank was ready to train.
+
+    >>> r = lambda p, j, ld: {"attempt": {"restart": 1, "from_step": 10, "load_s": ld,
+    ...                                   "process_at": p, "rendezvous_at": j, "ready_at": j + 1}}
+    >>> recovery([r(100.0, 104.0, 0.5), r(101.0, 103.0, 0.7)])["all_joined_at"]
+    104.0
+    >>> recovery([{"attempt": None}]) is None
+    True
+    """
+    tries = [r["attempt"] for r in ranks if r.get("attempt")]
+    if not tries:
+        return None
+    return {"restart": max(t["restart"] for t in tries),
+            "from_step": min(t["from_step"] for t in tries),
+            "load_s": max(t["load_s"] for t in tries),
+            "first_process_at": min(t["process_at"] for t in tries),
+            "all_joined_at": max(t["rendezvous_at"] for t in tries),
+            "all_ready_at": max(t["ready_at"] for t in tries)}

@@ -71,7 +71,7 @@ CSV_COLUMNS = [
 SETTING_COLUMNS = {st.column: st for st in SETTINGS if st.column}
 CSV_COLUMNS += [c for c, st in SETTING_COLUMNS.items() if c not in CSV_COLUMNS and st.since <= 10]
 CSV_COLUMNS += ["accel_busy"]
-CSV_COLUMNS += [c for c in SETTING_COLUMNS if c not in CSV_COLUMNS]
+CSV_COLUMNS += [c for c, st in SETTING_COLUMNS.items() if c not in CSV_COLUMNS and st.since <= 12]
 # runs with --checkpoint-every (store version 12): a checkpoint's bytes (all writers), the
 # seconds it blocked training and, async, its write's after that (means over the run's
 # checkpoints, the slowest rank's, in wall time), and the write's MB/s
@@ -80,6 +80,16 @@ CHECKPOINT_COLUMNS = {"checkpoint_bytes": "bytes_per_checkpoint",
                       "checkpoint_background_s": "background_s_mean",
                       "checkpoint_write_mb_s": "write_mb_s"}
 CSV_COLUMNS += list(CHECKPOINT_COLUMNS)
+# then the settings declared since (store version 13 on), then, for runs with
+# --inject-failure, what failed and how the run came back (the record's "failure"): the node,
+# the last step its ranks finished, the step the run went on from (empty: from the start),
+# the seconds from the kill until the first restarted rank's process started and until every
+# rank was ready to train again, and the steps done twice
+CSV_COLUMNS += [c for c in SETTING_COLUMNS if c not in CSV_COLUMNS]
+FAILURE_COLUMNS = {"failed_node": "node", "failed_after_step": "killed_step",
+                   "recovered_from_step": "from_step", "recovery_back_s": "back_s",
+                   "recovery_ready_s": "ready_s", "recomputed_steps": "recomputed_steps"}
+CSV_COLUMNS += list(FAILURE_COLUMNS)
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
                  "compute_time_mean_s", "comm_time_mean_s", "comm_inflight_mean_s",
@@ -203,7 +213,7 @@ RUN_COLUMNS = ["sweep_id", "run_id", "target", "nodes", "procs_per_node", "world
                "intra_link", "intra_mbit", "hop_delay_us", "storage_read_mb_s",
                "decode_img_s_per_core"]
 RUN_COLUMNS += [c for c in SETTING_COLUMNS if c not in RUN_COLUMNS]
-RUN_COLUMNS += list(CHECKPOINT_COLUMNS)
+RUN_COLUMNS += list(CHECKPOINT_COLUMNS) + list(FAILURE_COLUMNS)
 # each rank's figures as to_frame reads them: short name -> the record's key
 RANK_FIELDS = {"ips": "images_per_sec", "step": "step_time_mean_s", "p95": "step_time_p95_s",
                "compute": "compute_time_mean_s", "comm": "comm_time_mean_s",
@@ -301,7 +311,18 @@ def _run_row(rec: RunRecord) -> dict[str, Any]:
         "storage_read_mb_s": number(rec.storage.get("read_mb_s")),
         "decode_img_s_per_core": number(rec.storage.get("decode_img_s_per_core")),
         **{c: number(rec.checkpoint.get(k)) for c, k in CHECKPOINT_COLUMNS.items()},
+        **_failure(rec.failure),
     }
+
+
+def _failure(failure: dict[str, Any]) -> dict[str, Any]:
+    """A run's FAILURE_COLUMNS: empty (NaN) without an injected failure."""
+    back = failure.get("recovery") or {}
+    out: dict[str, Any] = {"failed_node": str(failure.get("node") or "")}
+    for c, k in FAILURE_COLUMNS.items():
+        if c != "failed_node":
+            out[c] = number((failure if k == "killed_step" else back).get(k))
+    return out
 
 
 def _rank_rows(idx: int, rec: RunRecord) -> list[tuple]:

@@ -70,6 +70,8 @@ class RunRecord:
     ps: dict[str, Any]  # an --engine ps run: its servers' figures, overlap, colocated
     # a run with --checkpoint-every: every checkpoint's figures, where they went, kept or not
     checkpoint: dict[str, Any]
+    # a run with --inject-failure: what was killed, when, and how the run came back
+    failure: dict[str, Any]
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> RunRecord:
@@ -98,7 +100,7 @@ class RunRecord:
             accelerator=_part(raw.get("accelerator")), slurm=_part(raw.get("slurm")),
             placement=_part(raw.get("placement")), comm=_part(raw.get("comm")),
             storage=_part(raw.get("storage")), ps=_part(raw.get("ps")),
-            checkpoint=_part(raw.get("checkpoint")))
+            checkpoint=_part(raw.get("checkpoint")), failure=_part(raw.get("failure")))
 
 
 def typed(records: Any) -> list[RunRecord]:

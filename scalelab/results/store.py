@@ -70,7 +70,7 @@ RECORD_KEYS = ("sweep_id", "run_id", "kind", "status", "params", "target", "node
 MEASURED_KEYS = ("ranks", "allreduce", "gradient_bytes", "link_mbit_measured", "link_error",
                  "env", "timeline", "accelerator", "slurm", "placement",
                  "link_mbit_single_stream", "comm", "ssh", "storage", "ps",
-                 "checkpoint")
+                 "checkpoint", "failure")
 # what each measured field holds: docs/dev/CONTRACTS.md (the one place it is written)
 # a training run's "timeline" (optional): where its wall time went, in this order, adding up to
 # duration_s (scalelab.run.driver.timeline works them out)

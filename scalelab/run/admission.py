@@ -30,7 +30,7 @@ from scalelab.run import checkpoints
 from scalelab.run.slurm import short_hostname
 from scalelab.sweep import estimate, planner, starts
 from scalelab.sweep.planner import RunPlan
-from scalelab.sweep.values import NODE_DISKS, SYNTHETIC
+from scalelab.sweep.values import NO_FAILURE, NODE_DISKS, SYNTHETIC
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,10 @@ def _sudo_refusal(c: Cluster, spec: Any, runs: list[RunPlan]) -> str:
             "for passwordless sudo")
 
 
+def _injects(spec: Any) -> bool:
+    return any(f != NO_FAILURE for f in spec.inject_failure or [])
+
+
 CHECKS: tuple[Check, ...] = (
     Check("a launcher the cluster has",
           lambda s, runs: True, lambda c, s, runs: s.launcher in c.launchers,
@@ -135,6 +139,17 @@ CHECKS: tuple[Check, ...] = (
           lambda c, s, runs: "--checkpoint-every: a run's checkpoints are removed over SSH to "
                              "its nodes, and under --launcher slurm scalelab has none yet; use "
                              "--launcher ssh, or leave out --checkpoint-every"),
+    Check("torchrun over SSH, to restart after an injected failure",
+          lambda s, runs: _injects(s), lambda c, s, runs: s.launcher != "slurm",
+          lambda c, s, runs: "--inject-failure: a run comes back through torchrun's elastic "
+                             "agent on each node, started over SSH, and scalelab does not "
+                             "requeue Slurm jobs yet; use --launcher ssh, or leave "
+                             "--inject-failure out"),
+    Check("ranks on the hosts, to kill and restart",
+          lambda s, runs: _injects(s), lambda c, s, runs: s.runtime != "container",
+          lambda c, s, runs: "--inject-failure: scalelab kills a node's ranks by their pids "
+                             "on the host, and ranks in containers are not restarted yet; use "
+                             "--runtime host, or leave --inject-failure out"),
     Check("Slurm, for a partition",
           lambda s, runs: bool(s.partition), lambda c, s, runs: s.launcher == "slurm",
           lambda c, s, runs: "partition: only Slurm has partitions; add --launcher slurm (or "

@@ -14,9 +14,11 @@ from scalelab.cluster.targets.interface import Runtime
 from scalelab.model.comm import COMM_DEFAULTS, COMM_KEYS
 from scalelab.run import checkpoints
 from scalelab.run.reap import TOKEN_VAR
+from scalelab.sweep import values
 from scalelab.sweep.starts import starts_directly
 
 WORKLOADS = "bench/workloads"
+MAX_RESTARTS = 3  # how often torchrun's agent restarts a run's ranks (--inject-failure)
 
 
 @dataclass
@@ -65,6 +67,8 @@ def workload_args(params: dict[str, Any], profile: str | None = None,
                  "--checkpoint-mode", str(params.get("checkpoint_mode") or "sync"),
                  "--checkpoint-place", "shared" if checkpoints.shared(params) else "nodes",
                  "--checkpoint-dir", checkpoint_dir]
+    if values.failure(params.get("inject_failure")):  # what the injector waits for
+        args += ["--report-steps", "--restartable"]
     if profile:
         args += ["--profile", profile, "--dilation", f"{float(params.get('dilation') or 1):g}"]
         if decode_cost_s:  # real data on an emulated device: the decode it charges an image
@@ -173,6 +177,38 @@ def torchrun_commands(nodes: list[Node], procs_per_node: int, script: str, args:
     return out
 
 
+def elastic_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
+                     rt: Runtime, port: int, run_id: str, fabric: str = "tcp",
+                     device: str = "cpu") -> list[RankCommand]:
+    """One torchrun per node that restarts its ranks after a failure: the c10d rendezvous at
+    the head's cluster address (the first node's agent serves it), so that when one node's
+    ranks fail and its agent restarts them, every other agent restarts its own too, and all
+    meet again; at most MAX_RESTARTS times. Rank numbers follow the order the agents join in.
+    The agents do not share one store across rounds (TORCH_DISABLE_SHARE_RDZV_TCP_STORE):
+    shared, a restarted rank could read the address a killed rank had published in the round
+    before, and fail to connect to it (seen here in about one restart in four).
+
+    >>> rt = Runtime("/v/bin/python", "/w", "/kh")
+    >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0")]
+    >>> " ".join(elastic_commands(ns, 1, "resnet.py", [], rt, 29500, "r1")[0].argv[3:])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    '--nnodes 1 --nproc-per-node 1 --max-restarts 3 --monitor-interval 0.1 --rdzv-backend c10d
+     --rdzv-endpoint 10.0.0.10:29500 --rdzv-id r1 /w/bench/workloads/resnet.py'
+    """
+    head = nodes[0].private_address
+    out = []
+    for n in nodes:
+        argv = [rt.python, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)),
+                "--nproc-per-node", str(procs_per_node), "--max-restarts", str(MAX_RESTARTS),
+                "--monitor-interval", "0.1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{head}:{port}", "--rdzv-id", run_id,
+                f"{rt.workdir}/{WORKLOADS}/{script}", *args]
+        env = {**rank_env(n, procs_per_node, fabric, device),
+               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        out.append(RankCommand(n, argv, env, error_file=True))
+    return out
+
+
 def direct_commands(nodes: list[Node], script: str, args: list[str], rt: Runtime,
                     port: int, warm: str | None = None, fabric: str = "tcp",
                     device: str = "cpu") -> list[RankCommand]:
@@ -214,13 +250,18 @@ def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: s
                   args: list[str], rt: Runtime, port: int, shared_host: bool = False,
                   warm: str | None = None, fabric: str = "tcp",
                   device: str = "cpu", in_container: bool = False,
-                  servers: list[Node] | None = None) -> tuple[str, list[RankCommand]]:
+                  servers: list[Node] | None = None,
+                  restart_id: str | None = None) -> tuple[str, list[RankCommand]]:
     """The launcher for a run and its commands: horovodrun for Horovod (hvdrank.py per node
     where the ranks run in containers); torchrun for the parameter-server engine (servers:
     its dedicated server nodes, none where they are colocated); for DDP and the allreduce
     probe torchrun, or, where the nodes share one host's cores and run one process each, the
     ranks directly (direct_commands says why), forked from the warm-start server when there
-    is one."""
+    is one. restart_id: DDP's ranks restart after a failure (elastic_commands, this the
+    rendezvous's id)."""
+    if engine == "ddp" and restart_id:
+        return "torchrun", elastic_commands(nodes, procs_per_node, script, args, rt, port,
+                                            restart_id, fabric, device)
     if engine == "ps":
         return "torchrun", ps_commands(nodes, servers or [], procs_per_node, script, args, rt,
                                        port, fabric, device)

@@ -34,7 +34,16 @@ from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import datapath, fabric
 from scalelab.model.networks import MODELS
 from scalelab.results import store
-from scalelab.run import checkpoints, commands, containers, launch, linkprobe, slurm, storageprobe
+from scalelab.run import (
+    checkpoints,
+    commands,
+    containers,
+    failures,
+    launch,
+    linkprobe,
+    slurm,
+    storageprobe,
+)
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool
@@ -168,7 +177,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
                connections: dict[str, int] | None = None,
                intra: float | None = None, delay_us: float = 0.0,
                storage: dict[str, Any] | None = None,
-               checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+               checkpoint: dict[str, Any] | None = None,
+               failure: dict[str, Any] | None = None) -> dict[str, Any]:
     """The raw record of one run, as committed to the store (schema in CONTRACTS.md).
 
     rate is what tc was set to; with an emulated accelerator at dilation k that is the
@@ -207,6 +217,8 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
         measured["ps"] = result["ps"]
     if checkpoint is not None:  # the ranks' checkpoints (if they got that far) and their dir
         measured["checkpoint"] = {**(result.get("checkpoint") or {}), **checkpoint}
+    if failure is not None:  # the failure injected, and how the run came back from it
+        measured["failure"] = failure
     if connections is not None:
         measured["ssh"] = connections
     if run.kind == "allreduce":
@@ -229,9 +241,18 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     if status == "ok" and run.kind == "train" and want and got != want:
         status, error = "failed", (f"the run asked for {want} parameter server(s) but "
                                    f"{got} answered")
+    if status == "ok" and failure is not None and failure["recovery"] is None:
+        status, error = "failed", (
+            f"a failure was to be injected after step {failure['after_step']} on "
+            f"{failure['node']}, but " + (failure["error"] or "the run never reached it")
+            if failure["killed_at"] is None else
+            f"{failure['node']}'s ranks were killed after step {failure['killed_step']}, but "
+            "the run finished without restarting them")
     every = run.params.get("checkpoint_every") or 0
     saves = len((measured.get("checkpoint") or {}).get("saved") or [])
-    if status == "ok" and run.kind == "train" and every and saves != run.params["steps"] // every:
+    due = every and failures.expected_saves(run.params["steps"], every,
+                                             run.params.get("warmup") or 0, result.get("recovery"))
+    if status == "ok" and run.kind == "train" and every and saves != due:
         status, error = "failed", (f"the run was to checkpoint every {every} steps of "
                                    f"{run.params['steps']} but saved {saves} time(s)")
     if status == "ok" and run.kind == "train" and placed.get("precision") not in (
@@ -274,10 +295,11 @@ class Launcher:
 
     def run(self, run, engine: str, nodes: list[Node], script: str, args: list[str], port: int,
             timeout_s: float, stop: threading.Event | None, inflight: Path,
-            servers: list[Node] | None = None
+            servers: list[Node] | None = None, inject: failures.Injector | None = None
             ) -> tuple[str, launch.LaunchResult, dict[str, Any] | None]:
         """Start, wait, reap one run; (launcher name, result, the Slurm job's record);
-        servers: the parameter-server engine's dedicated server nodes."""
+        servers: the parameter-server engine's dedicated server nodes; inject: the failure
+        to inject (its ranks then restart through torchrun's agents)."""
         ppn = run.params["procs_per_node"]
         fabric, device = run.params.get("fabric") or "tcp", run.params.get("device") or "cpu"
         if self.kind != "slurm" and self.container is not None:
@@ -294,9 +316,15 @@ class Launcher:
         if self.kind != "slurm":
             name, cmds = commands.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
                                               shared_host=self.emulated, warm=self.warm,
-                                              fabric=fabric, device=device, servers=servers)
-            return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
-                                    inflight=inflight), None
+                                              fabric=fabric, device=device, servers=servers,
+                                              restart_id=run.run_id if inject else None)
+            try:
+                return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
+                                        inflight=inflight,
+                                        watch=inject.poll if inject else None), None
+            finally:
+                if inject is not None:
+                    inject.finish()
 
         job = slurm.job_name(secrets.token_hex(8), run.run_id)
         gpus = ppn if all(n.gpus for n in nodes) else 0
@@ -505,6 +533,9 @@ class _Execution:
                                                self.sweep_dir.name, run.run_id)
             script, args, engine = ("resnet.py", commands.workload_args(
                 p, profile, 1.0 / decode if decode else None, ckpt_dir), p["engine"])
+        inject = failures.injector(p.get("inject_failure"), self.all_nodes[: p["nodes"]],
+                                   run.run_id, p.get("warmup") or 0, p["procs_per_node"],
+                                   self.rt.known_hosts) if run.kind == "train" else None
         started = utcnow()
         interrupted, job, launcher_name = False, None, self.starter.kind
         try:
@@ -516,7 +547,7 @@ class _Execution:
                 servers = self.all_nodes[p["nodes"]: p["nodes"] + planner.server_nodes(p)]
                 launcher_name, res, job = self.starter.run(
                     run, engine, self.all_nodes[: p["nodes"]], script, args, port, timeout_s,
-                    self.stop, self.sweep_dir / INFLIGHT, servers)
+                    self.stop, self.sweep_dir / INFLIGHT, servers, inject)
         except KeyboardInterrupt:
             interrupted = True
             res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
@@ -531,6 +562,10 @@ class _Execution:
                             intra=lo, delay_us=delay_us, storage=source_probe,
                             image={"id": c.image_id, "tag": c.image} if c is not None else None,
                             checkpoint=saved,
+                            failure=inject.record(
+                                p.get("warmup") or 0, (res.result or {}).get("recovery"),
+                                res.outcomes[inject.index].stdout if res.outcomes else "")
+                            if inject else None,
                             connections={key: v - before[key]
                                          for key, v in ssh.connections().items()})
         store.append_run(self.sweep_dir, record)

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,13 +160,15 @@ class Launch:
                                for c in self.commands]
 
     def wait(self, timeout_s: float, fail_grace_s: float = 5.0,
-             stop: threading.Event | None = None, inflight: Path | None = None) -> str:
+             stop: threading.Event | None = None, inflight: Path | None = None,
+             watch: Callable[[Launch], None] | None = None) -> str:
         """Wait for every rank; returns ok, failed, timeout or interrupted.
 
         Once a rank has failed, the others get fail_grace_s to fail by themselves (and say
         why), then the run is failed: they are usually stuck in a collective with the dead
         rank. inflight: a file kept listing the process groups while the run is in flight,
-        so that a driver killed with SIGKILL can reap them on --resume.
+        so that a driver killed with SIGKILL can reap them on --resume. watch: called on
+        every poll while the ranks run (scalelab.run.failures.Injector.poll).
         """
         deadline = time.monotonic() + timeout_s
         first_fail: float | None = None
@@ -174,6 +177,8 @@ class Launch:
             if inflight is not None and len(self.pgids) != written:
                 written = len(self.pgids)
                 save_inflight(inflight, self.entries())
+            if watch is not None:
+                watch(self)
             codes = self._note_exits()
             now = time.monotonic()
             if all(c is not None for c in codes):
@@ -242,6 +247,10 @@ class Launch:
             t.join(timeout=2)
         out, err = self._buffers[index]
         return ssh.never_reached(proc.returncode, "".join(out), "".join(err))
+
+    def lines(self, index: int, since: int) -> list[str]:
+        """The lines command index has printed on stdout after its first `since`."""
+        return self._buffers[index][0][since:]
 
     def printed(self, index: int) -> str:
         """What command index has printed on stdout so far."""
@@ -443,7 +452,8 @@ def explain_failure(outcomes: list[RankOutcome], status: str, timeout_s: float) 
 
 def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
         stop: threading.Event | None = None, inflight: Path | None = None,
-        fail_grace_s: float = 5.0) -> LaunchResult:
+        fail_grace_s: float = 5.0,
+        watch: Callable[[Launch], None] | None = None) -> LaunchResult:
     """Start, wait, reap; the result is read from the head node's stdout.
 
     fail_grace_s: once one command has failed, how long the others get to fail by themselves.
@@ -460,7 +470,8 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
     unreaped: list[str] = []
     try:
         launch.start(inflight)
-        status = launch.wait(timeout_s, fail_grace_s, stop=stop, inflight=inflight)
+        status = launch.wait(timeout_s, fail_grace_s, stop=stop, inflight=inflight,
+                             watch=watch)
         waited_s = time.monotonic() - t0
         if status == "failed":
             launch.read_errors()
@@ -475,7 +486,8 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
             except LaunchError as exc:
                 log.warning("%s", exc)
     outcomes = launch.outcomes()
-    result = parse_result(outcomes[0].stdout) if outcomes else None
+    # the head's, or (ranks numbered as torchrun's agents joined) whichever node printed it
+    result = next((r for o in outcomes if (r := parse_result(o.stdout)) is not None), None)
     if status == "ok" and result is None:
         status = "failed"
     if status == "failed" and whole(result):

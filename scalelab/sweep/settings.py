@@ -102,6 +102,24 @@ def _check_checkpoint_settings(spec: Any) -> None:
                          "--checkpoint-every N (steps between checkpoints), or drop it")
 
 
+def _check_failure_settings(spec: Any) -> None:
+    """A failure scalelab can inject and restart from: on a node of every run, after a timed
+    step the runs still have steps past (DDP's alone: the setting's engines)."""
+    asked = [f for f in spec.inject_failure or [] if f != values.NO_FAILURE]
+    if not asked:
+        return
+    for f in asked:
+        step, k = values.failure(f)
+        if k is not None and k >= min(spec.nodes):
+            raise InputError(f"--inject-failure {f}: node {k} is past the {min(spec.nodes)} "
+                             f"node(s) of the smallest run (0 is the first); choose a node "
+                             f"below {min(spec.nodes)}, or leave @{k} out (a node at random)")
+        if step >= spec.steps:
+            raise InputError(f"--inject-failure {f}: the runs have {spec.steps} timed steps, and "
+                             "a failure needs steps after it to recover into; choose a step "
+                             f"below {spec.steps}, or raise --steps")
+
+
 def _place_tag(place: str) -> str:
     """nodes: cknodes; a path: ckp and a short hash of it (run ids stay short and safe)."""
     if place == values.NODE_DISKS:
@@ -259,6 +277,16 @@ SETTINGS: tuple[Setting, ...] = (
             "(default: removed after the run)", switch=False,
             record="keep_checkpoints", since=12, before=False,
             check=_check_checkpoint_settings),
+    # failures on purpose (docs/checkpoints.md): one node's ranks killed, the run restarted
+    Setting("inject_failure", "inject_failure", "list[str] | None", values.failures, None,
+            "kill one node's ranks after a timed step, to sweep: off (the default), STEP (the "
+            "node at random) or STEP@K (the run's K-th node, 0 the first), e.g. off,12; "
+            "torchrun's agent restarts the ranks, which go on from the last checkpoint",
+            variant=True, engines=("ddp",), single=values.NO_FAILURE,
+            tag=lambda x: "f" + x.replace("@", "n"), tag_lone=True, record="inject_failure",
+            column="inject_failure", since=13,
+            before=lambda p: values.NO_FAILURE if p.get("engine") == "ddp"
+            and p.get("batch_size") is not None else None, check=_check_failure_settings),
     # a data source per value: where the ranks' batches come from (sources, docs/data.md)
     Setting("data", "data", "list[str]", values.data, [SYNTHETIC],
             "data sources to sweep: synthetic (the default), an absolute path on the nodes "

@@ -288,3 +288,46 @@ def strip_what(exc: InputError, what: str) -> str:
     return str(exc).removeprefix(f"{what}: ")
 
 
+
+
+NO_FAILURE = "off"
+_FAILURE = re.compile(r"(?P<step>[1-9][0-9]{0,6})(?:@(?P<node>[0-9]{1,4}))?")
+
+
+def failures(value: Any, what: str) -> list[str]:
+    """Failures to inject, to sweep: off, STEP (one node's ranks killed after that timed step,
+    the node drawn at random) or STEP@K (the run's K-th node, 0 the first), comma-separated or
+    a YAML list.
+
+    >>> failures("off,12, 12@1", "--inject-failure")
+    ['off', '12', '12@1']
+    >>> failures("12@n1", "--inject-failure")
+    Traceback (most recent call last):
+    ...
+    scalelab.core.errors.InputError: --inject-failure: '12@n1' must be off, a timed step (e.g. 12: one node's ranks killed after step 12, the node at random) or STEP@K (K the run's node, 0 the first: e.g. 12@1)
+    """
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    out: list[str] = []
+    for item in items:
+        text = str(item).strip()
+        if text != NO_FAILURE and not _FAILURE.fullmatch(text):
+            raise InputError(f"{what}: {text!r} must be {NO_FAILURE}, a timed step (e.g. 12: "
+                             "one node's ranks killed after step 12, the node at random) or "
+                             "STEP@K (K the run's node, 0 the first: e.g. 12@1)")
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def failure(value: str | None) -> tuple[int, int | None] | None:
+    """A failures() value as (timed step, node index or None: at random); None for off.
+
+    >>> failure("12@1"), failure("7"), failure("off"), failure(None)
+    ((12, 1), (7, None), None, None)
+    """
+    if not value or value == NO_FAILURE:
+        return None
+    m = _FAILURE.fullmatch(value)
+    if m is None:
+        raise InputError(f"{value!r} is not a failure to inject")
+    return int(m["step"]), None if m["node"] is None else int(m["node"])
