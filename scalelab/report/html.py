@@ -14,7 +14,7 @@ import pandas as pd
 from scalelab.model import analysis, bucket_model, datapath, fabric, published, verdict
 from scalelab.model.analysis import batch_text
 from scalelab.model.verdict import VERDICT_COLUMNS
-from scalelab.report import tables
+from scalelab.report import failures, tables
 from scalelab.report.data import Analysis
 from scalelab.report.figures import draw_figures, layout
 from scalelab.report.markup import esc, kv, page, rate_label, readable, table
@@ -544,6 +544,7 @@ def render(a: Analysis, title: str, compare: bool, csv_links: list[tuple[str, st
     parts.append(_slow_ranks_section(a))
     parts.append(_datapath_section(a))
     parts.append(_checkpoint_section(a))
+    parts.append(failures.section(a))
     parts.append(_cost_section(a))
     comm = _comm_settings_section(a)  # only where a sweep varies a setting
     if comm:

@@ -1,0 +1,97 @@
+"""What a failure costs at each node count: one node's ranks killed mid-run, on the local target.
+
+A local cluster of max(--nodes) nodes (needs root). One `invoke bench` sweep trains --model
+(ResNet-50 by default) on emulated --accelerator devices (V100 by default) at each node count,
+saving a checkpoint every --every timed steps to each node's own disk, each run twice: as is
+(--inject-failure off) and with the last node's ranks killed after timed step --fail-after
+(--inject-failure STEP@K). torchrun's agents restart every rank, which go on from the last
+checkpoint. Prints per node count the checkpoint's blocking time C, and for the failed run
+the seconds from the kill until the first restarted rank's process started, every rank had
+joined the group again and every rank was ready to train (R), the checkpoint load, the steps
+recomputed, and the run's wall time against the same run without a failure. The cluster is
+destroyed at the end, also on a failure.
+
+Seconds are the host's own (not dilated): start-up, rendezvous and load are what this host
+takes; on an emulated cluster only the steps are in the device's time.
+
+Usage: .venv/bin/python bench/perf/recovery_cost.py [--nodes 1,2,4] [--every 5]
+       [--steps 20] [--fail-after 12] [--model resnet50] [--accelerator v100]
+       [--batch-size 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _state import destroy, invoke, private_state  # noqa: E402
+
+
+def _num(value) -> float:
+    return float("nan") if value is None or value == "" else float(value)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="1,2,4")
+    ap.add_argument("--every", type=int, default=5, help="timed steps between checkpoints")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--fail-after", type=int, default=12, help="the timed step to kill after")
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--accelerator", default="v100")
+    ap.add_argument("--batch-size", default="32")
+    a = ap.parse_args()
+    counts = sorted({int(x) for x in a.nodes.split(",")})
+    if not (counts[0] >= 1 and counts[-1] <= 16 and 1 <= a.every <= a.steps <= 200
+            and 1 <= a.fail_after < a.steps):
+        ap.error("--nodes 1-16, 1 <= --every <= --steps <= 200, 1 <= --fail-after < --steps")
+    private_state()
+    name = f"rc{uuid.uuid4().hex[:4]}"
+    invoke("provision", "--target", "local", "--cluster", name, "--nodes", str(counts[-1]))
+    runs: list[dict] = []
+    try:
+        for n in counts:  # the last node of each run fails
+            invoke("bench", "--cluster", name, "--no-report", "--sweep", "ci", "--nodes",
+                   str(n), "--batch-size", a.batch_size, "--model", a.model,
+                   "--accelerator", a.accelerator, "--steps", str(a.steps), "--repeats", "1",
+                   "--bandwidth", "native", "--checkpoint-every", str(a.every),
+                   "--inject-failure", f"off,{a.fail_after}@{n - 1}", "--timeout", "3600",
+                   timeout=7200)
+            reports = Path(os.environ["SCALELAB_REPORTS"])
+            sweep_dir = reports / os.readlink(reports / "latest")
+            runs += [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text()
+                                    .splitlines()) if r["kind"] == "train"]
+    finally:
+        destroy(name)
+    print(f"{a.model} on emulated {a.accelerator}, batch {a.batch_size}, a checkpoint every "
+          f"{a.every} of {a.steps} timed steps to each node's own disk; the last node's ranks "
+          f"killed after step {a.fail_after}")
+    print(f"{'N':>3} {'status':>7} {'C s':>6} {'back s':>7} {'joined s':>9} {'R s':>6} "
+          f"{'load s':>7} {'killed':>7} {'from':>5} {'redone':>7} {'wall s':>7} "
+          f"{'no-fail s':>10}")
+    plain = {r["params"]["nodes"]: r for r in runs if not r.get("failure")}
+    for r in sorted((r for r in runs if r.get("failure")), key=lambda r: r["params"]["nodes"]):
+        n = r["params"]["nodes"]
+        base = plain.get(n) or {}
+        f, back = r["failure"], r["failure"].get("recovery") or {}
+        c = (base.get("checkpoint") or {}).get("blocked_s_mean")
+        print(f"{n:>3} {r['status']:>7} {_num(c):>6.3f} {_num(back.get('back_s')):>7.2f} "
+              f"{_num(back.get('joined_s')):>9.2f} {_num(back.get('ready_s')):>6.2f} "
+              f"{_num(back.get('load_s')):>7.3f} {_num(f.get('killed_step')):>7.0f} "
+              f"{_num(back.get('from_step')):>5.0f} {_num(back.get('recomputed_steps')):>7.0f} "
+              f"{_num(r['duration_s']):>7.1f} {_num(base.get('duration_s')):>10.1f}")
+        if r["status"] != "ok":
+            print(f"    {r['error'][:300]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

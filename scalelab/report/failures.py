@@ -1,0 +1,70 @@
+"""The report's Failures section: per run that had a failure injected, what coming back cost,
+and what the goodput model (scalelab.model.goodput) makes of it at a stated failure rate."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from scalelab.model import goodput
+from scalelab.report.data import Analysis
+from scalelab.report.markup import esc, table
+
+
+def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
+    """One row per ok run with an injected failure and its checkpoints: C (the checkpoints'
+    blocking time), R (kill to every rank ready), the interval tau (the run's every x its mean
+    step time), the job's MTBF on its nodes, goodput at tau and at Daly's interval, Young's
+    and Daly's intervals in steps, and the term that loses the most at tau."""
+    cols = ["failed_node", "recovery_ready_s", "checkpoint_blocked_s", "checkpoint_every"]
+    if runs.empty or any(c not in runs for c in cols):
+        return pd.DataFrame()
+    ok = runs[(runs["status"] == "ok") & (runs["failed_node"].astype(str) != "")
+              & runs["recovery_ready_s"].notna()]
+    out = []
+    for _, r in ok.iterrows():
+        c, rr = float(r["checkpoint_blocked_s"]), float(r["recovery_ready_s"])
+        step, every = float(r["step_time_mean_s"]), float(r["checkpoint_every"] or 0)
+        if not every or math.isnan(c) or not step > 0:
+            continue
+        m = goodput.job_mtbf_s(node_mtbf_h, int(r["nodes"]))
+        tau, daly = every * step, goodput.daly_s(c, m)
+        eff = float(r.get("scaling_efficiency", float("nan")))
+        at = goodput.goodput(tau, c, rr, m)
+        out.append({
+            "nodes": int(r["nodes"]), "world_size": int(r["world_size"]),
+            "failed_node": r["failed_node"], "redone": r["recomputed_steps"],
+            "c": c, "r": rr, "every": int(every), "tau": tau, "mtbf_h": m / 3600.0,
+            "goodput": at, "young_steps": goodput.young_s(c, m) / step,
+            "daly_steps": daly / step, "goodput_daly": goodput.goodput(daly, c, rr, m),
+            "eff": eff, "eff_after": eff * at if not math.isnan(eff) else float("nan"),
+            "dominant": goodput.terms(tau, c, rr, m).dominant()})
+    return pd.DataFrame(out)
+
+
+def section(a: Analysis, node_mtbf_h: float = goodput.LLAMA3_NODE_MTBF_H) -> str:
+    """The Failures section ("" where no run had a failure injected)."""
+    f = frame(a.runs, node_mtbf_h)
+    if f.empty:
+        return ""
+    parts = ['<h2 id="failures">Failures</h2>',
+             '<p class="note">Each run that had one node&#39;s ranks killed mid-run '
+             "(--inject-failure, docs/checkpoints.md) and came back from its last checkpoint: "
+             "C, the seconds a checkpoint blocked training; R, the seconds from the kill until "
+             "every rank was ready to train again; the steps done twice. From them, Daly&#39;s "
+             "model gives the share of wall time left to training (goodput) at the run&#39;s "
+             f"interval and at the best one, for nodes that each fail once every "
+             f"{esc(f'{node_mtbf_h:,.0f}')} hours (Llama 3&#39;s pre-training rate per host of "
+             "8 GPUs), and names the term that loses the most. Efficiency after failures is "
+             "the scaling efficiency between them times goodput. Seconds are the host&#39;s "
+             "own; an emulated device&#39;s steps are its time.</p>"]
+    cols = [("nodes", "nodes", "int"), ("world_size", "ranks", "int"),
+            ("failed_node", "killed", "str"), ("redone", "steps redone", "int"),
+            ("c", "C s", "num"), ("r", "R s", "num"), ("every", "every (steps)", "int"),
+            ("mtbf_h", "job MTBF h", "num"), ("goodput", "goodput", "pct"),
+            ("young_steps", "Young (steps)", "int"), ("daly_steps", "Daly (steps)", "int"),
+            ("goodput_daly", "goodput at Daly", "pct"), ("eff", "efficiency", "pct"),
+            ("eff_after", "after failures", "pct"), ("dominant", "loses most", "wrap")]
+    parts.append(table(f.sort_values(["nodes", "world_size"]), cols, "failures"))
+    return "\n".join(parts)
