@@ -961,3 +961,50 @@ def test_the_checkpoint_table_shows_what_each_checkpoint_cost(tmp_path):
         assert float(r["blocked s"]) == pytest.approx(0.5 * n, rel=0.01)
         lost = 0.5 * n / (5 * step[n] + 0.5 * n)
         assert float(r["training time blocked"].rstrip("%")) == pytest.approx(100 * lost, abs=0.1)
+
+
+def test_the_failures_table_gives_recovery_and_goodput_at_the_stated_rate(tmp_path):
+    """A sweep whose 2-node run had a node's ranks killed and came back 30 s later, its
+    checkpoints blocking 2 s every 5 steps: the Failures table gives C, R, the steps redone,
+    and Daly's goodput at its interval on two nodes failing at Llama 3's rate (nothing in
+    the page for the run without a failure)."""
+    from scalelab.model import goodput
+
+    d = synthetic.synthetic_sweep(tmp_path, "fl", nodes=(1, 2), batch_sizes=(64,),
+                                  bandwidths=(1000.0,), repeats=1, allreduce=False)
+    runs = d / "runs.jsonl"
+    out = []
+    for line in runs.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "train":
+            rec["params"].update({"checkpoint_every": 5, "checkpoint_mode": "sync",
+                                  "checkpoint_to": "nodes", "keep_checkpoints": False,
+                                  "inject_failure": "off"})
+            rec["checkpoint"] = {"every": 5, "mode": "sync", "place": "nodes",
+                                 "bytes_per_checkpoint": 2e8, "blocked_s_mean": 2.0,
+                                 "background_s_mean": None, "write_mb_s": 100.0, "saved": [],
+                                 "dir": "/w/checkpoints/x", "kept": False, "removal_error": ""}
+            if rec["params"]["nodes"] == 2:
+                rec["params"]["inject_failure"] = "12@1"
+                rec["failure"] = {"asked": "12@1", "node": "x-n1", "after_step": 12,
+                                  "killed_step": 13, "killed_pids": [7], "killed_at": 1.0,
+                                  "error": "", "recovery": {
+                                      "restart": 1, "from_step": 10, "back_s": 10.0,
+                                      "joined_s": 20.0, "ready_s": 30.0, "load_s": 1.0,
+                                      "recomputed_steps": 3}}
+        out.append(rec)
+    runs.write_text("".join(json.dumps(r) + "\n" for r in out))
+    page = report.build_report(d).read_text()
+    assert '<h2 id="failures">Failures</h2>' in page
+    rows = _rows(page, "failures")
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["killed"] == "x-n1" and r["steps redone"] == "3"
+    assert float(r["C s"]) == pytest.approx(2.0) and float(r["R s"]) == pytest.approx(30.0)
+    with open(d / "results.csv") as fh:
+        step = [float(x["step_time_mean_s"]) for x in csv.DictReader(fh)
+                if x["run_id"].startswith("train") and x["nodes"] == "2"][0]
+    m = goodput.job_mtbf_s(goodput.LLAMA3_NODE_MTBF_H, 2)
+    want = goodput.goodput(5 * step, 2.0, 30.0, m)
+    assert float(r["goodput"].rstrip("%")) == pytest.approx(100 * want, abs=0.1)
+    assert r["loses most"] == "the checkpoints"

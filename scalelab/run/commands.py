@@ -194,6 +194,9 @@ def elastic_commands(nodes: list[Node], procs_per_node: int, script: str, args: 
     ... # doctest: +NORMALIZE_WHITESPACE
     '--nnodes 1 --nproc-per-node 1 --max-restarts 3 --monitor-interval 0.1 --rdzv-backend c10d
      --rdzv-endpoint 10.0.0.10:29500 --rdzv-id r1 /w/bench/workloads/resnet.py'
+    >>> elastic_commands(ns, 1, "resnet.py", [], rt, 29500, "r1")[0].env[
+    ...     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]
+    '1'
     """
     head = nodes[0].private_address
     out = []

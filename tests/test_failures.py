@@ -1,0 +1,90 @@
+"""Failures on purpose, the parts that need no cluster: the kill that fires only on the
+launch's own processes, and a run whose failure did not happen as asked is failed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from scalelab.cluster.nodes import Node
+from scalelab.run import driver, failures, launch
+from scalelab.sweep.planner import plan
+from scalelab.sweep.sweepfile import spec_from_options
+
+
+def _sleeper(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, **env})
+
+
+def test_the_kill_ends_only_the_pids_that_carry_the_launchs_token():
+    """The line the node runs: of two processes given, it kills the one whose environment
+    carries this launch's token mark and leaves the other (another launch's, or not
+    scalelab's at all) running; a line of anything but pids kills nothing."""
+    ours = _sleeper({"SCALELAB_LAUNCH": "ab12@lab-n1"})
+    other = _sleeper({"SCALELAB_LAUNCH": "ff00@lab-n1"})
+    bare = _sleeper({})
+    try:
+        time.sleep(0.3)
+        line = failures.kill_line("ab12@lab-n1")
+        out = subprocess.run(["bash", "-c", line], input=f"{ours.pid} {other.pid} {bare.pid}\n",
+                             capture_output=True, text=True, timeout=20).stdout
+        assert out.startswith(f"killed {ours.pid} at ") and out.count("killed") == 1
+        assert ours.wait(timeout=10) == -9
+        assert other.poll() is None and bare.poll() is None
+        out = subprocess.run(["bash", "-c", line], input="$(id) ; 1\n", capture_output=True,
+                             text=True, timeout=20).stdout
+        assert out == ""
+        # closed before any line (the run ended first): nothing killed, the session leaves
+        done = subprocess.run(["bash", "-c", line], input="", capture_output=True, text=True,
+                              timeout=20)
+        assert done.returncode == 0 and done.stdout == "" and other.poll() is None
+    finally:
+        for p in (ours, other, bare):  # the processes this test started, by pid
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def _run():
+    nodes = [Node(f"c-n{i}", f"10.0.0.1{i}", f"10.0.0.1{i}", "worker", "local", cpus=1.0)
+             for i in range(2)]
+    spec = spec_from_options(nodes="2", batch_size="8", steps="20", checkpoint_every="5",
+                             inject_failure="12@1", bandwidth="native")
+    return next(r for r in plan(spec, nodes, can_shape=True) if r.kind == "train")
+
+
+def _result(recovery):
+    rank = {"rank": 0, "host": "c-n0", "images_per_sec": 9.0, "step_times_s": [0.1] * 10,
+            "checkpoint": {"saved": []}, "device": "cpu", "device_name": "cpu"}
+    return {"world_size": 2, "ranks": [rank], "recovery": recovery,
+            "checkpoint": {"saved": [{"step": 20}, {"step": 25}]}}
+
+
+def test_a_run_whose_failure_did_not_happen_as_asked_is_failed():
+    """The same run result, three ways: never killed (the run ended first), killed but not
+    restarted, and killed and back from step 10 (ok)."""
+    run = _run()
+    assert run.params["inject_failure"] == "12@1" and run.run_id.endswith("f12n1-r0")
+    base = {"asked": "12@1", "node": "c-n1", "after_step": 12, "killed_pids": [],
+            "error": "", "killed_step": None, "killed_at": None, "recovery": None}
+    back = {"restart": 1, "from_step": 15, "load_s": 0.1, "first_process_at": 5.0,
+            "all_joined_at": 6.0, "all_ready_at": 7.0}
+    cases = [
+        (base, None, "a failure was to be injected after step 12 on c-n1, but the run never "
+                     "reached it"),
+        ({**base, "killed_pids": [9], "killed_step": 13, "killed_at": 1.0}, None,
+         "c-n1's ranks were killed after step 13, but the run finished without restarting "
+         "them"),
+        ({**base, "killed_pids": [9], "killed_step": 13, "killed_at": 1.0,
+          "recovery": {"from_step": 10}}, back, ""),
+    ]
+    for failure, recovery, error in cases:
+        res = launch.LaunchResult("ok", _result(recovery), "", [], 1.0)
+        rec = driver.run_record("s", run, "local", res, "2026-11-28T00:00:00Z", None, None,
+                                checkpoint={"dir": "/w/c", "kept": False,
+                                            "removal_error": ""}, failure=failure)
+        assert rec["error"] == error
+        assert rec["status"] == ("failed" if error else "ok")
