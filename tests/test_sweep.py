@@ -134,7 +134,9 @@ def test_params_hold_exactly_the_contract_keys():
         "ps_placement": None, "ps_servers": None, "ps_overlap": None,
         # no checkpoints (the interval 0: the mode and the place apply to none)
         "checkpoint_every": 0, "checkpoint_mode": None, "checkpoint_to": None,
-        "keep_checkpoints": False}
+        "keep_checkpoints": False,
+        # no failure injected
+        "inject_failure": "off"}
     assert train.node_names == ("demo-n0", "demo-n1", "demo-n2")
     probe = next(r for r in runs if r.kind == "allreduce")
     assert probe.params["batch_size"] is None and probe.params["image_size"] is None

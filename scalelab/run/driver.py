@@ -241,20 +241,10 @@ def run_record(sweep_id: str, run, target: str, res: launch.LaunchResult, starte
     if status == "ok" and run.kind == "train" and want and got != want:
         status, error = "failed", (f"the run asked for {want} parameter server(s) but "
                                    f"{got} answered")
-    if status == "ok" and failure is not None and failure["recovery"] is None:
-        status, error = "failed", (
-            f"a failure was to be injected after step {failure['after_step']} on "
-            f"{failure['node']}, but " + (failure["error"] or "the run never reached it")
-            if failure["killed_at"] is None else
-            f"{failure['node']}'s ranks were killed after step {failure['killed_step']}, but "
-            "the run finished without restarting them")
-    every = run.params.get("checkpoint_every") or 0
-    saves = len((measured.get("checkpoint") or {}).get("saved") or [])
-    due = every and failures.expected_saves(run.params["steps"], every,
-                                             run.params.get("warmup") or 0, result.get("recovery"))
-    if status == "ok" and run.kind == "train" and every and saves != due:
-        status, error = "failed", (f"the run was to checkpoint every {every} steps of "
-                                   f"{run.params['steps']} but saved {saves} time(s)")
+    unmet = failures.unmet(run.params, measured.get("checkpoint"), result.get("recovery"),
+                           failure) if run.kind == "train" else ""
+    if status == "ok" and unmet:
+        status, error = "failed", unmet
     if status == "ok" and run.kind == "train" and placed.get("precision") not in (
             None, run.params.get("precision")):
         status, error = "failed", (f"the run asked for {run.params.get('precision')} but its "
@@ -533,9 +523,7 @@ class _Execution:
                                                self.sweep_dir.name, run.run_id)
             script, args, engine = ("resnet.py", commands.workload_args(
                 p, profile, 1.0 / decode if decode else None, ckpt_dir), p["engine"])
-        inject = failures.injector(p.get("inject_failure"), self.all_nodes[: p["nodes"]],
-                                   run.run_id, p.get("warmup") or 0, p["procs_per_node"],
-                                   self.rt.known_hosts) if run.kind == "train" else None
+        inject = failures.injector(run, self.all_nodes[: p["nodes"]], self.rt.known_hosts)
         started = utcnow()
         interrupted, job, launcher_name = False, None, self.starter.kind
         try:
@@ -562,10 +550,7 @@ class _Execution:
                             intra=lo, delay_us=delay_us, storage=source_probe,
                             image={"id": c.image_id, "tag": c.image} if c is not None else None,
                             checkpoint=saved,
-                            failure=inject.record(
-                                p.get("warmup") or 0, (res.result or {}).get("recovery"),
-                                res.outcomes[inject.index].stdout if res.outcomes else "")
-                            if inject else None,
+                            failure=inject.outcome(res) if inject else None,
                             connections={key: v - before[key]
                                          for key, v in ssh.connections().items()})
         store.append_run(self.sweep_dir, record)

@@ -77,6 +77,7 @@ class Injector:
     node: Node
     index: int  # the node's command in the launch
     after_step: int  # the workload's step count (warm-up included) to kill after
+    warmup: int  # the run's warm-up steps (the record counts timed steps)
     ranks_here: int  # the node's ranks (procs per node)
     known_hosts: str
     seen: int = 0
@@ -135,6 +136,11 @@ class Injector:
                           "running to be killed" + (f" ({err.strip()[-200:]})" if err.strip()
                                                     else ""))
 
+    def outcome(self, res: Any) -> dict[str, Any]:
+        """record() of a finished launch (scalelab.run.launch.LaunchResult)."""
+        return self.record(self.warmup, (res.result or {}).get("recovery"),
+                           res.outcomes[self.index].stdout if res.outcomes else "")
+
     def record(self, warmup: int, recovery: dict[str, Any] | None,
                printed: str = "") -> dict[str, Any]:
         """The run record's "failure": what was killed, after which step (the last the node's
@@ -164,14 +170,16 @@ class Injector:
         return rec
 
 
-def injector(asked: str | None, nodes: list[Node], run_id: str, warmup: int,
-             procs_per_node: int, known_hosts: str) -> Injector | None:
-    """The run's injector, or None where it injects nothing."""
+def injector(run: Any, nodes: list[Node], known_hosts: str) -> Injector | None:
+    """A planned run's injector on its nodes, or None where it injects nothing."""
+    asked = run.params.get("inject_failure") if run.kind == "train" else None
     failure = values.failure(asked)
     if failure is None:
         return None
-    k = chosen_node(asked or "", nodes, run_id)
-    return Injector(asked or "", nodes[k], k, warmup + failure[0], procs_per_node, known_hosts)
+    k = chosen_node(asked or "", nodes, run.run_id)
+    warmup = run.params.get("warmup") or 0
+    return Injector(asked or "", nodes[k], k, warmup + failure[0], warmup,
+                    run.params["procs_per_node"], known_hosts)
 
 
 def expected_saves(steps: int, every: int, warmup: int, recovery: dict[str, Any] | None) -> int:
@@ -185,3 +193,23 @@ def expected_saves(steps: int, every: int, warmup: int, recovery: dict[str, Any]
     """
     done = max(0, ((recovery or {}).get("from_step") or 0) - warmup)
     return steps // every - done // every
+
+
+def unmet(params: dict[str, Any], checkpoint: dict[str, Any] | None,
+          recovery: dict[str, Any] | None, failure: dict[str, Any] | None) -> str:
+    """What a train run was asked to do of checkpoints and failures and did not ("" if it
+    did all): a failure that was never injected or never restarted from, or another count of
+    checkpoints than its (last attempt's) steps call for."""
+    if failure is not None and failure["recovery"] is None:
+        if failure["killed_at"] is None:
+            return (f"a failure was to be injected after step {failure['after_step']} on "
+                    f"{failure['node']}, but " + (failure["error"] or "the run never reached it"))
+        return (f"{failure['node']}'s ranks were killed after step {failure['killed_step']}, "
+                "but the run finished without restarting them")
+    every = params.get("checkpoint_every") or 0
+    saves = len((checkpoint or {}).get("saved") or [])
+    if every and saves != expected_saves(params["steps"], every, params.get("warmup") or 0,
+                                         recovery):
+        return (f"the run was to checkpoint every {every} steps of {params['steps']} but saved "
+                f"{saves} time(s)")
+    return ""
