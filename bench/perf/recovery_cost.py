@@ -8,8 +8,7 @@ saving a checkpoint every --every timed steps to each node's own disk, each run 
 checkpoint. Prints per node count the checkpoint's blocking time C, and for the failed run
 the seconds from the kill until the first restarted rank's process started, every rank had
 joined the group again and every rank was ready to train (R), the checkpoint load, the steps
-recomputed, and the run's wall time against the same run without a failure. The cluster is
-destroyed at the end, also on a failure.
+recomputed. The cluster is destroyed at the end, also on a failure.
 
 Seconds are the host's own (not dilated): start-up, rendezvous and load are what this host
 takes; on an emulated cluster only the steps are in the device's time.
@@ -75,8 +74,7 @@ def main() -> int:
           f"{a.every} of {a.steps} timed steps to each node's own disk; the last node's ranks "
           f"killed after step {a.fail_after}")
     print(f"{'N':>3} {'status':>7} {'C s':>6} {'back s':>7} {'joined s':>9} {'R s':>6} "
-          f"{'load s':>7} {'killed':>7} {'from':>5} {'redone':>7} {'wall s':>7} "
-          f"{'no-fail s':>10}")
+          f"{'load s':>7} {'killed':>7} {'from':>5} {'redone':>7}")
     plain = {r["params"]["nodes"]: r for r in runs if not r.get("failure")}
     for r in sorted((r for r in runs if r.get("failure")), key=lambda r: r["params"]["nodes"]):
         n = r["params"]["nodes"]
@@ -86,8 +84,7 @@ def main() -> int:
         print(f"{n:>3} {r['status']:>7} {_num(c):>6.3f} {_num(back.get('back_s')):>7.2f} "
               f"{_num(back.get('joined_s')):>9.2f} {_num(back.get('ready_s')):>6.2f} "
               f"{_num(back.get('load_s')):>7.3f} {_num(f.get('killed_step')):>7.0f} "
-              f"{_num(back.get('from_step')):>5.0f} {_num(back.get('recomputed_steps')):>7.0f} "
-              f"{_num(r['duration_s']):>7.1f} {_num(base.get('duration_s')):>10.1f}")
+              f"{_num(back.get('from_step')):>5.0f} {_num(back.get('recomputed_steps')):>7.0f}")
         if r["status"] != "ok":
             print(f"    {r['error'][:300]}")
     return 0
