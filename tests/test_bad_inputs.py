@@ -359,6 +359,10 @@ CASES = [
                                       "--launcher", "slurm", "--inject-failure", "5"],
      "--inject-failure: a run comes back through torchrun's elastic agent on each node, "
      "started over SSH, and scalelab does not requeue Slurm jobs yet; use --launcher ssh"),
+    ("bench-failure-container", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                          "--runtime", "container", "--inject-failure", "5"],
+     "--inject-failure: scalelab kills a node's ranks by their pids on the host, and ranks in "
+     "containers are not restarted yet; use --runtime host"),
     ("bench-failure-past-the-end", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                              "--steps", "10", "--inject-failure", "off,10"],
      "--inject-failure 10: the runs have 10 timed steps, and a failure needs steps after it "
