@@ -466,17 +466,29 @@ def profile(c, model="resnet50", batch_size="64", precision="fp32", device="auto
     "out": "directory to write index.html into (default reports/<id>/)",
     "example": "regenerate the README's example report (reports/example/, from the demo sweep "
                "stored there) and its picture",
+    "node_mtbf_hours": "the Failures table's failure rate: each node fails once every this "
+                       "many hours on average (default: Llama 3's, 6,335)",
 })
 @friendly
-def report(c, sweep="latest", compare="", out="", example=False):
+def report(c, sweep="latest", compare="", out="", example=False, node_mtbf_hours=""):
     """Write a self-contained HTML report of a sweep and print its path."""
     from scalelab import report as reports  # here: drawing costs every command 0.35 s
 
+    mtbf = None
+    if node_mtbf_hours:
+        try:
+            mtbf = float(node_mtbf_hours)
+        except ValueError:
+            mtbf = float("nan")
+        if not 0 < mtbf < 1e9:  # NaN fails this too
+            raise Exit(f"error: --node-mtbf-hours {node_mtbf_hours!r} must be a number of hours "
+                       "above 0, e.g. 5000", code=1)
     if example:
         print(f"report: {reports.build_example()}")
         return
     ids = [s.strip() for s in compare.split(",") if s.strip()] if compare else [sweep]
-    for path in reports.build(ids, out_dir=out or None, compare=bool(compare)):
+    for path in reports.build(ids, out_dir=out or None, compare=bool(compare),
+                              node_mtbf_h=mtbf):
         print(f"report: {path}")
 
 

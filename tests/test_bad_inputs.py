@@ -429,6 +429,10 @@ CASES = [
      "cannot write the report to /proc/nope"),
     ("report-all-failed", "failed", ["report", "--sweep", "s1"], "training runs of sweep 's1' failed"),
     ("report-no-runs", "norun", ["report", "--sweep", "s1"], "has no runs recorded yet"),
+    ("report-mtbf-word", "sweep", ["report", "--sweep", "s1", "--node-mtbf-hours", "often"],
+     "--node-mtbf-hours 'often' must be a number of hours above 0, e.g. 5000"),
+    ("report-mtbf-zero", "sweep", ["report", "--sweep", "s1", "--node-mtbf-hours", "0"],
+     "--node-mtbf-hours '0' must be a number of hours above 0"),
     ("report-damaged", "damaged", ["report", "--sweep", "s1"], "not a run record"),
     ("report-badmeta", "badmeta", ["report", "--sweep", "s1"], "sweep.json"),
     # ---- configure (checked once the task is wired into tasks.py)

@@ -1008,3 +1008,10 @@ def test_the_failures_table_gives_recovery_and_goodput_at_the_stated_rate(tmp_pa
     want = goodput.goodput(5 * step, 2.0, 30.0, m)
     assert float(r["goodput"].rstrip("%")) == pytest.approx(100 * want, abs=0.1)
     assert r["loses most"] == "the checkpoints"
+    # a rate of the user's: nodes that fail every 2 hours (job MTBF 1 h on 2 nodes)
+    page = report.build_report(d, node_mtbf_h=2.0).read_text()
+    r = _rows(page, "failures")[0]
+    assert float(r["job MTBF h"]) == pytest.approx(1.0)
+    want = goodput.goodput(5 * step, 2.0, 30.0, 3600.0)
+    assert float(r["goodput"].rstrip("%")) == pytest.approx(100 * want, abs=0.1)
+    assert "once every 2 hours (as given)" in page

@@ -9,6 +9,7 @@ HTML-escaped.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -42,19 +43,20 @@ __all__ = ["ReportError", "SweepData", "analyse", "build", "build_comparison", "
 
 def build_report(sweep: str | Path, out_dir: Path | str | None = None, *,
                  alpha_s: float | None = None, overlap: bool = False,
-                 root: Path | None = None) -> Path:
+                 root: Path | None = None, node_mtbf_h: float | None = None) -> Path:
     """Write index.html for one sweep (and its results.csv); returns the page's path.
 
     ``sweep``: an id under the reports root, ``latest`` or a sweep directory. ``out_dir``
     defaults to the sweep's own directory. ``alpha_s``: per-hop latency for the model (default:
     fitted to the allreduce probes, else analysis.DEFAULT_ALPHA_S). ``overlap``: model
-    communication as fully overlapped with compute.
+    communication as fully overlapped with compute. ``node_mtbf_h``: the failure rate of the
+    Failures table, a node's mean hours between failures (default: Llama 3's).
     """
     data = load_sweep_data(sweep, root)
     out = _out_dir(Path(out_dir) if out_dir else data.path)
     csv_path = data.path / frames.CSV_FILE
     write_atomic(csv_path, frames.frame_to_csv(data.runs), mode=0o644)
-    a = analyse([data], alpha_s, overlap)
+    a = dataclasses.replace(analyse([data], alpha_s, overlap), node_mtbf_h=node_mtbf_h)
     title = f"scalelab report: {data.sweep_id}" + (" (SYNTHETIC DATA)" if data.synthetic else "")
     page = render(a, title, False, [(frames.CSV_FILE, _rel(csv_path, out))])
     path = out / "index.html"
@@ -65,7 +67,7 @@ def build_report(sweep: str | Path, out_dir: Path | str | None = None, *,
 
 def build_comparison(sweeps: Sequence[str | Path], out_dir: Path | str | None = None, *,
                      alpha_s: float | None = None, overlap: bool = False,
-                     root: Path | None = None) -> Path:
+                     root: Path | None = None, node_mtbf_h: float | None = None) -> Path:
     """Write one index.html comparing several sweeps on shared axes; returns its path.
 
     ``out_dir`` defaults to <reports root>/compare-<id1>-vs-<id2>...
@@ -83,7 +85,7 @@ def build_comparison(sweeps: Sequence[str | Path], out_dir: Path | str | None = 
         csv_path = d.path / frames.CSV_FILE
         write_atomic(csv_path, frames.frame_to_csv(d.runs), mode=0o644)
         links.append((f"{d.sweep_id}/{frames.CSV_FILE}", _rel(csv_path, out)))
-    a = analyse(datas, alpha_s, overlap)
+    a = dataclasses.replace(analyse(datas, alpha_s, overlap), node_mtbf_h=node_mtbf_h)
     title = "scalelab comparison: " + " vs ".join(ids)
     if any(d.synthetic for d in datas):
         title += " (SYNTHETIC DATA)"

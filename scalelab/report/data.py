@@ -124,6 +124,8 @@ class Analysis:
     overlap: bool
     error: verdict.ModelError
     stragglers: stragglers.Stragglers  # each run's slow ranks, and each sweep's noise
+    # the Failures table's rate: each node fails once every this many hours (None: Llama 3's)
+    node_mtbf_h: float | None = None
 
 
 def analyse(sweeps: list[SweepData], alpha_s: float | None, overlap: bool) -> Analysis:

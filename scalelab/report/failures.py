@@ -43,8 +43,11 @@ def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def section(a: Analysis, node_mtbf_h: float = goodput.LLAMA3_NODE_MTBF_H) -> str:
+def section(a: Analysis) -> str:
     """The Failures section ("" where no run had a failure injected)."""
+    node_mtbf_h = a.node_mtbf_h or goodput.LLAMA3_NODE_MTBF_H
+    rate = ("Llama 3&#39;s pre-training rate per host of 8 GPUs; invoke report "
+            "--node-mtbf-hours sets another" if a.node_mtbf_h is None else "as given")
     f = frame(a.runs, node_mtbf_h)
     if f.empty:
         return ""
@@ -55,8 +58,8 @@ def section(a: Analysis, node_mtbf_h: float = goodput.LLAMA3_NODE_MTBF_H) -> str
              "every rank was ready to train again; the steps done twice. From them, Daly&#39;s "
              "model gives the share of wall time left to training (goodput) at the run&#39;s "
              f"interval and at the best one, for nodes that each fail once every "
-             f"{esc(f'{node_mtbf_h:,.0f}')} hours (Llama 3&#39;s pre-training rate per host of "
-             "8 GPUs), and names the term that loses the most. Efficiency after failures is "
+             f"{esc(f'{node_mtbf_h:,.0f}')} hours ({rate}), and names the term that loses "
+             "the most. Efficiency after failures is "
              "the scaling efficiency between them times goodput. Seconds are the host&#39;s "
              "own; an emulated device&#39;s steps are its time.</p>"]
     cols = [("nodes", "nodes", "int"), ("world_size", "ranks", "int"),
