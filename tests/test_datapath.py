@@ -564,6 +564,66 @@ def test_a_node_killed_mid_run_comes_back_from_its_last_checkpoint(lab, tmp_path
             for n in lc.nodes()[:2]] == [["0", "0"]] * 2
 
 
+def _launched_on(node: str, agent: bool) -> list[int]:
+    """The pids of what a launch started on this node (found by its token mark): torchrun's
+    agents, or the ranks they started."""
+    mark = re.compile(rb"SCALELAB_LAUNCH=[0-9a-f]+@" + re.escape(node.encode()) + rb"\x00")
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            python = os.path.basename(cmd.split(b"\0")[0]).startswith(b"python")
+            if python and (b"torch.distributed.run" in cmd) == agent and b"resnet.py" in cmd and \
+                    mark.search((d / "environ").read_bytes()):
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_restart_that_never_completes_times_out_and_the_sweep_goes_on(lab, tmp_path):
+    """The same cluster: the second node's torchrun agent frozen (SIGSTOP) before its ranks
+    are killed, so nothing restarts them and the first node's agent waits for it in the
+    rendezvous. The run ends at --timeout, recorded with the kill and no recovery; its
+    processes are ended, the frozen agent too; the next run goes on."""
+    lc, _, _, _ = lab
+    node = lc.nodes()[1].name
+    reports = tmp_path / "reports"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--nodes", "2",
+         "--batch-size", "32", "--model", "resnet20", "--steps", "20", "--repeats", "1",
+         "--bandwidth", "native", "--checkpoint-every", "5", "--inject-failure", "12@1,off",
+         "--timeout", "30", "--no-report"],
+        cwd=ROOT, env={**os.environ, "SCALELAB_REPORTS": str(reports)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    frozen: list[int] = []
+    try:
+        # once its rank trains: the agent is then only watching it
+        wait_until(lambda: bool(_launched_on(node, agent=False)), 120, f"a rank on {node}")
+        frozen = _launched_on(node, agent=True)
+        assert len(frozen) == 1
+        for pid in frozen:  # the launch's own agent, found by its token mark
+            os.kill(pid, signal.SIGSTOP)
+        _, err = sweep.communicate(timeout=400)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGINT)  # the group this test started
+            sweep.wait(timeout=120)
+    assert sweep.returncode == 1, err[-2000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    runs = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+            if r["kind"] == "train"]
+    assert [r["params"]["inject_failure"] for r in runs] == ["12@1", "off"]
+    stuck, after = runs
+    assert stuck["status"] == "timeout", stuck["error"]
+    assert stuck["failure"]["killed_at"] is not None and stuck["failure"]["recovery"] is None
+    assert after["status"] == "ok", after["error"]
+    assert all(not Path(f"/proc/{p}").exists() or
+               Path(f"/proc/{p}/stat").read_text().split()[2] in ("Z", "X") for p in frozen)
+
+
 def test_destroy_takes_back_the_server_and_the_staged_set(lab, tmp_path):
     """Last in the module: invoke stage --remove ends the storage node's NFS server and web
     server and removes their sets from the node (the NFS set's tmpfs unmounted); the set on
