@@ -590,29 +590,20 @@ def test_a_restart_that_never_completes_times_out_and_the_sweep_goes_on(lab, tmp
     processes are ended, the frozen agent too; the next run goes on."""
     lc, _, _, _ = lab
     node = lc.nodes()[1].name
-    reports = tmp_path / "reports"
-    sweep = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--nodes", "2",
-         "--batch-size", "32", "--model", "resnet20", "--steps", "20", "--repeats", "1",
-         "--bandwidth", "native", "--checkpoint-every", "5", "--inject-failure", "12@1,off",
-         "--timeout", "30", "--no-report"],
-        cwd=ROOT, env={**os.environ, "SCALELAB_REPORTS": str(reports)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
     frozen: list[int] = []
-    try:
-        # once its rank trains: the agent is then only watching it
-        wait_until(lambda: bool(_launched_on(node, agent=False)), 120, f"a rank on {node}")
-        frozen = _launched_on(node, agent=True)
+
+    def freeze() -> None:  # once its rank trains: the agent is then only watching it
+        frozen.extend(_launched_on(node, agent=True))
         assert len(frozen) == 1
         for pid in frozen:  # the launch's own agent, found by its token mark
             os.kill(pid, signal.SIGSTOP)
-        _, err = sweep.communicate(timeout=400)
-    finally:
-        if sweep.poll() is None:
-            os.killpg(sweep.pid, signal.SIGINT)  # the group this test started
-            sweep.wait(timeout=120)
-    assert sweep.returncode == 1, err[-2000:]
-    sweep_dir = reports / os.readlink(reports / "latest")
+
+    sweep_dir = _sweep_killing(
+        lc, tmp_path / "reports",
+        ["--nodes", "2", "--batch-size", "32", "--model", "resnet20", "--steps", "20",
+         "--repeats", "1", "--bandwidth", "native", "--checkpoint-every", "5",
+         "--inject-failure", "12@1,off", "--timeout", "30"],
+        lambda: bool(_launched_on(node, agent=False)), freeze)
     runs = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
             if r["kind"] == "train"]
     assert [r["params"]["inject_failure"] for r in runs] == ["12@1", "off"]

@@ -928,20 +928,19 @@ def test_a_failed_link_measurement_is_shown_with_its_reason(tmp_path):
     assert "10gbit: measurement failed" not in page and re.search(r"10gbit: [\d,]+ Mbit/s", page)
 
 
-def test_the_checkpoint_table_shows_what_each_checkpoint_cost(tmp_path):
-    """A sweep whose runs saved checkpoints every 5 steps, the 2-node runs blocked twice as
-    long: the Checkpoints table gives each point's size, blocked seconds, write rate and the
-    share of training time the checkpoints blocked (blocked over five steps and itself)."""
-    d = synthetic.synthetic_sweep(tmp_path, "ck", nodes=(1, 2), batch_sizes=(64,),
+def _checkpointed(tmp_path, name: str, edit) -> Path:
+    """A synthetic sweep at 1 and 2 nodes whose training runs saved a 200 MB checkpoint every 5
+    steps, each blocking edit(record) seconds (edit may change the record further)."""
+    d = synthetic.synthetic_sweep(tmp_path, name, nodes=(1, 2), batch_sizes=(64,),
                                   bandwidths=(1000.0,), repeats=1, allreduce=False)
     runs = d / "runs.jsonl"
     out = []
     for line in runs.read_text().splitlines():
         rec = json.loads(line)
         if rec.get("kind") == "train":
-            blocked = 0.5 * rec["params"]["nodes"]
             rec["params"].update({"checkpoint_every": 5, "checkpoint_mode": "sync",
                                   "checkpoint_to": "nodes", "keep_checkpoints": False})
+            blocked = edit(rec)
             rec["checkpoint"] = {"every": 5, "mode": "sync", "place": "nodes",
                                  "bytes_per_checkpoint": 2e8, "blocked_s_mean": blocked,
                                  "background_s_mean": None, "write_mb_s": 200 / blocked,
@@ -949,6 +948,14 @@ def test_the_checkpoint_table_shows_what_each_checkpoint_cost(tmp_path):
                                  "removal_error": ""}
         out.append(rec)
     runs.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return d
+
+
+def test_the_checkpoint_table_shows_what_each_checkpoint_cost(tmp_path):
+    """A sweep whose runs saved checkpoints every 5 steps, the 2-node runs blocked twice as
+    long: the Checkpoints table gives each point's size, blocked seconds, write rate and the
+    share of training time the checkpoints blocked (blocked over five steps and itself)."""
+    d = _checkpointed(tmp_path, "ck", lambda rec: 0.5 * rec["params"]["nodes"])
     page = report.build_report(d).read_text()
     assert '<h2 id="checkpoints">Checkpoints</h2>' in page
     rows = {int(r["nodes"]): r for r in _rows(page, "checkpoints")}
@@ -970,30 +977,19 @@ def test_the_failures_table_gives_recovery_and_goodput_at_the_stated_rate(tmp_pa
     the page for the run without a failure)."""
     from scalelab.model import goodput
 
-    d = synthetic.synthetic_sweep(tmp_path, "fl", nodes=(1, 2), batch_sizes=(64,),
-                                  bandwidths=(1000.0,), repeats=1, allreduce=False)
-    runs = d / "runs.jsonl"
-    out = []
-    for line in runs.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("kind") == "train":
-            rec["params"].update({"checkpoint_every": 5, "checkpoint_mode": "sync",
-                                  "checkpoint_to": "nodes", "keep_checkpoints": False,
-                                  "inject_failure": "off"})
-            rec["checkpoint"] = {"every": 5, "mode": "sync", "place": "nodes",
-                                 "bytes_per_checkpoint": 2e8, "blocked_s_mean": 2.0,
-                                 "background_s_mean": None, "write_mb_s": 100.0, "saved": [],
-                                 "dir": "/w/checkpoints/x", "kept": False, "removal_error": ""}
-            if rec["params"]["nodes"] == 2:
-                rec["params"]["inject_failure"] = "12@1"
-                rec["failure"] = {"asked": "12@1", "node": "x-n1", "after_step": 12,
-                                  "killed_step": 13, "killed_pids": [7], "killed_at": 1.0,
-                                  "error": "", "recovery": {
-                                      "restart": 1, "from_step": 10, "back_s": 10.0,
-                                      "joined_s": 20.0, "ready_s": 30.0, "load_s": 1.0,
-                                      "recomputed_steps": 3}}
-        out.append(rec)
-    runs.write_text("".join(json.dumps(r) + "\n" for r in out))
+    def blocked(rec: dict) -> float:
+        rec["params"]["inject_failure"] = "off"
+        if rec["params"]["nodes"] == 2:
+            rec["params"]["inject_failure"] = "12@1"
+            rec["failure"] = {"asked": "12@1", "node": "x-n1", "after_step": 12,
+                              "killed_step": 13, "killed_pids": [7], "killed_at": 1.0,
+                              "error": "", "recovery": {
+                                  "restart": 1, "from_step": 10, "back_s": 10.0,
+                                  "joined_s": 20.0, "ready_s": 30.0, "load_s": 1.0,
+                                  "recomputed_steps": 3}}
+        return 2.0
+
+    d = _checkpointed(tmp_path, "fl", blocked)
     page = report.build_report(d).read_text()
     assert '<h2 id="failures">Failures</h2>' in page
     rows = _rows(page, "failures")
