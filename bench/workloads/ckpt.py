@@ -89,6 +89,7 @@ class Checkpointer:
     saved: list[Saved] = field(default_factory=list)
     _pending: Any = None  # async: (future, Saved, when training went on, where)
     _last: str = ""  # the last complete checkpoint this rank wrote (or, 'share', took part in)
+    _before: str = ""  # 'all': the one before it, kept until the run's end (see _complete)
 
     def due(self, timed_step: int) -> bool:
         return self.every > 0 and timed_step > 0 and timed_step % self.every == 0
@@ -138,22 +139,35 @@ class Checkpointer:
 
     def _complete(self, where: str) -> None:
         """A checkpoint is complete: the one before it goes (by its writer; under 'share', by
-        the group's first rank, once every rank's save has returned there)."""
+        the group's first rank, once every rank's save has returned there). On each node's own
+        disk ('all') the nodes save without waiting for each other, so a node killed while
+        saving may hold only the checkpoint before the one the others completed: there the
+        last two are kept while the run trains, and every node can reload the older one."""
         import torch.distributed as dist
 
         prev, self._last = self._last, where
+        if self.role == "all":
+            prev, self._before = self._before, prev
         if not prev or (self.role == "share" and dist.get_rank(self.group) != 0):
             return
-        shutil.rmtree(prev, ignore_errors=True)
+        self._remove(prev)
+
+    def _remove(self, where: str) -> None:
+        shutil.rmtree(where, ignore_errors=True)
         if self.role == "all":  # the step's directory, once no node's copy is left in it
             try:
-                os.rmdir(os.path.dirname(prev))
+                os.rmdir(os.path.dirname(where))
             except OSError:
                 pass
 
     def finish(self) -> float:
-        """After the last step: the last asynchronous write waited for; its seconds."""
-        return self._wait()
+        """After the last step: the last asynchronous write waited for; its seconds. Only the
+        last checkpoint stays (on each node's disk, the one before it goes now)."""
+        waited = self._wait()
+        if self._before:
+            self._remove(self._before)
+            self._before = ""
+        return waited
 
     def _bytes(self, where: str) -> int:
         """What this rank wrote there: its own data files (DCP names them by rank)."""
@@ -209,6 +223,19 @@ def common_step(per_rank: list[list[int]]) -> int:
     return max(shared, default=0)
 
 
+def _clear(root: str, host: str) -> None:
+    """Remove the checkpoints in root (host: only that host's copies, on each node's disk)."""
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        if not (name.startswith("step-") and name[5:].isdigit()):
+            continue
+        where = os.path.join(root, name)
+        shutil.rmtree(os.path.join(where, host) if host else where, ignore_errors=True)
+        try:
+            os.rmdir(where)
+        except OSError:
+            pass
+
+
 def resume(a: Any, me: Any, t: Any, eng: Any) -> dict[str, Any] | None:
     """Every rank of a run torchrun's agents may restart calls this at start, so that all
     agree: whether this attempt is a restart (any rank's TORCHELASTIC_RESTART_COUNT above 0:
@@ -228,7 +255,10 @@ def resume(a: Any, me: Any, t: Any, eng: Any) -> dict[str, Any] | None:
     every: list[Any] = [None] * me.world
     dist.all_gather_object(every, (restart, mine))
     restart = max(r for r, _ in every)
-    if not restart:
+    if not restart:  # a first attempt: what an earlier attempt of the run left is no base
+        if ck is not None and ck.role in ("all", "share") and (ck.role == "all" or me.rank == 0):
+            _clear(a.checkpoint_dir, socket.gethostname() if ck.role == "all" else "")
+        dist.barrier()
         return None
     step = common_step([steps for _, steps in every])
     if step and ck is not None:

@@ -441,9 +441,10 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
                     optimizer.step()
         t_end = clock.mark()
         clock.sync()
-        if a.report_steps:
-            print(f"SCALELAB_STEP {eng.attempt['restart'] if eng.attempt else 0} {me.rank} "
-                  f"{i + 1} {os.getpid()}", flush=True)
+        if a.report_steps:  # one write: the node's ranks share the pipe
+            sys.stdout.write(f"SCALELAB_STEP {eng.attempt['restart'] if eng.attempt else 0} "
+                             f"{me.rank} {i + 1} {os.getpid()}\n")
+            sys.stdout.flush()
         if i < a.warmup:
             continue
         if eng.ckpt is not None and eng.ckpt.due(i + 1 - a.warmup):

@@ -29,18 +29,26 @@ def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
         if not every or math.isnan(c) or not step > 0:
             continue
         m = goodput.job_mtbf_s(node_mtbf_h, int(r["nodes"]))
+        row = {"nodes": int(r["nodes"]), "world_size": int(r["world_size"]),
+               "failed_node": r["failed_node"], "redone": r["recomputed_steps"],
+               "c": c, "r": rr, "every": int(every), "mtbf_h": m / 3600.0}
+        dilation = float(r.get("dilation") or 1.0)
+        if not math.isnan(dilation) and dilation > 1.0:
+            # an emulated device's steps are its time, C and R the host's: no model
+            out.append(row)
+            continue
         tau, daly = every * step, goodput.daly_s(c, m)
         eff = float(r.get("scaling_efficiency", float("nan")))
         at = goodput.goodput(tau, c, rr, m)
         out.append({
-            "nodes": int(r["nodes"]), "world_size": int(r["world_size"]),
-            "failed_node": r["failed_node"], "redone": r["recomputed_steps"],
-            "c": c, "r": rr, "every": int(every), "tau": tau, "mtbf_h": m / 3600.0,
-            "goodput": at, "young_steps": goodput.young_s(c, m) / step,
+            **row, "tau": tau, "goodput": at, "young_steps": goodput.young_s(c, m) / step,
             "daly_steps": daly / step, "goodput_daly": goodput.goodput(daly, c, rr, m),
             "eff": eff, "eff_after": eff * at if not math.isnan(eff) else float("nan"),
             "dominant": goodput.terms(tau, c, rr, m).dominant()})
-    return pd.DataFrame(out)
+    cols = ["tau", "goodput", "young_steps", "daly_steps", "goodput_daly", "eff",
+            "eff_after", "dominant"]
+    return pd.DataFrame(out).reindex(columns=list(dict.fromkeys(
+        [k for row in out for k in row] + cols))) if out else pd.DataFrame()
 
 
 def section(a: Analysis) -> str:
@@ -61,7 +69,8 @@ def section(a: Analysis) -> str:
              f"{esc(f'{node_mtbf_h:,.0f}')} hours ({rate}), and names the term that loses "
              "the most. Efficiency after failures is "
              "the scaling efficiency between them times goodput. Seconds are the host&#39;s "
-             "own; an emulated device&#39;s steps are its time.</p>"]
+             "own; a dilated run&#39;s steps are its emulated device&#39;s time, so it gets no "
+             "model.</p>"]
     cols = [("nodes", "nodes", "int"), ("world_size", "ranks", "int"),
             ("failed_node", "killed", "str"), ("redone", "steps redone", "int"),
             ("c", "C s", "num"), ("r", "R s", "num"), ("every", "every (steps)", "int"),

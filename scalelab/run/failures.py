@@ -98,12 +98,18 @@ class Injector:
                 self.pids[rank], self.steps[rank] = pid, step
 
     def poll(self, launch: Any) -> None:
-        if self._proc is None:  # armed at the first poll, before any step
+        if self._proc is None and not self.error:  # armed at the first poll, before any step
             argv = ssh.ssh_args(self.node, self.known_hosts) + [
                 "--", kill_line(token_mark(launch.token, self.node.name))]
             ssh.count(self.node, self.known_hosts)
-            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True)
+            try:
+                self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True)
+            except OSError as exc:  # the run goes on, and is failed for it
+                self.error = f"the kill on {self.node.name} could not be armed: {exc}"
+        if self._proc is None:
+            return
         lines = launch.lines(self.index, self.seen)
         self.seen += len(lines)
         self._read(lines)

@@ -299,8 +299,8 @@ def failures(value: Any, what: str) -> list[str]:
     the node drawn at random) or STEP@K (the run's K-th node, 0 the first), comma-separated or
     a YAML list.
 
-    >>> failures("off,12, 12@1", "--inject-failure")
-    ['off', '12', '12@1']
+    >>> failures("off,12, 12@1", "--inject-failure"), failures([False, 12], "inject_failure")
+    (['off', '12', '12@1'], ['off', '12'])
     >>> failures("12@n1", "--inject-failure")
     Traceback (most recent call last):
     ...
@@ -309,7 +309,8 @@ def failures(value: Any, what: str) -> list[str]:
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     out: list[str] = []
     for item in items:
-        text = str(item).strip()
+        # YAML reads a bare off as false
+        text = NO_FAILURE if item is False else str(item).strip()
         if text != NO_FAILURE and not _FAILURE.fullmatch(text):
             raise InputError(f"{what}: {text!r} must be {NO_FAILURE}, a timed step (e.g. 12: "
                              "one node's ranks killed after step 12, the node at random) or "
