@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from conftest import ROOT
+
 from scalelab.cluster.nodes import Node
 from scalelab.run import driver, failures, launch
 from scalelab.sweep.planner import plan
@@ -88,3 +90,19 @@ def test_a_run_whose_failure_did_not_happen_as_asked_is_failed():
                                             "removal_error": ""}, failure=failure)
         assert rec["error"] == error
         assert rec["status"] == ("failed" if error else "ok")
+
+
+def test_each_nodes_disk_keeps_the_last_two_checkpoints_while_training(tmp_path):
+    """A node's writer keeps the checkpoint before its last until the run's end: a node
+    killed while saving step 15 still holds step 10, which the others have too."""
+    sys.path.insert(0, str(ROOT / "bench" / "workloads"))
+    import ckpt
+
+    ck = ckpt.Checkpointer(5, str(tmp_path), "sync", "all", state=None)
+    dirs = [os.path.join(ckpt.step_dir(str(tmp_path), s), "h1") for s in (10, 15, 20)]
+    for d in dirs:
+        os.makedirs(d)
+        ck._complete(d)
+    assert sorted(os.listdir(tmp_path)) == ["step-000015", "step-000020"]
+    ck.finish()
+    assert os.listdir(tmp_path) == ["step-000020"]
