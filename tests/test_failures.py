@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 from conftest import ROOT
 
@@ -29,7 +28,7 @@ def test_the_kill_ends_only_the_pids_that_carry_the_launchs_token():
     other = _sleeper({"SCALELAB_LAUNCH": "ff00@lab-n1"})
     bare = _sleeper({})
     try:
-        time.sleep(0.3)
+        # Popen returns once the child has exec'd: its environment is there to read
         line = failures.kill_line("ab12@lab-n1")
         out = subprocess.run(["bash", "-c", line], input=f"{ours.pid} {other.pid} {bare.pid}\n",
                              capture_output=True, text=True, timeout=20).stdout

@@ -199,18 +199,21 @@ def complete_steps(root: str, role_all: bool, host: str) -> list[int]:
     >>> complete_steps(r, True, "h1"), complete_steps(r, True, "h2"), complete_steps(r, False, "h1")
     ([10, 15], [15], [])
     """
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
-        return []
     out = []
-    for name in names:
-        if not (name.startswith("step-") and name[5:].isdigit()):
-            continue
+    for name in _step_names(root):
         where = os.path.join(root, name, host) if role_all else os.path.join(root, name)
         if os.path.exists(os.path.join(where, ".metadata")):
             out.append(int(name[5:]))
     return out
+
+
+def _step_names(root: str) -> list[str]:
+    """The step directories in root (step_dir's names), in step order."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [n for n in names if n.startswith("step-") and n[5:].isdigit()]
 
 
 def common_step(per_rank: list[list[int]]) -> int:
@@ -225,9 +228,7 @@ def common_step(per_rank: list[list[int]]) -> int:
 
 def _clear(root: str, host: str) -> None:
     """Remove the checkpoints in root (host: only that host's copies, on each node's disk)."""
-    for name in os.listdir(root) if os.path.isdir(root) else []:
-        if not (name.startswith("step-") and name[5:].isdigit()):
-            continue
+    for name in _step_names(root):
         where = os.path.join(root, name)
         shutil.rmtree(os.path.join(where, host) if host else where, ignore_errors=True)
         try:

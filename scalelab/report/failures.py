@@ -11,6 +11,10 @@ from scalelab.model import goodput
 from scalelab.report.data import Analysis
 from scalelab.report.markup import esc, table
 
+# what the model adds to a row (NaN where it cannot: a dilated run)
+MODELLED = ("tau", "goodput", "young_steps", "daly_steps", "goodput_daly", "eff", "eff_after",
+            "dominant")
+
 
 def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
     """One row per ok run with an injected failure and its checkpoints: C (the checkpoints'
@@ -31,7 +35,8 @@ def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
         m = goodput.job_mtbf_s(node_mtbf_h, int(r["nodes"]))
         row = {"nodes": int(r["nodes"]), "world_size": int(r["world_size"]),
                "failed_node": r["failed_node"], "redone": r["recomputed_steps"],
-               "c": c, "r": rr, "every": int(every), "mtbf_h": m / 3600.0}
+               "c": c, "r": rr, "every": int(every), "mtbf_h": m / 3600.0,
+               **dict.fromkeys(MODELLED, math.nan)}
         dilation = float(r.get("dilation") or 1.0)
         if not math.isnan(dilation) and dilation > 1.0:
             # an emulated device's steps are its time, C and R the host's: no model
@@ -45,10 +50,7 @@ def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
             "daly_steps": daly / step, "goodput_daly": goodput.goodput(daly, c, rr, m),
             "eff": eff, "eff_after": eff * at if not math.isnan(eff) else float("nan"),
             "dominant": goodput.terms(tau, c, rr, m).dominant()})
-    cols = ["tau", "goodput", "young_steps", "daly_steps", "goodput_daly", "eff",
-            "eff_after", "dominant"]
-    return pd.DataFrame(out).reindex(columns=list(dict.fromkeys(
-        [k for row in out for k in row] + cols))) if out else pd.DataFrame()
+    return pd.DataFrame(out)
 
 
 def section(a: Analysis) -> str:

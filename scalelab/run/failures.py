@@ -144,16 +144,16 @@ class Injector:
 
     def outcome(self, res: Any) -> dict[str, Any]:
         """record() of a finished launch (scalelab.run.launch.LaunchResult)."""
-        return self.record(self.warmup, (res.result or {}).get("recovery"),
+        return self.record((res.result or {}).get("recovery"),
                            res.outcomes[self.index].stdout if res.outcomes else "")
 
-    def record(self, warmup: int, recovery: dict[str, Any] | None,
-               printed: str = "") -> dict[str, Any]:
+    def record(self, recovery: dict[str, Any] | None, printed: str = "") -> dict[str, Any]:
         """The run record's "failure": what was killed, after which step (the last the node's
         ranks finished before they died: printed, the node's whole output, says), when, and
         how the run came back (seconds from the kill: back_s, the first restarted rank's
         process started; joined_s, every rank had joined the group again; ready_s, every rank
         had loaded the checkpoint and was about to train), and the steps done again."""
+        warmup = self.warmup
         self._read(printed.splitlines()[self.seen:])
         if self.killed_at is not None and self.steps:
             self.killed_step = min(self.steps.values())
