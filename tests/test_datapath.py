@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, invoke, running, unique_name, wait_until
-from faults import faultlib as fl
 
 from scalelab.report import data as report_data
 
@@ -559,12 +558,12 @@ def test_a_node_killed_mid_run_comes_back_from_its_last_checkpoint(lab, tmp_path
         row = next(csv.DictReader(fh))
     assert row["inject_failure"] == "12@1" and row["failed_node"] == failure["node"]
     assert float(row["recovery_ready_s"]) == back["ready_s"]
-    # nothing left: no checkpoint, no rank, agent or armed kill in either node
-    left = f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l"
-    assert [ssh.run(n, rec["known_hosts"], left, timeout=30).stdout.strip()
-            for n in lc.nodes()[:2]] == ["0", "0"]
-    assert {p: fl.cmdline(p) for i in (0, 1) for p in fl.node_pids(lc.name, i)
-            if "resnet.py" in fl.cmdline(p) or "read -r pids" in fl.cmdline(p)} == {}
+    # nothing left: no checkpoint, no rank, agent or armed kill (the nodes share the host's
+    # processes, and torchrun's agents are not in a node's cgroup: counted once per node)
+    left = (f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l; "
+            "grep -lE 'resnet[.]py|read -r pid[s]' /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
+    assert [ssh.run(n, rec["known_hosts"], left, timeout=30).stdout.split()
+            for n in lc.nodes()[:2]] == [["0", "0"]] * 2
 
 
 def _launched_on(node: str, agent: bool) -> list[int]:
