@@ -374,7 +374,10 @@ CASES = [
     ("bench-failure-word", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                      "--inject-failure", "soon"],
      "--inject-failure: 'soon' must be off, a timed step (e.g. 12: one node's ranks killed "
-     "after step 12, the node at random) or STEP@K"),
+     "after step 12, the node at random), a period in seconds (e.g. 30s"),
+    ("bench-failure-period-word", "local", ["bench", "--nodes", "1", "--batch-size", "16",
+                                            "--inject-failure", "30m"],
+     "--inject-failure: '30m' must be off, a timed step"),
     ("bench-ps-placement-word", "local", ["bench", "--engine", "ps", "--nodes", "1",
                                           "--batch-size", "16", "--ps-placement", "nearby"],
      "nearby"),

@@ -566,6 +566,45 @@ def test_a_node_killed_mid_run_comes_back_from_its_last_checkpoint(lab, tmp_path
             for n in lc.nodes()[:2]] == [["0", "0"]] * 2
 
 
+def test_a_node_killed_every_few_seconds_comes_back_each_time_and_the_report_checks_the_model(
+        lab, tmp_path):
+    """The same cluster: a 2-node run with a node's ranks killed every 8 s of training (a node
+    at random each time). It comes back from every kill and finishes; the record lists each
+    kill and the wall time its training took, and the report's Failures table puts the goodput
+    it measured beside the model's at that rate."""
+    lc, _, _, _ = lab
+    reports = tmp_path / "reports"
+    proc = invoke("bench", "--cluster", lc.name, "--nodes", "2", "--batch-size", "32",
+                  "--model", "resnet20", "--steps", "120", "--repeats", "1", "--bandwidth",
+                  "native", "--checkpoint-every", "10", "--inject-failure", "8s",
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    run = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+           if r["kind"] == "train"][0]
+    assert run["status"] == "ok", run["error"]
+    failure = run["failure"]
+    kills = failure["kills"]
+    assert failure["every_s"] == 8 and failure["error"] == "" and len(kills) >= 2, failure
+    names = {n.name for n in lc.nodes()[:2]}
+    assert all(k["node"] in names and len(k["killed_pids"]) == 1 and k["resumed_s"] > 0
+               for k in kills)
+    # kill after kill, at least the period apart (the next waits for the ranks to be back)
+    times = [k["killed_at"] for k in kills]
+    assert all(b - a >= 8 - 0.5 for a, b in zip(times, times[1:], strict=False)), times
+    # the headline is the last kill, the one the last attempt came back from
+    assert failure["killed_at"] == times[-1] and failure["recovery"]["ready_s"] > 0
+    step = sum(r["step_time_mean_s"] for r in run["ranks"]) / len(run["ranks"])
+    assert failure["trained_steps"] == 120
+    # the mean step over every attempt, from the step lines, near the last attempt's own
+    assert 0.5 * step < failure["step_s"] < 2 * step
+    # the kills cost wall time: more than the steps alone, and at least each restart's
+    assert failure["trained_s"] > 120 * step + sum(k["resumed_s"] for k in kills) * 0.5
+    html = (sweep_dir / "index.html").read_text()
+    section = html[html.index('id="failures"'):]
+    assert "model at its rate" in section and "measured" in section
+
+
 def _launched_on(node: str, agent: bool) -> list[int]:
     """The pids of what a launch started on this node (found by its token mark): torchrun's
     agents, or the ranks they started."""

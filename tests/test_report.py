@@ -1011,3 +1011,43 @@ def test_the_failures_table_gives_recovery_and_goodput_at_the_stated_rate(tmp_pa
     want = goodput.goodput(5 * step, 2.0, 30.0, 3600.0)
     assert float(r["goodput"].rstrip("%")) == pytest.approx(100 * want, abs=0.1)
     assert "once every 2 hours (as given)" in page
+
+
+def test_a_run_killed_every_period_has_its_measured_goodput_beside_the_model_at_that_rate(
+        tmp_path):
+    """A 2-node run killed 4 times, once every 60 s, whose steps over all its attempts took
+    1.5 times its last attempt's, and whose training took 3 times its last attempt's steps:
+    the Failures table gives the kills, Daly's goodput at a 60 s MTBF, and the goodput
+    measured (its steps at their mean time over the training's wall time: a half)."""
+    from scalelab.model import goodput
+
+    def blocked(rec: dict) -> float:
+        rec["params"]["inject_failure"] = "off"
+        if rec["params"]["nodes"] == 2:
+            rec["params"]["inject_failure"] = "60s"
+            step = sum(x["step_time_mean_s"] for x in rec["ranks"]) / len(rec["ranks"])
+            kill = {"node": "x-n1", "killed_step": 13, "killed_at": 1.0, "killed_pids": [7],
+                    "resumed_s": 12.0}
+            rec["failure"] = {"asked": "60s", "node": "x-n1", "after_step": None,
+                              "every_s": 60.0, "killed_step": 13, "killed_pids": [7],
+                              "killed_at": 1.0, "kills": [kill] * 4,
+                              "trained_s": 3 * rec["params"]["steps"] * step,
+                              "trained_steps": rec["params"]["steps"], "error": "",
+                              "step_s": 1.5 * step,
+                              "recovery": {"restart": 4, "from_step": 10, "back_s": 5.0,
+                                           "joined_s": 8.0, "ready_s": 10.0, "load_s": 1.0,
+                                           "recomputed_steps": 3}}
+        return 2.0
+
+    d = _checkpointed(tmp_path, "fp", blocked)
+    r = _rows(report.build_report(d).read_text(), "failures")[0]
+    assert r["kills"] == "4"
+    assert float(r["measured"].rstrip("%")) == pytest.approx(50.0, abs=0.1)
+    with open(d / "results.csv") as fh:
+        row = [x for x in csv.DictReader(fh) if x["run_id"].startswith("train")
+               and x["nodes"] == "2"][0]
+    assert row["failures_injected"] == "4" and float(row["failure_every_s"]) == 60.0
+    want = goodput.goodput(5 * float(row["trained_step_s"]), 2.0, 10.0, 60.0)
+    assert float(row["trained_step_s"]) == pytest.approx(1.5 * float(row["step_time_mean_s"]),
+                                                         rel=1e-3)
+    assert float(r["model at its rate"].rstrip("%")) == pytest.approx(100 * want, abs=0.1)

@@ -443,7 +443,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
         clock.sync()
         if a.report_steps:  # one write: the node's ranks share the pipe
             sys.stdout.write(f"SCALELAB_STEP {eng.attempt['restart'] if eng.attempt else 0} "
-                             f"{me.rank} {i + 1} {os.getpid()}\n")
+                             f"{me.rank} {i + 1} {os.getpid()} {time.time():.6f}\n")
             sys.stdout.flush()
         if i < a.warmup:
             continue

@@ -76,7 +76,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "shares of the state) or on each node's own disk (nodes: its first rank "
                    "writes all of it)")
     p.add_argument("--report-steps", action="store_true",
-                   help="print SCALELAB_STEP <restart> <rank> <step> <pid> after every step "
+                   help="print SCALELAB_STEP <restart> <rank> <step> <pid> <unix time> after every step "
                         "(what an injected failure waits for; the workload acts on none)")
     p.add_argument("--restartable", action="store_true",
                    help="torchrun's agents may restart the ranks: at start every rank agrees "

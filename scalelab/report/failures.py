@@ -13,7 +13,22 @@ from scalelab.report.markup import esc, table
 
 # what the model adds to a row (NaN where it cannot: a dilated run)
 MODELLED = ("tau", "goodput", "young_steps", "daly_steps", "goodput_daly", "eff", "eff_after",
-            "dominant")
+            "dominant", "goodput_own", "goodput_measured")
+
+
+def own_step(r: pd.Series) -> float:
+    """A run's mean step time over all its attempts where it was measured (a run with a
+    period, Ns: from its step lines), else its last attempt's."""
+    step = float(r.get("trained_step_s", math.nan))
+    return step if step > 0 else float(r["step_time_mean_s"])
+
+
+def measured(r: pd.Series) -> float:
+    """A run's goodput as measured: its timed steps at its mean step time over the wall time
+    its training took, checkpoints, kills, restarts and redone steps in it; NaN without that
+    wall time (only a run with a period, Ns, records it)."""
+    steps, wall = float(r.get("trained_steps", math.nan)), float(r.get("trained_s", math.nan))
+    return steps * own_step(r) / wall if wall > 0 and steps > 0 else math.nan
 
 
 def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
@@ -36,6 +51,7 @@ def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
         row = {"nodes": int(r["nodes"]), "world_size": int(r["world_size"]),
                "failed_node": r["failed_node"], "redone": r["recomputed_steps"],
                "c": c, "r": rr, "every": int(every), "mtbf_h": m / 3600.0,
+               "kills": r.get("failures_injected", math.nan),
                **dict.fromkeys(MODELLED, math.nan)}
         dilation = float(r.get("dilation") or 1.0)
         if not math.isnan(dilation) and dilation > 1.0:
@@ -45,11 +61,14 @@ def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
         tau, daly = every * step, goodput.daly_s(c, m)
         eff = float(r.get("scaling_efficiency", float("nan")))
         at = goodput.goodput(tau, c, rr, m)
+        every_s = float(r.get("failure_every_s", math.nan))  # its own rate, to check against
+        own = goodput.goodput(every * own_step(r), c, rr, every_s) if every_s > 0 else math.nan
         out.append({
             **row, "tau": tau, "goodput": at, "young_steps": goodput.young_s(c, m) / step,
             "daly_steps": daly / step, "goodput_daly": goodput.goodput(daly, c, rr, m),
             "eff": eff, "eff_after": eff * at if not math.isnan(eff) else float("nan"),
-            "dominant": goodput.terms(tau, c, rr, m).dominant()})
+            "dominant": goodput.terms(tau, c, rr, m).dominant(),
+            "goodput_own": own, "goodput_measured": measured(r)})
     return pd.DataFrame(out)
 
 
@@ -72,7 +91,9 @@ def section(a: Analysis) -> str:
              "the most. Efficiency after failures is "
              "the scaling efficiency between them times goodput. Seconds are the host&#39;s "
              "own; a dilated run&#39;s steps are its emulated device&#39;s time, so it gets no "
-             "model.</p>"]
+             "model. A run killed every N seconds (--inject-failure Ns) also has the model at "
+             "that rate beside the goodput it measured: its timed steps at its mean step time "
+             "(over all its attempts) over the wall time its training took.</p>"]
     cols = [("nodes", "nodes", "int"), ("world_size", "ranks", "int"),
             ("failed_node", "killed", "str"), ("redone", "steps redone", "int"),
             ("c", "C s", "num"), ("r", "R s", "num"), ("every", "every (steps)", "int"),
@@ -80,5 +101,8 @@ def section(a: Analysis) -> str:
             ("young_steps", "Young (steps)", "int"), ("daly_steps", "Daly (steps)", "int"),
             ("goodput_daly", "goodput at Daly", "pct"), ("eff", "efficiency", "pct"),
             ("eff_after", "after failures", "pct"), ("dominant", "loses most", "wrap")]
+    if f["goodput_measured"].notna().any():
+        cols += [("kills", "kills", "int"), ("goodput_own", "model at its rate", "pct"),
+                 ("goodput_measured", "measured", "pct")]
     parts.append(table(f.sort_values(["nodes", "world_size"]), cols, "failures"))
     return "\n".join(parts)

@@ -88,7 +88,13 @@ CSV_COLUMNS += list(CHECKPOINT_COLUMNS)
 CSV_COLUMNS += [c for c in SETTING_COLUMNS if c not in CSV_COLUMNS]
 FAILURE_COLUMNS = {"failed_node": "node", "failed_after_step": "killed_step",
                    "recovered_from_step": "from_step", "recovery_back_s": "back_s",
-                   "recovery_ready_s": "ready_s", "recomputed_steps": "recomputed_steps"}
+                   "recovery_ready_s": "ready_s", "recomputed_steps": "recomputed_steps",
+                   # a run with a period (Ns): the kills, and its training's wall time
+                   "failures_injected": "kills", "failure_every_s": "every_s",
+                   "trained_s": "trained_s", "trained_steps": "trained_steps",
+                   "trained_step_s": "step_s"}
+# FAILURE_COLUMNS read from the failure itself (the others from its recovery)
+_FAILURE_OWN = ("killed_step", "every_s", "trained_s", "trained_steps", "step_s")
 CSV_COLUMNS += list(FAILURE_COLUMNS)
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",
@@ -320,8 +326,12 @@ def _failure(failure: dict[str, Any]) -> dict[str, Any]:
     back = failure.get("recovery") or {}
     out: dict[str, Any] = {"failed_node": str(failure.get("node") or "")}
     for c, k in FAILURE_COLUMNS.items():
-        if c != "failed_node":
-            out[c] = number((failure if k == "killed_step" else back).get(k))
+        if c == "failures_injected":  # a record before kills were listed had at most one
+            kills = failure.get("kills")
+            out[c] = number(len(kills) if kills is not None
+                            else (1 if failure.get("killed_at") is not None else None))
+        elif c != "failed_node":
+            out[c] = number((failure if k in _FAILURE_OWN else back).get(k))
     return out
 
 

@@ -179,11 +179,11 @@ def torchrun_commands(nodes: list[Node], procs_per_node: int, script: str, args:
 
 def elastic_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
                      rt: Runtime, port: int, run_id: str, fabric: str = "tcp",
-                     device: str = "cpu") -> list[RankCommand]:
+                     device: str = "cpu", restarts: int = MAX_RESTARTS) -> list[RankCommand]:
     """One torchrun per node that restarts its ranks after a failure: the c10d rendezvous at
     the head's cluster address (the first node's agent serves it), so that when one node's
     ranks fail and its agent restarts them, every other agent restarts its own too, and all
-    meet again; at most MAX_RESTARTS times. Rank numbers follow the order the agents join in.
+    meet again; at most `restarts` times. Rank numbers follow the order the agents join in.
     The agents do not share one store across rounds (TORCH_DISABLE_SHARE_RDZV_TCP_STORE):
     shared, a restarted rank could read the address a killed rank had published in the round
     before, and fail to connect to it (seen here in about one restart in four).
@@ -202,7 +202,7 @@ def elastic_commands(nodes: list[Node], procs_per_node: int, script: str, args: 
     out = []
     for n in nodes:
         argv = [rt.python, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)),
-                "--nproc-per-node", str(procs_per_node), "--max-restarts", str(MAX_RESTARTS),
+                "--nproc-per-node", str(procs_per_node), "--max-restarts", str(restarts),
                 "--monitor-interval", "0.1", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{head}:{port}", "--rdzv-id", run_id,
                 f"{rt.workdir}/{WORKLOADS}/{script}", *args]
@@ -254,17 +254,18 @@ def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: s
                   warm: str | None = None, fabric: str = "tcp",
                   device: str = "cpu", in_container: bool = False,
                   servers: list[Node] | None = None,
-                  restart_id: str | None = None) -> tuple[str, list[RankCommand]]:
+                  restart_id: str | None = None,
+                  restarts: int = MAX_RESTARTS) -> tuple[str, list[RankCommand]]:
     """The launcher for a run and its commands: horovodrun for Horovod (hvdrank.py per node
     where the ranks run in containers); torchrun for the parameter-server engine (servers:
     its dedicated server nodes, none where they are colocated); for DDP and the allreduce
     probe torchrun, or, where the nodes share one host's cores and run one process each, the
     ranks directly (direct_commands says why), forked from the warm-start server when there
     is one. restart_id: DDP's ranks restart after a failure (elastic_commands, this the
-    rendezvous's id)."""
+    rendezvous's id), at most `restarts` times."""
     if engine == "ddp" and restart_id:
         return "torchrun", elastic_commands(nodes, procs_per_node, script, args, rt, port,
-                                            restart_id, fabric, device)
+                                            restart_id, fabric, device, restarts)
     if engine == "ps":
         return "torchrun", ps_commands(nodes, servers or [], procs_per_node, script, args, rt,
                                        port, fabric, device)

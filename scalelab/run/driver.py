@@ -307,7 +307,8 @@ class Launcher:
             name, cmds = commands.rank_commands(engine, nodes, ppn, script, args, self.rt, port,
                                               shared_host=self.emulated, warm=self.warm,
                                               fabric=fabric, device=device, servers=servers,
-                                              restart_id=run.run_id if inject else None)
+                                              restart_id=run.run_id if inject else None,
+                                              restarts=inject.restarts if inject else 0)
             try:
                 return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
                                         inflight=inflight,

@@ -19,33 +19,38 @@ import random
 import re
 import shlex
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
 from scalelab.core.errors import ScalelabError
+from scalelab.run.commands import MAX_RESTARTS
 from scalelab.run.reap import TOKEN_VAR, token_mark
 from scalelab.sweep import values
 
 log = logging.getLogger(__name__)
 
-STEP_LINE = re.compile(r"SCALELAB_STEP (\d+) (\d+) (\d+) (\d+)\s*$")
+STEP_LINE = re.compile(r"SCALELAB_STEP (\d+) (\d+) (\d+) (\d+)(?: (\d+\.\d+))?\s*$")
 KILLED = re.compile(r"^killed (\d+) at (\d+\.\d+)$", re.MULTILINE)
 
 
-def chosen_node(asked: str, nodes: list[Node], run_id: str) -> int:
-    """The index of the node whose ranks are killed: the one asked (STEP@K), or one drawn from
-    the run's id (the same run draws the same node on --resume).
+def chosen_node(asked: str, nodes: list[Node], run_id: str, kill: int = 0) -> int:
+    """The index of the node whose ranks are killed the kill-th time: the one asked (@K), or
+    one drawn from the run's id and the kill's number (the same run draws the same nodes on
+    --resume).
 
     >>> ns = [Node(f"c-n{i}", f"10.0.0.1{i}", f"10.0.0.1{i}", "worker", "local")
     ...       for i in range(4)]
     >>> chosen_node("12@1", ns, "r"), chosen_node("12", ns, "r") == chosen_node("12", ns, "r")
     (1, True)
+    >>> len({chosen_node("30s", ns, "r", k) for k in range(20)}) > 1
+    True
     """
-    step, k = values.failure(asked) or (0, None)
+    k = (values.failure(asked) or values.Failure(0, None, None)).node
     if k is None:
-        return random.Random(run_id).randrange(len(nodes))
+        return random.Random(run_id if kill == 0 else f"{run_id}#{kill}").randrange(len(nodes))
     if k >= len(nodes):
         raise ScalelabError(f"--inject-failure {asked}: the run has {len(nodes)} node(s)")
     return k
@@ -69,102 +74,210 @@ def kill_line(mark: str) -> str:
 
 
 @dataclass
+class Kill:
+    """One kill of a node's ranks: the pids written to the armed kill line, when (the
+    controller's clock), the last step each of them finished, what the node says it killed."""
+
+    node: int
+    pids: dict[int, int]  # pid -> the last step it finished
+    fired_at: float
+    resumed_at: float | None = None  # the first step line of the attempt after it
+    killed: list[int] = field(default_factory=list)
+    killed_at: float | None = None  # the node's clock, as it printed
+
+    @property
+    def step(self) -> int:
+        return min(self.pids.values())
+
+
+@dataclass
 class Injector:
-    """Watches one launch's output for the chosen node's step and kills its ranks once
-    (see the module doc); Launch.wait calls poll() while the run is in flight."""
+    """Watches one launch's output and kills the chosen node's ranks: once after a step, or
+    every every_s seconds of training (see the module doc); Launch.wait calls poll() while
+    the run is in flight."""
 
     asked: str
-    node: Node
-    index: int  # the node's command in the launch
-    after_step: int  # the workload's step count (warm-up included) to kill after
+    nodes: list[Node]
+    run_id: str
+    after_step: int | None  # the workload's step count (warm-up included) to kill after
+    every_s: float | None  # or: a kill every every_s seconds from the first timed step
     warmup: int  # the run's warm-up steps (the record counts timed steps)
-    ranks_here: int  # the node's ranks (procs per node)
+    last_step: int  # warm-up + timed steps: the step the run ends after
+    ranks_here: int  # a node's ranks (procs per node)
     known_hosts: str
-    seen: int = 0
-    pids: dict[int, int] = field(default_factory=dict)  # rank -> pid, of the first attempt
-    steps: dict[int, int] = field(default_factory=dict)  # rank -> its last step
-    killed: list[int] = field(default_factory=list)
-    killed_at: float | None = None
-    killed_step: int | None = None
+    seen: dict[int, int] = field(default_factory=dict)  # node index -> lines read
+    live: dict[int, dict[int, int]] = field(default_factory=dict)  # node -> pid -> last step
+    old: set[int] = field(default_factory=set)  # pids of attempts a kill ended
+    kills: list[Kill] = field(default_factory=list)
+    every: int = 0  # the run's timed steps between checkpoints (0: none)
+    last: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid -> its last line
+    step_sum: float = 0.0  # the timed steps' durations, from consecutive lines of one rank
+    step_count: int = 0
+    first_at: float | None = None  # the node clock when the first timed step began
+    end_at: float | None = None  # and when the last step ended
     error: str = ""
-    _proc: subprocess.Popen | None = None  # the armed kill_line on the node
-    _fired: bool = False
+    _proc: subprocess.Popen | None = None  # the armed kill_line on the next kill's node
+    _target: int | None = None  # that node's index
 
-    def _read(self, lines: list[str]) -> None:
+    @property
+    def limit(self) -> int:
+        return 1 if self.after_step is not None else values.MAX_KILLS
+
+    @property
+    def restarts(self) -> int:
+        """torchrun's --max-restarts for the run: one per kill, and the spare ones."""
+        return self.limit + MAX_RESTARTS - 1
+
+    def _read(self, idx: int, lines: list[str], now: float) -> None:
+        start = max(self.warmup, 1)
         for line in lines:
             m = STEP_LINE.search(line)
-            if m and int(m[1]) == 0:
-                rank, step, pid = int(m[2]), int(m[3]), int(m[4])
-                self.pids[rank], self.steps[rank] = pid, step
+            if not m:
+                continue
+            step, pid = int(m[3]), int(m[4])
+            stamp = float(m[5]) if m[5] else now
+            prev = self.last.get(pid)
+            self.last[pid] = (step, stamp)
+            if prev and prev[0] == step - 1 and step > self.warmup and not (
+                    self.every and (prev[0] - self.warmup) % self.every == 0):
+                self.step_sum += stamp - prev[1]  # a step, no checkpoint saved before it
+                self.step_count += 1
+            if step == start and not self.kills and (self.first_at is None
+                                                     or stamp < self.first_at):
+                self.first_at = stamp  # the warm-up's end (or, without one, step 1's)
+            if step == self.last_step:
+                self.end_at = max(self.end_at or stamp, stamp)
+            if self.kills and pid in self.kills[-1].pids:  # a step finished before it landed
+                self.kills[-1].pids[pid] = max(self.kills[-1].pids[pid], step)
+            if pid in self.old:
+                continue
+            if self.kills and self.kills[-1].resumed_at is None:
+                self.kills[-1].resumed_at = now
+            self.live.setdefault(idx, {})[pid] = step
+
+    def _due(self, node: int, now: float) -> bool:
+        """Whether the next kill is due on node: its ranks (of the attempt running) have all
+        printed a step, and the step (or the period since the first timed step) is reached."""
+        steps = self.live.get(node) or {}
+        if len(steps) < self.ranks_here or min(steps.values()) >= self.last_step:
+            return False  # not all of them yet, or the run is over
+        if self.after_step is not None:
+            return min(steps.values()) >= self.after_step
+        assert self.every_s is not None
+        return self.first_at is not None and time.time() >= (
+            self.first_at + (len(self.kills) + 1) * self.every_s)
+
+    def _fire(self, node: int, now: float) -> list[int]:
+        """Note a kill of node's running ranks (the pids to write); every rank seen so far
+        belongs to an attempt that ends with it."""
+        pids = dict(self.live[node])
+        self.kills.append(Kill(node, pids, now))
+        self.old |= {p for steps in self.live.values() for p in steps}
+        self.live = {}
+        return sorted(pids)
+
+    def _arm(self, launch: Any) -> None:
+        self._target = chosen_node(self.asked, self.nodes, self.run_id, len(self.kills))
+        node = self.nodes[self._target]
+        argv = ssh.ssh_args(node, self.known_hosts) + [
+            "--", kill_line(token_mark(launch.token, node.name))]
+        ssh.count(node, self.known_hosts)
+        try:
+            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True)
+        except OSError as exc:  # the run goes on, and is failed for it
+            self.error = f"the kill on {node.name} could not be armed: {exc}"
 
     def poll(self, launch: Any) -> None:
-        if self._proc is None and not self.error:  # armed at the first poll, before any step
-            argv = ssh.ssh_args(self.node, self.known_hosts) + [
-                "--", kill_line(token_mark(launch.token, self.node.name))]
-            ssh.count(self.node, self.known_hosts)
-            try:
-                self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True)
-            except OSError as exc:  # the run goes on, and is failed for it
-                self.error = f"the kill on {self.node.name} could not be armed: {exc}"
-        if self._proc is None:
+        now = time.time()
+        for idx in range(len(self.nodes)):
+            lines = launch.lines(idx, self.seen.get(idx, 0))
+            self.seen[idx] = self.seen.get(idx, 0) + len(lines)
+            self._read(idx, lines, now)
+        if self.error:
             return
-        lines = launch.lines(self.index, self.seen)
-        self.seen += len(lines)
-        self._read(lines)
-        if not self._fired and len(self.steps) >= self.ranks_here \
-                and min(self.steps.values()) >= self.after_step:
-            self._fired = True
-            try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(" ".join(str(p) for p in sorted(self.pids.values()))
-                                       + "\n")
-                self._proc.stdin.flush()  # the line is read at once; finish() closes stdin
-            except OSError as exc:
-                self.error = f"the kill on {self.node.name} was not armed: {exc}"
+        if self._proc is not None and self.kills and self.kills[-1].fired_at and \
+                self._proc.poll() is not None and self._target is None:
+            self._collect()
+        if self._proc is None and len(self.kills) < self.limit:
+            self._arm(launch)  # before the step it waits for: the kill lands in milliseconds
+        if self._proc is None or self._target is None or not self._due(self._target, now):
+            return
+        node, self._target = self._target, None
+        pids = self._fire(node, now)
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(" ".join(map(str, pids)) + "\n")
+            self._proc.stdin.flush()  # read at once; the line kills, prints and exits
+        except OSError as exc:
+            self.error = f"the kill on {self.nodes[node].name} was not armed: {exc}"
 
-    def finish(self) -> None:
-        """Disarm (or wait for) the kill; what it killed, and when."""
-        if self._proc is None:
+    def _collect(self) -> None:
+        """Wait for the armed kill line (EOF: an unfired one exits killing nothing); what its
+        kill ended, and when."""
+        proc, self._proc = self._proc, None
+        if proc is None:
             return
         try:
-            out, err = self._proc.communicate(timeout=15)  # EOF: an unfired kill leaves
+            out, err = proc.communicate(timeout=15)
         except (subprocess.TimeoutExpired, ValueError):
-            self._proc.kill()
-            out, err = self._proc.communicate()
+            proc.kill()
+            out, err = proc.communicate()
+        if self._target is not None:  # armed, never fired
+            self._target = None
+            return
+        kill = self.kills[-1]
         found = KILLED.findall(out or "")
-        self.killed = [int(p) for p, _ in found]
-        self.killed_at = max((float(t) for _, t in found), default=None)
-        if self._fired and not found and not self.error:
-            self.error = (f"none of {self.node.name}'s ranks "
-                          f"({', '.join(map(str, sorted(self.pids.values())))}) was still "
-                          "running to be killed" + (f" ({err.strip()[-200:]})" if err.strip()
-                                                    else ""))
+        kill.killed = [int(p) for p, _ in found]
+        kill.killed_at = max((float(t) for _, t in found), default=None)
+        if not found and not self.error:
+            self.error = (f"none of {self.nodes[kill.node].name}'s ranks "
+                          f"({', '.join(map(str, sorted(kill.pids)))}) was still running to be "
+                          "killed" + (f" ({err.strip()[-200:]})" if err.strip() else ""))
+
+    def finish(self) -> None:
+        """Disarm (or wait for) the last kill line."""
+        self._collect()
 
     def outcome(self, res: Any) -> dict[str, Any]:
         """record() of a finished launch (scalelab.run.launch.LaunchResult)."""
-        return self.record((res.result or {}).get("recovery"),
-                           res.outcomes[self.index].stdout if res.outcomes else "")
+        for idx, out in enumerate(res.outcomes or []):  # what came after the last poll
+            self._read(idx, out.stdout.splitlines()[self.seen.get(idx, 0):], time.time())
+        return self.record((res.result or {}).get("recovery"))
 
-    def record(self, recovery: dict[str, Any] | None, printed: str = "") -> dict[str, Any]:
-        """The run record's "failure": what was killed, after which step (the last the node's
-        ranks finished before they died: printed, the node's whole output, says), when, and
-        how the run came back (seconds from the kill: back_s, the first restarted rank's
-        process started; joined_s, every rank had joined the group again; ready_s, every rank
-        had loaded the checkpoint and was about to train), and the steps done again."""
+    def record(self, recovery: dict[str, Any] | None) -> dict[str, Any]:
+        """The run record's "failure": what was asked and each kill (the node, the last step
+        its ranks finished before they died, when); the headline fields are the last kill's,
+        the one the run's last attempt came back from (seconds from the kill: back_s, the
+        first restarted rank's process started; joined_s, every rank had joined the group
+        again; ready_s, every rank had loaded the checkpoint and was about to train), and the
+        steps done again. trained_s: from the first timed step to the last step's end, all
+        kills and restarts in it (the node's clock), over trained_steps steps; step_s, the mean
+        time of a timed step over every attempt (from the step lines: a step after a
+        checkpoint save left out)."""
         warmup = self.warmup
-        self._read(printed.splitlines()[self.seen:])
-        if self.killed_at is not None and self.steps:
-            self.killed_step = min(self.steps.values())
-        rec: dict[str, Any] = {"asked": self.asked, "node": self.node.name,
-                               "after_step": self.after_step - warmup,
-                               "killed_step": None if self.killed_step is None
-                               else self.killed_step - warmup,
-                               "killed_pids": self.killed, "killed_at": self.killed_at,
-                               "error": self.error, "recovery": None}
-        if recovery and self.killed_at is not None and self.killed_step is not None:
-            t = self.killed_at
+        kills = [k for k in self.kills if k.killed_at is not None]
+        last = kills[-1] if kills else None
+        after = self.after_step - warmup if self.after_step is not None else None
+        shown = last or (self.kills[-1] if self.kills else None)
+        node = shown.node if shown else chosen_node(self.asked, self.nodes, self.run_id)
+        rec: dict[str, Any] = {
+            "asked": self.asked, "after_step": after, "every_s": self.every_s,
+            "node": self.nodes[node].name,
+            "killed_step": None if last is None else last.step - warmup,
+            "killed_pids": [] if last is None else last.killed,
+            "killed_at": None if last is None else last.killed_at,
+            "kills": [{"node": self.nodes[k.node].name, "killed_step": k.step - warmup,
+                       "killed_at": k.killed_at, "killed_pids": k.killed,
+                       "resumed_s": None if k.resumed_at is None
+                       else round(k.resumed_at - k.fired_at, 3)} for k in kills],
+            "trained_s": None if self.first_at is None or self.end_at is None
+            else round(self.end_at - self.first_at, 3),
+            "trained_steps": self.last_step - max(warmup, 1),
+            "step_s": round(self.step_sum / self.step_count, 6) if self.step_count else None,
+            "error": self.error, "recovery": None}
+        if recovery and last is not None and last.killed_at is not None:
+            t = last.killed_at
             rec["recovery"] = {
                 "restart": recovery["restart"],
                 "from_step": recovery["from_step"] - warmup if recovery["from_step"] else None,
@@ -172,20 +285,22 @@ class Injector:
                 "joined_s": round(recovery["all_joined_at"] - t, 3),
                 "ready_s": round(recovery["all_ready_at"] - t, 3),
                 "load_s": recovery["load_s"],
-                "recomputed_steps": self.killed_step - recovery["from_step"]}
+                "recomputed_steps": last.step - recovery["from_step"]}
         return rec
 
 
 def injector(run: Any, nodes: list[Node], known_hosts: str) -> Injector | None:
     """A planned run's injector on its nodes, or None where it injects nothing."""
     asked = run.params.get("inject_failure") if run.kind == "train" else None
-    failure = values.failure(asked)
-    if failure is None:
+    fail = values.failure(asked)
+    if fail is None:
         return None
-    k = chosen_node(asked or "", nodes, run.run_id)
+    chosen_node(asked or "", nodes, run.run_id)  # a node past the run's is refused here
     warmup = run.params.get("warmup") or 0
-    return Injector(asked or "", nodes[k], k, warmup + failure[0], warmup,
-                    run.params["procs_per_node"], known_hosts)
+    return Injector(asked or "", nodes, run.run_id,
+                    None if fail.step is None else warmup + fail.step, fail.every_s, warmup,
+                    warmup + run.params["steps"], run.params["procs_per_node"], known_hosts,
+                    every=int(run.params.get("checkpoint_every") or 0))
 
 
 def expected_saves(steps: int, every: int, warmup: int, recovery: dict[str, Any] | None) -> int:
@@ -207,6 +322,10 @@ def unmet(params: dict[str, Any], checkpoint: dict[str, Any] | None,
     did all): a failure that was never injected or never restarted from, or another count of
     checkpoints than its (last attempt's) steps call for."""
     if failure is not None and failure["recovery"] is None:
+        if failure["killed_at"] is None and failure.get("every_s"):
+            return (f"a failure was to be injected every {failure['every_s']:g} s of training, "
+                    "but " + (failure["error"] or "the run ended before the first was due; "
+                              "raise --steps or shorten the period"))
         if failure["killed_at"] is None:
             return (f"a failure was to be injected after step {failure['after_step']} on "
                     f"{failure['node']}, but " + (failure["error"] or "the run never reached it"))

@@ -109,12 +109,13 @@ def _check_failure_settings(spec: Any) -> None:
     if not asked:
         return
     for f in asked:
-        step, k = values.failure(f)
+        fail = values.failure(f)
+        k = fail.node
         if k is not None and k >= min(spec.nodes):
             raise InputError(f"--inject-failure {f}: node {k} is past the {min(spec.nodes)} "
                              f"node(s) of the smallest run (0 is the first); choose a node "
                              f"below {min(spec.nodes)}, or leave @{k} out (a node at random)")
-        if step >= spec.steps:
+        if fail.step is not None and fail.step >= spec.steps:
             raise InputError(f"--inject-failure {f}: the runs have {spec.steps} timed steps, and "
                              "a failure needs steps after it to recover into; choose a step "
                              f"below {spec.steps}, or raise --steps")
@@ -279,9 +280,10 @@ SETTINGS: tuple[Setting, ...] = (
             check=_check_checkpoint_settings),
     # failures on purpose (docs/checkpoints.md): one node's ranks killed, the run restarted
     Setting("inject_failure", "inject_failure", "list[str] | None", values.failures, None,
-            "kill one node's ranks after a timed step, to sweep: off (the default), STEP (the "
-            "node at random) or STEP@K (the run's K-th node, 0 the first), e.g. off,12; "
-            "torchrun's agent restarts the ranks, which go on from the last checkpoint",
+            "kill a node's ranks, to sweep: off (the default), STEP (after that timed step, the "
+            "node at random), Ns (every N seconds of training, a node at random each time) or "
+            "either with @K (the run's K-th node, 0 the first), e.g. off,12,60s; torchrun's "
+            "agent restarts the ranks, which go on from the last checkpoint",
             variant=True, engines=("ddp",), single=values.NO_FAILURE,
             tag=lambda x: "f" + x.replace("@", "n"), tag_lone=True, record="inject_failure",
             column="inject_failure", since=13,

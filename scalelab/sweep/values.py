@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from scalelab.core import shardurl
 from scalelab.core.errors import InputError, suggest
@@ -291,20 +291,27 @@ def strip_what(exc: InputError, what: str) -> str:
 
 
 NO_FAILURE = "off"
-_FAILURE = re.compile(r"(?P<step>[1-9][0-9]{0,6})(?:@(?P<node>[0-9]{1,4}))?")
+MAX_KILLS = 20  # the most failures a run with a period (Ns) is given
+_FAILURE = re.compile(r"(?:(?P<step>[1-9][0-9]{0,6})|(?P<every>[1-9][0-9]{0,5})s)"
+                      r"(?:@(?P<node>[0-9]{1,4}))?")
+_FAILURE_FORMS = ("must be off, a timed step (e.g. 12: one node's ranks killed after step 12, "
+                  "the node at random), a period in seconds (e.g. 30s: a node's ranks killed "
+                  "every 30 s of training, each time one at random) or either with @K (K the "
+                  "run's node, 0 the first: e.g. 12@1)")
 
 
 def failures(value: Any, what: str) -> list[str]:
     """Failures to inject, to sweep: off, STEP (one node's ranks killed after that timed step,
-    the node drawn at random) or STEP@K (the run's K-th node, 0 the first), comma-separated or
+    the node drawn at random), Ns (a node's ranks killed every N seconds of training, at most
+    MAX_KILLS times) or either with @K (the run's K-th node, 0 the first), comma-separated or
     a YAML list.
 
-    >>> failures("off,12, 12@1", "--inject-failure"), failures([False, 12], "inject_failure")
-    (['off', '12', '12@1'], ['off', '12'])
+    >>> failures("off,12, 12@1,30s", "--inject-failure"), failures([False, 12], "x")
+    (['off', '12', '12@1', '30s'], ['off', '12'])
     >>> failures("12@n1", "--inject-failure")
     Traceback (most recent call last):
     ...
-    scalelab.core.errors.InputError: --inject-failure: '12@n1' must be off, a timed step (e.g. 12: one node's ranks killed after step 12, the node at random) or STEP@K (K the run's node, 0 the first: e.g. 12@1)
+    scalelab.core.errors.InputError: --inject-failure: '12@n1' must be off, a timed step (e.g. 12: one node's ranks killed after step 12, the node at random), a period in seconds (e.g. 30s: a node's ranks killed every 30 s of training, each time one at random) or either with @K (K the run's node, 0 the first: e.g. 12@1)
     """
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     out: list[str] = []
@@ -312,23 +319,37 @@ def failures(value: Any, what: str) -> list[str]:
         # YAML reads a bare off as false
         text = NO_FAILURE if item is False else str(item).strip()
         if text != NO_FAILURE and not _FAILURE.fullmatch(text):
-            raise InputError(f"{what}: {text!r} must be {NO_FAILURE}, a timed step (e.g. 12: "
-                             "one node's ranks killed after step 12, the node at random) or "
-                             "STEP@K (K the run's node, 0 the first: e.g. 12@1)")
+            raise InputError(f"{what}: {text!r} {_FAILURE_FORMS}")
         if text not in out:
             out.append(text)
     return out
 
 
-def failure(value: str | None) -> tuple[int, int | None] | None:
-    """A failures() value as (timed step, node index or None: at random); None for off.
+class Failure(NamedTuple):
+    """A failures() value: after a timed step (step) or every every_s seconds of training, on
+    the run's node-th node (None: at random)."""
 
-    >>> failure("12@1"), failure("7"), failure("off"), failure(None)
-    ((12, 1), (7, None), None, None)
+    step: int | None
+    every_s: float | None
+    node: int | None
+
+    @property
+    def kills(self) -> int:
+        """The most kills the value asks of one run."""
+        return 1 if self.step is not None else MAX_KILLS
+
+
+def failure(value: str | None) -> Failure | None:
+    """A failures() value as a Failure; None for off.
+
+    >>> failure("12@1"), failure("30s").every_s, failure("off"), failure(None)
+    (Failure(step=12, every_s=None, node=1), 30.0, None, None)
     """
     if not value or value == NO_FAILURE:
         return None
     m = _FAILURE.fullmatch(value)
     if m is None:
         raise InputError(f"{value!r} is not a failure to inject")
-    return int(m["step"]), None if m["node"] is None else int(m["node"])
+    return Failure(int(m["step"]) if m["step"] else None,
+                   float(m["every"]) if m["every"] else None,
+                   None if m["node"] is None else int(m["node"]))
