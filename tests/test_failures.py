@@ -139,3 +139,20 @@ def test_a_kill_every_period_waits_for_the_ranks_to_train_again():
     inj.first_at = t - 17.0
     inj._read(1, [line(200, 102, t + 1.0)], t + 1.0)  # the run's last step: nothing to kill
     assert not inj._due(1, t) and inj.end_at == pytest.approx(t + 1.0)
+
+
+def test_the_step_lines_give_the_step_the_save_and_the_restart_over_every_attempt():
+    """A rank's consecutive step lines: 1 s a step, 1.5 s for the step after each checkpoint
+    (every 5 timed steps after 2 warm-up ones); a kill that took 3 s until the next step was
+    done costs 2 s; the warm-up's steps count for nothing."""
+    from scalelab.run.failures import Injector
+
+    nodes = [Node("c-n0", "10.0.0.10", "10.0.0.10", "worker", "local")]
+    inj = Injector("8s", nodes, "r", None, 8.0, 2, 22, 1, "", every=5)
+    t, lines = 1000.0, []
+    for step in range(1, 23):
+        t += 1.5 if step - 1 > 2 and (step - 1 - 2) % 5 == 0 else (9.0 if step <= 2 else 1.0)
+        lines.append(f"SCALELAB_STEP 0 0 {step} 100 {t:.6f}")
+    inj._read(0, lines, t)
+    assert inj._costs([3.0]) == {"step_s": 1.0, "save_s": 0.5, "restart_s": 2.0}
+    assert inj._costs([]) == {"step_s": 1.0, "save_s": 0.5, "restart_s": None}

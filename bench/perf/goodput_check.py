@@ -9,9 +9,10 @@ go on from the last checkpoint.
 
 Prints, per repeat, the measured goodput (the timed steps at the run's mean step time, over
 all its attempts, over the wall time its training took, kills, restarts, checkpoints and redone steps in it) and Daly's
-model at that failure rate from the run's own C (a checkpoint's blocking time, from the run
-without failures), R (kill to every rank ready, the run's last kill) and interval, and the
-difference in points. The cluster is destroyed at the end, also on a failure.
+model at that failure rate from the run's own step time, C (a checkpoint's blocking time) and
+R (from a kill until the next attempt's first step was done, less a step), each a mean over
+all its attempts from its step lines, and the difference in points. The run without failures
+gives C for comparison; "last R" is the last kill's kill-to-all-ready time. The cluster is destroyed at the end, also on a failure.
 
 Usage: .venv/bin/python bench/perf/goodput_check.py [--nodes 2] [--period 20] [--every 25]
        [--steps 600] [--repeats 2] [--model resnet50] [--accelerator v100] [--batch-size 32]
@@ -78,19 +79,21 @@ def main() -> int:
     print(f"without failures: C {c:.3f} s a checkpoint, step "
           f"{sum(map(_step, plain)) / max(1, len(plain)):.4f} s, dilation "
           f"{plain[0]['params'].get('dilation') if plain else '?'}")
-    print(f"{'repeat':>6} {'status':>7} {'kills':>5} {'R s':>6} {'tau s':>6} {'trained s':>9} "
+    print(f"{'repeat':>6} {'status':>7} {'kills':>5} {'C s':>6} {'R s':>6} {'last R':>6} "
+          f"{'tau s':>6} {'trained s':>9} "
           f"{'measured':>8} {'model':>6} {'diff pts':>8}")
     diffs = []
     for r in (r for r in runs if r.get("failure")):
         f, back = r["failure"], r["failure"].get("recovery") or {}
         step = f.get("step_s") or _step(r)  # over all its attempts
-        tau, rr = a.every * step, back.get("ready_s")
+        tau, rr = a.every * step, f.get("restart_s") or back.get("ready_s")
+        cc = f.get("save_s") or c  # its checkpoints over all its attempts
         measured = (f["trained_steps"] * step / f["trained_s"]
                     if f.get("trained_s") else math.nan)
-        model = goodput.goodput(tau, c, rr, float(a.period)) if rr else math.nan
+        model = goodput.goodput(tau, cc, rr, float(a.period)) if rr else math.nan
         diffs.append(100 * (measured - model))
         print(f"{r['params']['repeat']:>6} {r['status']:>7} {len(f.get('kills') or []):>5} "
-              f"{rr or math.nan:>6.2f} {tau:>6.2f} {f.get('trained_s') or math.nan:>9.1f} "
+              f"{cc:>6.3f} {rr or math.nan:>6.2f} {back.get('ready_s') or math.nan:>6.2f} {tau:>6.2f} {f.get('trained_s') or math.nan:>9.1f} "
               f"{100 * measured:>7.1f}% {100 * model:>5.1f}% {diffs[-1]:>+8.1f}")
         if r["status"] != "ok":
             print(f"    {r['error'][:300]}")

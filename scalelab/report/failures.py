@@ -23,6 +23,13 @@ def own_step(r: pd.Series) -> float:
     return step if step > 0 else float(r["step_time_mean_s"])
 
 
+def _own(r: pd.Series, column: str, otherwise: float) -> float:
+    """A cost measured over all of a run's attempts (a run with a period: C, R), else the
+    last attempt's."""
+    v = float(r.get(column, math.nan))
+    return v if v >= 0 else otherwise
+
+
 def measured(r: pd.Series) -> float:
     """A run's goodput as measured: its timed steps at its mean step time over the wall time
     its training took, checkpoints, kills, restarts and redone steps in it; NaN without that
@@ -62,7 +69,9 @@ def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
         eff = float(r.get("scaling_efficiency", float("nan")))
         at = goodput.goodput(tau, c, rr, m)
         every_s = float(r.get("failure_every_s", math.nan))  # its own rate, to check against
-        own = goodput.goodput(every * own_step(r), c, rr, every_s) if every_s > 0 else math.nan
+        own = goodput.goodput(every * own_step(r), _own(r, "trained_save_s", c),
+                              _own(r, "trained_restart_s", rr), every_s) \
+            if every_s > 0 else math.nan
         out.append({
             **row, "tau": tau, "goodput": at, "young_steps": goodput.young_s(c, m) / step,
             "daly_steps": daly / step, "goodput_daly": goodput.goodput(daly, c, rr, m),
@@ -93,7 +102,9 @@ def section(a: Analysis) -> str:
              "own; a dilated run&#39;s steps are its emulated device&#39;s time, so it gets no "
              "model. A run killed every N seconds (--inject-failure Ns) also has the model at "
              "that rate beside the goodput it measured: its timed steps at its mean step time "
-             "(over all its attempts) over the wall time its training took.</p>"]
+             "over the wall time its training took. Its model takes the step, C and R over "
+             "all its attempts, R from each kill until the next step was done, less a "
+             "step.</p>"]
     cols = [("nodes", "nodes", "int"), ("world_size", "ranks", "int"),
             ("failed_node", "killed", "str"), ("redone", "steps redone", "int"),
             ("c", "C s", "num"), ("r", "R s", "num"), ("every", "every (steps)", "int"),

@@ -92,9 +92,11 @@ FAILURE_COLUMNS = {"failed_node": "node", "failed_after_step": "killed_step",
                    # a run with a period (Ns): the kills, and its training's wall time
                    "failures_injected": "kills", "failure_every_s": "every_s",
                    "trained_s": "trained_s", "trained_steps": "trained_steps",
-                   "trained_step_s": "step_s"}
+                   "trained_step_s": "step_s", "trained_save_s": "save_s",
+                   "trained_restart_s": "restart_s"}
 # FAILURE_COLUMNS read from the failure itself (the others from its recovery)
-_FAILURE_OWN = ("killed_step", "every_s", "trained_s", "trained_steps", "step_s")
+_FAILURE_OWN = ("killed_step", "every_s", "trained_s", "trained_steps", "step_s", "save_s",
+                "restart_s")
 CSV_COLUMNS += list(FAILURE_COLUMNS)
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",

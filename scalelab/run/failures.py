@@ -113,6 +113,8 @@ class Injector:
     last: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid -> its last line
     step_sum: float = 0.0  # the timed steps' durations, from consecutive lines of one rank
     step_count: int = 0
+    save_sum: float = 0.0  # the same of steps after a checkpoint save (the save in them)
+    save_count: int = 0
     first_at: float | None = None  # the node clock when the first timed step began
     end_at: float | None = None  # and when the last step ended
     error: str = ""
@@ -138,10 +140,13 @@ class Injector:
             stamp = float(m[5]) if m[5] else now
             prev = self.last.get(pid)
             self.last[pid] = (step, stamp)
-            if prev and prev[0] == step - 1 and step > self.warmup and not (
-                    self.every and (prev[0] - self.warmup) % self.every == 0):
-                self.step_sum += stamp - prev[1]  # a step, no checkpoint saved before it
-                self.step_count += 1
+            if prev and prev[0] == step - 1 and step > self.warmup + 1:
+                if self.every and (prev[0] - self.warmup) % self.every == 0:
+                    self.save_sum += stamp - prev[1]  # a save, then a step
+                    self.save_count += 1
+                else:
+                    self.step_sum += stamp - prev[1]
+                    self.step_count += 1
             if step == start and not self.kills and (self.first_at is None
                                                      or stamp < self.first_at):
                 self.first_at = stamp  # the warm-up's end (or, without one, step 1's)
@@ -245,6 +250,19 @@ class Injector:
             self._read(idx, out.stdout.splitlines()[self.seen.get(idx, 0):], time.time())
         return self.record((res.result or {}).get("recovery"))
 
+    def _costs(self, resumed: list[float]) -> dict[str, float | None]:
+        """From the step lines of every attempt: step_s, the mean timed step; save_s, the mean
+        time a checkpoint blocked training (a step after a save, less a step); restart_s, the
+        mean time a kill cost before training went on (from the kill until the next attempt's
+        first step was done, less a step). None where there were none."""
+        step = self.step_sum / self.step_count if self.step_count else None
+        out: dict[str, float | None] = {"step_s": step, "save_s": None, "restart_s": None}
+        if step is not None and self.save_count:
+            out["save_s"] = self.save_sum / self.save_count - step
+        if step is not None and resumed:
+            out["restart_s"] = sum(resumed) / len(resumed) - step
+        return {k: None if v is None else round(v, 6) for k, v in out.items()}
+
     def record(self, recovery: dict[str, Any] | None) -> dict[str, Any]:
         """The run record's "failure": what was asked and each kill (the node, the last step
         its ranks finished before they died, when); the headline fields are the last kill's,
@@ -252,9 +270,8 @@ class Injector:
         first restarted rank's process started; joined_s, every rank had joined the group
         again; ready_s, every rank had loaded the checkpoint and was about to train), and the
         steps done again. trained_s: from the first timed step to the last step's end, all
-        kills and restarts in it (the node's clock), over trained_steps steps; step_s, the mean
-        time of a timed step over every attempt (from the step lines: a step after a
-        checkpoint save left out)."""
+        kills and restarts in it (the node's clock), over trained_steps steps; and what _costs
+        makes of the step lines."""
         warmup = self.warmup
         kills = [k for k in self.kills if k.killed_at is not None]
         last = kills[-1] if kills else None
@@ -274,7 +291,8 @@ class Injector:
             "trained_s": None if self.first_at is None or self.end_at is None
             else round(self.end_at - self.first_at, 3),
             "trained_steps": self.last_step - max(warmup, 1),
-            "step_s": round(self.step_sum / self.step_count, 6) if self.step_count else None,
+            **self._costs([k.resumed_at - k.fired_at for k in kills
+                           if k.resumed_at is not None]),
             "error": self.error, "recovery": None}
         if recovery and last is not None and last.killed_at is not None:
             t = last.killed_at
