@@ -110,33 +110,39 @@ def test_each_nodes_disk_keeps_the_last_two_checkpoints_while_training(tmp_path)
 
 
 def test_a_kill_every_period_waits_for_the_ranks_to_train_again():
-    """--inject-failure Ns: the k-th kill is due k periods after the first timed step, on
-    ranks of the attempt that is running; one due while the ranks restart waits for their
-    first step; none is due once the node's ranks have finished the run's last step."""
+    """--inject-failure Ns: the k-th kill is due at a time drawn in the k-th period after the
+    first timed step, on ranks of the attempt that is running; one due while the ranks
+    restart waits for their first step; none is due once the node's ranks have finished the
+    run's last step."""
     from scalelab.run.failures import Injector
 
     nodes = [Node(f"c-n{i}", f"10.0.0.1{i}", f"10.0.0.1{i}", "worker", "local")
              for i in range(2)]
     inj = Injector("8s", nodes, "r", None, 8.0, 2, 102, 1, "")
+    dues = [inj.due_s(k) for k in range(20)]
+    assert all((k + 0.5) * 8 <= d < (k + 1.5) * 8 for k, d in enumerate(dues))
+    assert len({round(d % 8, 3) for d in dues}) == 20  # not one point of the period
+    assert dues == [Injector("8s", nodes, "r", None, 8.0, 2, 102, 1, "").due_s(k)
+                    for k in range(20)]  # the same on --resume
     t = time.time()
 
     def line(pid: int, step: int, stamp: float) -> str:
         return f"SCALELAB_STEP 0 0 {step} {pid} {stamp:.6f}"
 
-    inj._read(0, [line(100, 2, t - 7.0)], t)  # the warm-up's end, 7 s ago
-    assert inj.first_at == pytest.approx(t - 7.0) and not inj._due(0, t)
-    inj.first_at = t - 9.0  # 9 s of training: the first kill is due
+    inj._read(0, [line(100, 2, t - dues[0] + 0.5)], t)  # the warm-up's end
+    assert inj.first_at == pytest.approx(t - dues[0] + 0.5) and not inj._due(0, t)
+    inj.first_at = t - dues[0] - 0.5  # the first kill is due
     assert inj._due(0, t) and not inj._due(1, t)  # node 1's ranks printed nothing
     assert inj._fire(0, t) == [100]
     inj._read(0, [line(100, 60, t)], t)  # the killed rank finished one more step first
     assert inj.kills[0].step == 60
-    inj.first_at = t - 17.0  # the second kill is due, but no rank trains again yet
+    inj.first_at = t - dues[1] - 0.5  # the second kill is due, but no rank trains again yet
     assert not inj._due(0, t) and not inj._due(1, t)
     inj._read(1, [line(200, 51, t + 0.5)], t + 0.5)  # the restarted attempt's first step
     assert inj._due(1, t) and inj.kills[0].resumed_at == t + 0.5
-    inj.first_at = t - 15.0  # and not before its time
+    inj.first_at = t - dues[1] + 0.5  # and not before its time
     assert not inj._due(1, t)
-    inj.first_at = t - 17.0
+    inj.first_at = t - dues[1] - 0.5
     inj._read(1, [line(200, 102, t + 1.0)], t + 1.0)  # the run's last step: nothing to kill
     assert not inj._due(1, t) and inj.end_at == pytest.approx(t + 1.0)
 

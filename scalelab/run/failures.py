@@ -168,9 +168,19 @@ class Injector:
             return False  # not all of them yet, or the run is over
         if self.after_step is not None:
             return min(steps.values()) >= self.after_step
+        due = self.due_s(len(self.kills))
+        return self.first_at is not None and time.time() >= self.first_at + due
+
+    def due_s(self, kill: int) -> float:
+        """Seconds from the first timed step until the kill-th kill (0 the first) of a run with
+        a period is due: a time drawn uniformly from the run's id in the kill-th period
+        centred on (kill + 1) periods, [kill + 0.5, kill + 1.5) x every_s. So kills come at
+        the rate asked while where they fall in the checkpoint interval varies: at exact
+        multiples, a restart that takes as long each time would put every kill at the same
+        point of the interval (seen here: most landed on a save)."""
         assert self.every_s is not None
-        return self.first_at is not None and time.time() >= (
-            self.first_at + (len(self.kills) + 1) * self.every_s)
+        u = random.Random(f"{self.run_id}~{kill}").random()
+        return (kill + 0.5 + u) * self.every_s
 
     def _fire(self, node: int, now: float) -> list[int]:
         """Note a kill of node's running ranks (the pids to write); every rank seen so far
@@ -287,7 +297,11 @@ class Injector:
             "kills": [{"node": self.nodes[k.node].name, "killed_step": k.step - warmup,
                        "killed_at": k.killed_at, "killed_pids": k.killed,
                        "resumed_s": None if k.resumed_at is None
-                       else round(k.resumed_at - k.fired_at, 3)} for k in kills],
+                       else round(k.resumed_at - k.fired_at, 3),
+                       **({"due_s": round(self.due_s(i), 3),
+                           "fired_s": round(k.fired_at - self.first_at, 3)}
+                          if self.every_s and self.first_at is not None else {})}
+                      for i, k in enumerate(kills)],
             "trained_s": None if self.first_at is None or self.end_at is None
             else round(self.end_at - self.first_at, 3),
             "trained_steps": self.last_step - max(warmup, 1),
