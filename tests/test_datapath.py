@@ -519,6 +519,24 @@ def test_checkpoints_on_each_nodes_disk_are_measured_then_removed(lab, tmp_path)
                    timeout=30).stdout.strip() == "0"
 
 
+def _failing_run(cluster: str, tmp_path: Path, steps: int, every: int,
+                 inject: str) -> tuple[dict, Path]:
+    """One 2-node resnet20 run with checkpoints and a failure injected, which must end ok: its
+    record and its sweep's directory."""
+    reports = tmp_path / "reports"
+    proc = invoke("bench", "--cluster", cluster, "--nodes", "2", "--batch-size", "32",
+                  "--model", "resnet20", "--steps", str(steps), "--repeats", "1",
+                  "--bandwidth", "native", "--checkpoint-every", str(every),
+                  "--inject-failure", inject, env={"SCALELAB_REPORTS": str(reports)},
+                  timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    run = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+           if r["kind"] == "train"][0]
+    assert run["status"] == "ok", run["error"]
+    return run, sweep_dir
+
+
 def test_a_node_killed_mid_run_comes_back_from_its_last_checkpoint(lab, tmp_path):
     """The same cluster: a 2-node run checkpointing every 5 of 20 steps, the second node's
     ranks killed (SIGKILL, by pid) after step 12. torchrun's agents restart every rank, which
@@ -528,16 +546,7 @@ def test_a_node_killed_mid_run_comes_back_from_its_last_checkpoint(lab, tmp_path
 
     lc, _, _, _ = lab
     rec = _state(lc.name)
-    reports = tmp_path / "reports"
-    proc = invoke("bench", "--cluster", lc.name, "--nodes", "2", "--batch-size", "32",
-                  "--model", "resnet20", "--steps", "20", "--repeats", "1", "--bandwidth",
-                  "native", "--checkpoint-every", "5", "--inject-failure", "12@1",
-                  env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    sweep_dir = reports / os.readlink(reports / "latest")
-    run = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
-           if r["kind"] == "train"][0]
-    assert run["status"] == "ok", run["error"]
+    run, sweep_dir = _failing_run(lc.name, tmp_path, 20, 5, "12@1")
     failure, back = run["failure"], run["failure"]["recovery"]
     assert failure["node"] == lc.nodes()[1].name and failure["after_step"] == 12
     assert len(failure["killed_pids"]) == 1 and failure["error"] == ""
@@ -573,16 +582,7 @@ def test_a_node_killed_every_few_seconds_comes_back_each_time_and_the_report_che
     kill and the wall time its training took, and the report's Failures table puts the goodput
     it measured beside the model's at that rate."""
     lc, _, _, _ = lab
-    reports = tmp_path / "reports"
-    proc = invoke("bench", "--cluster", lc.name, "--nodes", "2", "--batch-size", "32",
-                  "--model", "resnet20", "--steps", "120", "--repeats", "1", "--bandwidth",
-                  "native", "--checkpoint-every", "10", "--inject-failure", "8s",
-                  env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    sweep_dir = reports / os.readlink(reports / "latest")
-    run = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
-           if r["kind"] == "train"][0]
-    assert run["status"] == "ok", run["error"]
+    run, sweep_dir = _failing_run(lc.name, tmp_path, 120, 10, "8s")
     failure = run["failure"]
     kills = failure["kills"]
     assert failure["every_s"] == 8 and failure["error"] == "" and len(kills) >= 2, failure
