@@ -333,11 +333,6 @@ class Failure(NamedTuple):
     every_s: float | None
     node: int | None
 
-    @property
-    def kills(self) -> int:
-        """The most kills the value asks of one run."""
-        return 1 if self.step is not None else MAX_KILLS
-
 
 def failure(value: str | None) -> Failure | None:
     """A failures() value as a Failure; None for off.
