@@ -519,6 +519,64 @@ def test_checkpoints_on_each_nodes_disk_are_measured_then_removed(lab, tmp_path)
                    timeout=30).stdout.strip() == "0"
 
 
+def test_checkpoints_to_a_nodes_own_nfs_server_cross_its_shaped_link_and_end_with_the_sweep(
+        lab, tmp_path):
+    """The same cluster, its links at 20 Mbit/s: 2-node runs checkpoint every 2 of 8 steps to
+    an NFS server scalelab runs on the second node for the sweep (--checkpoint-to nfs@NODE),
+    the ranks writing through libnfs. Each rank's share of a checkpoint takes at least its
+    bytes over the link; a run whose first node is killed comes back from the checkpoint it
+    reads back from that server. After the sweep the server, its portmapper and its files are
+    gone from the node. A node that already serves NFS, or that the cluster lacks, is refused
+    in one line before any run."""
+    from scalelab.cluster import ssh
+
+    lc, _, _, _ = lab
+    rec = _state(lc.name)
+    reports = tmp_path / "reports"
+    server = lc.nodes()[1]
+    common = ["--cluster", lc.name, "--batch-size", "8", "--model", "resnet20",
+              "--checkpoint-every", "2", "--nodes", "2"]
+    for node, why in ((lc.nodes()[2].name, f"{lc.nodes()[2].name} already serves data set "
+                       f"nfsnode over NFS; give another node, or remove the set (invoke stage "
+                       f"--cluster {lc.name} --name nfsnode --remove)"),
+                      ("nosuch", f"cluster {lc.name} has no node nosuch (it has "
+                       f"{', '.join(n.name for n in lc.nodes())})")):
+        proc = invoke("bench", *common, "--checkpoint-to", f"nfs@{node}",
+                      env={"SCALELAB_REPORTS": str(reports)}, timeout=300)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [f"error: --checkpoint-to nfs@{node}: {why}"]
+        assert not reports.exists()  # nothing written
+    proc = invoke("bench", *common, "--steps", "8", "--repeats", "1", "--bandwidth", "20mbit",
+                  "--allreduce-sizes", "64K",
+                  "--checkpoint-to",
+                  f"nfs@{server.name}", "--inject-failure", "off,5@0",
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = reports / os.readlink(reports / "latest")
+    runs = [r for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+            if r["kind"] == "train"]
+    assert [r["status"] for r in runs] == ["ok", "ok"], [r["error"] for r in runs]
+    for r in runs:
+        ck = r["checkpoint"]
+        assert ck["place"] == "shared" and ck["dir"].startswith(
+            f"nfs://{server.private_address}{ROOT}/ckpt-nfs/scalelab-checkpoints/")
+        assert ck["removal_error"] == "" and not ck["kept"]
+        # the first node's rank writes its share over its link at 2.5 MB/s: no faster
+        first = next(x for x in r["ranks"] if x["rank"] == 0)["checkpoint"]["saved"]
+        assert all(s["bytes"] > 0 and s["blocked_s"] >= 0.8 * s["bytes"] / 2.5e6
+                   for s in first), first
+    killed = next(r for r in runs if r["params"]["inject_failure"] == "5@0")
+    back = killed["failure"]["recovery"]
+    assert back["restart"] >= 1 and back["from_step"] in (2, 4) and back["load_s"] > 0
+    left = (f"test -e {ROOT}/ckpt-nfs && echo present || echo gone; "
+            f"grep -c ' {ROOT}/ckpt-nfs ' /proc/self/mounts || true; "
+            "ps -eo args= | grep -cE '^/usr/sbin/[r]pcbind -f|[c]kpt-nfs.conf' || true; "
+            "ss -Hltn '( sport = :111 or sport = :2049 or sport = :20048 )' | wc -l")
+    assert ssh.run(server, rec["known_hosts"], left, timeout=30).stdout.split() == \
+        ["gone", "0", "0", "0"]
+    assert [s for s in _state(lc.name).get("servers", []) if s["kind"] == "ckpt-nfs"] == []
+
+
 def _failing_run(cluster: str, tmp_path: Path, steps: int, every: int,
                  inject: str) -> tuple[dict, Path]:
     """One 2-node resnet20 run with checkpoints and a failure injected, which must end ok: its

@@ -22,6 +22,11 @@ leave all of it out, so the run's images/s are those between checkpoints.
 Only the last checkpoint is kept: once a newer one is complete, its writer removes the one
 before. The last stays in DIR, and the controller removes the run's directory after the run
 (unless asked to keep it).
+
+DIR is a path the node mounts, or ``nfs://ADDRESS/...``: an NFS server the ranks write to
+themselves through libnfs (nfsfs.py), as on an emulated node, which mounts no NFS. Such
+writes cross the node's link, which an emulated cluster dilates by k: their seconds are
+divided by k (--dilation), as the links' are.
 """
 
 from __future__ import annotations
@@ -34,6 +39,47 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUFFIX = ".distcp"  # DCP's FileSystemWriter names its data files __<rank>_<n>.distcp
+
+
+class Disk:
+    """A checkpoint place on a file system the node mounts."""
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def rmtree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def rmdir(self, path: str) -> bool:
+        try:
+            os.rmdir(path)
+            return True
+        except OSError:
+            return False
+
+    def storage(self, where: str, reading: bool) -> dict[str, Any]:
+        """DCP's keyword for the checkpoint at where."""
+        return {"checkpoint_id": where}
+
+
+def place_of(root: str) -> Any:
+    """Disk, or an NFS server's place (nfsfs.Place) for an nfs:// root."""
+    if not root.startswith("nfs://"):
+        return Disk()
+    import nfsfs
+
+    class Served(nfsfs.Place):
+        def storage(self, where: str, reading: bool) -> dict[str, Any]:
+            return {"storage_reader" if reading else "storage_writer":
+                    nfsfs.storage(where, reading)}
+
+    return Served(root)
 
 
 def step_dir(root: str, step: int) -> str:
@@ -86,10 +132,14 @@ class Checkpointer:
     role: str  # writes()
     state: Any  # () -> the state dict to save
     group: Any = None  # the checkpoints' own Gloo group ('share')
+    scale: float = 1.0  # 1/k: an emulated cluster's seconds over its dilated links (nfs://)
     saved: list[Saved] = field(default_factory=list)
     _pending: Any = None  # async: (future, Saved, when training went on, where)
     _last: str = ""  # the last complete checkpoint this rank wrote (or, 'share', took part in)
     _before: str = ""  # 'all': the one before it, kept until the run's end (see _complete)
+
+    def __post_init__(self) -> None:
+        self.fs = place_of(self.root)
 
     def due(self, timed_step: int) -> bool:
         return self.every > 0 and timed_step > 0 and timed_step % self.every == 0
@@ -101,7 +151,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         waited = self._wait()
         if not self.role:  # the other ranks of a node, or Horovod's ranks but 0
-            rec = Saved(step, time.perf_counter() - t0, waited)
+            rec = Saved(step, (time.perf_counter() - t0) * self.scale, waited)
             self.saved.append(rec)
             return rec.blocked_s
         where = step_dir(self.root, step)
@@ -110,15 +160,17 @@ class Checkpointer:
         kw: dict[str, Any] = ({"process_group": self.group} if self.role == "share"
                               else {"no_dist": True})
         state = self.state()
+        kw.update(self.fs.storage(where, False))
         if self.mode == "async":
-            fut = dcp.async_save(state, checkpoint_id=where, **kw)
+            fut = dcp.async_save(state, **kw)
             rec = Saved(step, 0.0, waited)
             went_on = time.perf_counter()
-            rec.blocked_s = went_on - t0
+            rec.blocked_s = (went_on - t0) * self.scale
             self._pending = (fut, rec, went_on, where)
         else:
-            dcp.save(state, checkpoint_id=where, **kw)
-            rec = Saved(step, time.perf_counter() - t0, waited, self._bytes(where))
+            dcp.save(state, **kw)
+            rec = Saved(step, (time.perf_counter() - t0) * self.scale, waited,
+                        self._bytes(where))
             self._complete(where)
         self.saved.append(rec)
         return rec.blocked_s
@@ -131,11 +183,11 @@ class Checkpointer:
         t0 = time.perf_counter()
         fut.result()
         done = time.perf_counter()
-        rec.background_s = done - went_on
+        rec.background_s = (done - went_on) * self.scale
         rec.bytes = self._bytes(where)
         self._pending = None
         self._complete(where)
-        return done - t0
+        return (done - t0) * self.scale
 
     def _complete(self, where: str) -> None:
         """A checkpoint is complete: the one before it goes (by its writer; under 'share', by
@@ -153,12 +205,9 @@ class Checkpointer:
         self._remove(prev)
 
     def _remove(self, where: str) -> None:
-        shutil.rmtree(where, ignore_errors=True)
+        self.fs.rmtree(where)
         if self.role == "all":  # the step's directory, once no node's copy is left in it
-            try:
-                os.rmdir(os.path.dirname(where))
-            except OSError:
-                pass
+            self.fs.rmdir(os.path.dirname(where))
 
     def finish(self) -> float:
         """After the last step: the last asynchronous write waited for; its seconds. Only the
@@ -175,10 +224,10 @@ class Checkpointer:
 
         rank = dist.get_rank(self.group) if self.role == "share" else 0
         try:
-            names = os.listdir(where)
+            names = self.fs.listdir(where)
         except OSError:
             return 0
-        return sum(os.path.getsize(os.path.join(where, n)) for n in names
+        return sum(self.fs.size(os.path.join(where, n)) for n in names
                    if n.startswith(f"__{rank}_") and n.endswith(SUFFIX))
 
     def as_record(self) -> dict[str, Any]:
@@ -199,10 +248,10 @@ def complete_steps(root: str, role_all: bool, host: str) -> list[int]:
     >>> complete_steps(r, True, "h1"), complete_steps(r, True, "h2"), complete_steps(r, False, "h1")
     ([10, 15], [15], [])
     """
-    out = []
+    out, fs = [], place_of(root)
     for name in _step_names(root):
         where = os.path.join(root, name, host) if role_all else os.path.join(root, name)
-        if os.path.exists(os.path.join(where, ".metadata")):
+        if fs.exists(os.path.join(where, ".metadata")):
             out.append(int(name[5:]))
     return out
 
@@ -210,7 +259,7 @@ def complete_steps(root: str, role_all: bool, host: str) -> list[int]:
 def _step_names(root: str) -> list[str]:
     """The step directories in root (step_dir's names), in step order."""
     try:
-        names = sorted(os.listdir(root))
+        names = sorted(place_of(root).listdir(root))
     except OSError:
         return []
     return [n for n in names if n.startswith("step-") and n[5:].isdigit()]
@@ -228,13 +277,11 @@ def common_step(per_rank: list[list[int]]) -> int:
 
 def _clear(root: str, host: str) -> None:
     """Remove the checkpoints in root (host: only that host's copies, on each node's disk)."""
+    fs = place_of(root)
     for name in _step_names(root):
         where = os.path.join(root, name)
-        shutil.rmtree(os.path.join(where, host) if host else where, ignore_errors=True)
-        try:
-            os.rmdir(where)
-        except OSError:
-            pass
+        fs.rmtree(os.path.join(where, host) if host else where)
+        fs.rmdir(where)
 
 
 def resume(a: Any, me: Any, t: Any, eng: Any) -> dict[str, Any] | None:
@@ -271,9 +318,9 @@ def resume(a: Any, me: Any, t: Any, eng: Any) -> dict[str, Any] | None:
         where = step_dir(a.checkpoint_dir, step)
         if a.checkpoint_place == "nodes":
             where = os.path.join(where, socket.gethostname())
-            dcp.load(ck.state(), checkpoint_id=where, no_dist=True)
+            dcp.load(ck.state(), no_dist=True, **ck.fs.storage(where, True))
         else:
-            dcp.load(ck.state(), checkpoint_id=where, process_group=ck.group)
+            dcp.load(ck.state(), process_group=ck.group, **ck.fs.storage(where, True))
         ck._last = where if ck.role else ""  # removed once a newer one is complete
     dist.barrier()
     return {"restart": restart, "from_step": step,
@@ -316,8 +363,10 @@ def make(a: Any, me: Any, t: Any, eng: Any) -> Checkpointer | None:
         model, optimizer = t.real_model, None
     else:
         model, optimizer = getattr(eng.model, "module", eng.model), t.optimizer
+    scale = 1.0 / a.dilation if a.checkpoint_dir.startswith("nfs://") else 1.0
     return Checkpointer(a.checkpoint_every, a.checkpoint_dir, a.checkpoint_mode, role,
-                        state_of(model, optimizer, list(model.named_parameters())), group)
+                        state_of(model, optimizer, list(model.named_parameters())), group,
+                        scale)
 
 
 def summary(a: Any, ranks: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -70,7 +70,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="save the state every N timed steps (ckpt.py; 0: never)")
     p.add_argument("--checkpoint-dir", default="",
-                   help="with --checkpoint-every: the run's own checkpoint directory")
+                   help="with --checkpoint-every: the run's own checkpoint directory (a path, or "
+                        "nfs://ADDRESS/EXPORT/scalelab-checkpoints/...: an NFS server the ranks "
+                        "write to through libnfs)")
     p.add_argument("--checkpoint-place", choices=["shared", "nodes"], default="nodes",
                    help="the directory is one place every node sees (shared: the ranks write "
                    "shares of the state) or on each node's own disk (nodes: its first rank "
@@ -163,8 +165,10 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--backend applies to --engine ddp only")
     if a.engine != "ps" and (a.ps_servers_here or a.ps_overlap != "on" or a.ps_piece_kb != 4000):
         p.error("--ps-servers-here, --ps-overlap and --ps-piece-kb apply to --engine ps only")
-    if a.checkpoint_every < 0 or (a.checkpoint_every and not a.checkpoint_dir.startswith("/")):
-        p.error("--checkpoint-every N (0 or more) needs --checkpoint-dir, an absolute path")
+    if a.checkpoint_every < 0 or (a.checkpoint_every and not a.checkpoint_dir.startswith(
+            ("/", "nfs://"))):
+        p.error("--checkpoint-every N (0 or more) needs --checkpoint-dir, an absolute path or "
+                "an nfs:// place")
     if a.checkpoint_every and a.engine == "ps":
         p.error("--checkpoint-every: the parameter servers' state is not saved yet; use "
                 "--engine ddp or horovod")

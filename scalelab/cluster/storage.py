@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from scalelab.cluster import ssh, targets
+from scalelab.cluster import ckptstore, ssh, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core import lock, shardurl
 from scalelab.core.errors import ClusterError, InputError
@@ -426,8 +426,13 @@ def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
     needed = {(n, e["port"]) for e in staged.values() if "port" in e for n in e["nodes"]}
     servers = []
     for s in rec.get("servers") or []:
-        if (s["node"], s["port"]) in needed or s["node"] not in nodes:
+        checkpoints = s.get("kind") == ckptstore.KIND  # a sweep's: ended here by destroy
+        if (s["node"], s["port"]) in needed or s["node"] not in nodes or (
+                checkpoints and names is not None):
             servers.append(s)
+            continue
+        if checkpoints:
+            said.append(ckptstore.stop_recorded(cluster, rec, s))
             continue
         _stop_server(nodes[s["node"]], kh, s)
         said.append(f"{'NFS' if s.get('kind') == 'nfs' else 'web'} server on "

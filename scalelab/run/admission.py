@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.cluster import facts, slurmctl, storage, targets
+from scalelab.cluster import ckptstore, facts, slurmctl, storage, targets
 from scalelab.cluster import image as images
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.errors import InputError
@@ -28,7 +28,7 @@ from scalelab.core.units import format_rate
 from scalelab.model import datapath
 from scalelab.run import checkpoints
 from scalelab.run.slurm import short_hostname
-from scalelab.sweep import estimate, planner, starts
+from scalelab.sweep import estimate, planner, starts, values
 from scalelab.sweep.planner import RunPlan
 from scalelab.sweep.values import NO_FAILURE, NODE_DISKS, SYNTHETIC
 
@@ -347,6 +347,14 @@ def check_checkpoint_places(c: Cluster, runs: list[RunPlan]) -> None:
                            if r.kind == "train" and r.params.get("checkpoint_every"))
     for place in places:
         if place in (None, NODE_DISKS):
+            continue
+        served = values.served_by(place)
+        if served:  # a node's own NFS server, started for the sweep
+            server = ckptstore.check(c.rec, c.name, served)
+            bad = ckptstore.preflight(server, _used(c, runs), c.rec["known_hosts"])
+            if bad:
+                raise InputError(f"--checkpoint-to {place}: {bad[0]}: {bad[1]}; or give nodes "
+                                 "(each node's own disk)")
             continue
         bad = checkpoints.place_problem(_used(c, runs), c.rec["known_hosts"], place)
         if bad:

@@ -5,10 +5,13 @@ of its own, named by the cluster, the sweep and the run:
 
 * nodes: ``<workdir>/checkpoints/<sweep>/<run>`` on every node's own disk (the workdir is
   scalelab's, and destroy removes it with the rest);
-* a path every node sees: ``<path>/scalelab-checkpoints/<cluster>/<sweep>/<run>``.
+* a path every node sees: ``<path>/scalelab-checkpoints/<cluster>/<sweep>/<run>``;
+* nfs@NODE: ``nfs://<its address><export>/scalelab-checkpoints/<cluster>/<sweep>/<run>`` on
+  the NFS server scalelab runs on that node for the sweep (scalelab.cluster.ckptstore).
 
-After the run the directory is removed on every node (nodes) or from the first node (a shared
-path), with the directories above it up to ``scalelab-checkpoints`` where they are left empty,
+After the run the directory is removed on every node (nodes), from the first node (a shared
+path) or on the serving node (nfs@NODE), with the directories above it up to
+``scalelab-checkpoints`` where they are left empty,
 unless the sweep keeps its checkpoints. Before any run, the first node makes a directory in a
 shared place and every other node writes in it (place_problem), so that a place the nodes
 cannot write, or do not share, is refused in one line, not found out run by run.
@@ -23,7 +26,7 @@ from typing import Any
 
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
-from scalelab.sweep.values import NODE_DISKS, PATH_CHARS
+from scalelab.sweep.values import NODE_DISKS, PATH_CHARS, served_by
 
 SHARED_ROOT = "scalelab-checkpoints"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")  # a cluster, sweep or run id: one path segment
@@ -34,13 +37,28 @@ def shared(params: dict[str, Any]) -> bool:
     return params.get("checkpoint_to") not in (None, NODE_DISKS)
 
 
-def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_id: str) -> str:
-    """The run's checkpoint directory on the nodes.
+def _root(params: dict[str, Any], workdir: str, store: Any = None) -> str:
+    """Where the checkpoints' own directories start, on the node that removes them."""
+    if served_by(params.get("checkpoint_to")):
+        if store is None:
+            raise ValueError(f"{params['checkpoint_to']}: its server was not started")
+        return f"{store.export}/{SHARED_ROOT}"
+    return (f"{params['checkpoint_to']}/{SHARED_ROOT}" if shared(params)
+            else f"{workdir}/checkpoints")
+
+
+def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_id: str,
+            store: Any = None) -> str:
+    """The run's checkpoint directory, as the ranks name it (store: the sweep's
+    ckptstore.Store for an nfs@NODE place).
 
     >>> run_dir({"checkpoint_to": "nodes"}, "/w", "c1", "s1", "r1")
     '/w/checkpoints/s1/r1'
     >>> run_dir({"checkpoint_to": "/mnt/nfs"}, "/w", "c1", "s1", "r1")
     '/mnt/nfs/scalelab-checkpoints/c1/s1/r1'
+    >>> from scalelab.cluster.ckptstore import Store
+    >>> run_dir({"checkpoint_to": "nfs@n3"}, "/w", "c1", "s1", "r1", Store("n3", "10.0.0.3", "/w/ckpt-nfs"))
+    'nfs://10.0.0.3/w/ckpt-nfs/scalelab-checkpoints/c1/s1/r1'
     >>> run_dir({"checkpoint_to": "/mnt/nfs"}, "/w", "c1", "s1", "r 1")
     Traceback (most recent call last):
     ...
@@ -49,23 +67,23 @@ def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_
     for part in (cluster, sweep, run_id):
         if not _NAME.fullmatch(part) or part in (".", ".."):
             raise ValueError(f"a checkpoint directory of unexpected characters: {part!r}")
-    base = (f"{workdir}/checkpoints" if not shared(params)
-            else f"{params['checkpoint_to']}/{SHARED_ROOT}/{cluster}")
-    where = f"{base}/{sweep}/{run_id}"
+    root = _root(params, workdir, store)
+    where = f"{root}/{cluster}/{sweep}/{run_id}" if shared(params) else f"{root}/{sweep}/{run_id}"
     if not PATH_CHARS.fullmatch(where) or ".." in where.split("/"):
         raise ValueError(f"a checkpoint directory of unexpected characters: {where!r}")
-    return where
+    return f"nfs://{store.address}{where}" if served_by(params.get("checkpoint_to")) else where
 
 
-def removal_line(where: str, params: dict[str, Any], workdir: str) -> str:
+def removal_line(where: str, params: dict[str, Any], workdir: str, store: Any = None) -> str:
     """The shell line that removes a run's directory, then its parents while empty, up to the
-    checkpoints' own root (never the user's path itself).
+    checkpoints' own root (never the user's path itself); an nfs:// directory on its server.
 
     >>> removal_line("/mnt/n/scalelab-checkpoints/c1/s1/r1", {"checkpoint_to": "/mnt/n"}, "/w")
     'rm -rf -- /mnt/n/scalelab-checkpoints/c1/s1/r1; rmdir -- /mnt/n/scalelab-checkpoints/c1/s1 /mnt/n/scalelab-checkpoints/c1 /mnt/n/scalelab-checkpoints 2>/dev/null; true'
     """
-    root = (f"{params['checkpoint_to']}/{SHARED_ROOT}" if shared(params)
-            else f"{workdir}/checkpoints")
+    root = _root(params, workdir, store)
+    if where.startswith("nfs://"):
+        where = "/" + where.removeprefix("nfs://").split("/", 1)[1]
     parents, up = [], where.rsplit("/", 1)[0]
     while up.startswith(root):
         parents.append(up)
@@ -75,11 +93,11 @@ def removal_line(where: str, params: dict[str, Any], workdir: str) -> str:
 
 
 def remove(nodes: list[Node], known_hosts: str, where: str, params: dict[str, Any],
-           workdir: str) -> dict[str, str]:
-    """Remove a run's checkpoints (every node's own copy, or the shared one once); the nodes
-    that could not, and why."""
-    line = removal_line(where, params, workdir)
-    on = nodes[:1] if shared(params) else nodes
+           workdir: str, store: Any = None, server: Node | None = None) -> dict[str, str]:
+    """Remove a run's checkpoints (every node's own copy, the shared one once, or on the
+    server of an nfs@NODE place); the nodes that could not, and why."""
+    line = removal_line(where, params, workdir, store)
+    on = [server] if server is not None else nodes[:1] if shared(params) else nodes
     _, errors = ssh.on_each(on, lambda n: ssh.run(n, known_hosts, line, timeout=120).returncode)
     return errors
 

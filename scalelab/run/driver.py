@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import gpu, image, netshape, ssh, storage, targets
+from scalelab.cluster import ckptstore, gpu, image, netshape, ssh, storage, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import datapath, fabric
@@ -47,7 +47,7 @@ from scalelab.run import (
 from scalelab.run.emulation import Emulation
 from scalelab.run.shaping import Shaper
 from scalelab.run.warmstart import WARM, WarmPool
-from scalelab.sweep import planner, starts
+from scalelab.sweep import planner, starts, values
 from scalelab.sweep.values import SYNTHETIC
 
 log = logging.getLogger(__name__)
@@ -364,6 +364,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     warm = (WarmPool(ex.all_nodes[: max(r.params["nodes"] for r in direct)], ex.rt,
                      sweep_dir / WARM) if direct else None)
     try:
+        ex.serve_checkpoints(runs)
         if warm is not None and warm.start(stop=stop):
             ex.starter.warm = warm.name
         for k, run in enumerate(runs):
@@ -381,6 +382,7 @@ def execute(cluster: str, sweep_dir: Path, runs: list, timeout_s: float,
     finally:
         if warm is not None:
             warm.stop()
+        ckptstore.end(ex.cluster, ex.rec, ex.stores)
         ex.shaper.restore()
     return counts
 
@@ -406,6 +408,7 @@ class _Execution:
         self.reads: dict[tuple, storageprobe.StorageProbe] = {}
         self.decodes: dict[str, storageprobe.DecodeProbe] = {}
         self.storage_shaped: set[str] = set()  # nodes whose link is at a storage rate now
+        self.stores: dict[str, ckptstore.Store] = {}  # per nfs@NODE checkpoint place
         self.container = None
         if runtime == "container":
             self.container = containers.Spec(rec["image"]["tag"], rec["image"]["id"])
@@ -463,15 +466,24 @@ class _Execution:
                                           for x in read["read_per_node_mb_s"]]
         return {**read, **self.decodes[source].as_record()}
 
+    def serve_checkpoints(self, runs: list) -> None:
+        """Start the NFS server of every nfs@NODE checkpoint place the runs write to."""
+        places = [r.params.get("checkpoint_to") for r in runs
+                  if r.kind == "train" and r.params.get("checkpoint_every")]
+        self.stores = ckptstore.serve(self.cluster, self.rec, {
+            p: values.served_by(p) for p in places if values.served_by(p)}, self.rt.workdir)
+
     def checkpoints_after(self, p: dict[str, Any], where: str | None) -> dict[str, Any] | None:
         """A run's checkpoints removed from the nodes (unless the sweep keeps them): where
         they were, whether kept, and a node that could not remove them."""
         if not where:
             return None
         kept = bool(p.get("keep_checkpoints"))
+        store = self.stores.get(p.get("checkpoint_to"))
+        server = next((n for n in self.all_nodes if store and n.name == store.node), None)
         errors = {} if kept else checkpoints.remove(self.all_nodes[: p["nodes"]],
                                                     self.rt.known_hosts, where, p,
-                                                    self.rt.workdir)
+                                                    self.rt.workdir, store, server)
         bad = next(iter(errors.items()), None)
         if bad:
             log.warning("checkpoints of a run left at %s on %s: %s", where, *bad)
@@ -521,7 +533,8 @@ class _Execution:
             decode = (source_probe or {}).get("decode_img_s_per_core") if profile else None
             if p.get("checkpoint_every"):
                 ckpt_dir = checkpoints.run_dir(p, self.rt.workdir, self.cluster,
-                                               self.sweep_dir.name, run.run_id)
+                                               self.sweep_dir.name, run.run_id,
+                                               self.stores.get(p.get("checkpoint_to")))
             script, args, engine = ("resnet.py", commands.workload_args(
                 p, profile, 1.0 / decode if decode else None, ckpt_dir), p["engine"])
         inject = failures.injector(run, self.all_nodes[: p["nodes"]], self.rt.known_hosts)

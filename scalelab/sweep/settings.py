@@ -91,7 +91,13 @@ def _checkpoints_on(combo: Mapping[str, Any]) -> bool:
 
 
 def _check_checkpoint_settings(spec: Any) -> None:
-    """A checkpoint setting without --checkpoint-every above 0 asks for nothing: refused."""
+    """A checkpoint setting without --checkpoint-every above 0 asks for nothing: refused. A
+    node's NFS server ends with the sweep, so what it holds cannot be kept."""
+    served = next((p for p in spec.checkpoint_to or [] if values.served_by(p)), None)
+    if any(spec.checkpoint_every or []) and spec.keep_checkpoints and served:
+        raise InputError(f"--keep-checkpoints: the NFS server of --checkpoint-to {served} ends "
+                         "with the sweep, and its checkpoints with it; keep them on nodes or a "
+                         "path the nodes mount, or drop --keep-checkpoints")
     if any(spec.checkpoint_every or []):
         return
     given = [k for k, v in (("checkpoint-mode", spec.checkpoint_mode),
@@ -122,7 +128,8 @@ def _check_failure_settings(spec: Any) -> None:
 
 
 def _place_tag(place: str) -> str:
-    """nodes: cknodes; a path: ckp and a short hash of it (run ids stay short and safe)."""
+    """nodes: cknodes; a path or a node's server: ckp and a short hash of it (run ids stay
+    short and safe)."""
     if place == values.NODE_DISKS:
         return "cknodes"
     return "ckp" + hashlib.sha1(place.encode()).hexdigest()[:6]
@@ -267,8 +274,9 @@ SETTINGS: tuple[Setting, ...] = (
             record="checkpoint_mode", column="checkpoint_mode", since=12,
             before=_checkpoint_before(None)),
     Setting("checkpoint_to", "checkpoint_to", "list[str] | None", values.checkpoint_places, None,
-            "with --checkpoint-every: nodes (each node's own disk, the default) or an absolute "
-            "path every node sees (e.g. an NFS mount), to sweep, e.g. nodes,/mnt/nfs/ckpt; a "
+            "with --checkpoint-every: nodes (each node's own disk, the default), an absolute "
+            "path every node sees (e.g. an NFS mount) or nfs@NODE (an NFS server scalelab runs "
+            "on that node of the cluster for the sweep), to sweep, e.g. nodes,nfs@lab-n3; a "
             "run's checkpoints are removed after it", variant=True,
             engines=CHECKPOINT_ENGINES, single=values.NODE_DISKS, tag=_place_tag, tag_lone=True,
             applies=_checkpoints_on, record="checkpoint_to", column="checkpoint_to", since=12,

@@ -187,29 +187,42 @@ def data(value: Any, what: str) -> list[str]:
 
 NODE_DISKS = "nodes"  # a checkpoint place: each node's own disk (under the workdir)
 PATH_CHARS = re.compile(r"/[A-Za-z0-9._/+=~-]*")  # a path a checkpoint place may be
+SERVED = re.compile(r"nfs@([A-Za-z0-9][A-Za-z0-9._-]{0,62})")  # an NFS server on that node
+
+
+def served_by(place: Any) -> str | None:
+    """The node that serves a checkpoint place over NFS for the sweep (nfs@NODE), or None.
+
+    >>> served_by("nfs@lab-n3"), served_by("/mnt/nfs"), served_by(None)
+    ('lab-n3', None, None)
+    """
+    m = SERVED.fullmatch(place) if isinstance(place, str) else None
+    return m.group(1) if m else None
 
 
 def checkpoint_places(value: Any, what: str) -> list[str]:
-    """Where checkpoints go, to sweep: nodes (each node's own disk) or an absolute path every
-    node sees (an NFS mount, a parallel file system), comma-separated or a YAML list.
+    """Where checkpoints go, to sweep: nodes (each node's own disk), an absolute path every
+    node sees (an NFS mount, a parallel file system) or nfs@NODE (an NFS server scalelab runs
+    on that node for the sweep), comma-separated or a YAML list.
 
-    >>> checkpoint_places("nodes,/mnt/nfs/ckpt/", "--checkpoint-to")
-    ['nodes', '/mnt/nfs/ckpt']
+    >>> checkpoint_places("nodes,/mnt/nfs/ckpt/,nfs@lab-n3", "--checkpoint-to")
+    ['nodes', '/mnt/nfs/ckpt', 'nfs@lab-n3']
     >>> checkpoint_places("/mnt/a b", "--checkpoint-to")
     Traceback (most recent call last):
     ...
-    scalelab.core.errors.InputError: --checkpoint-to: '/mnt/a b' must be nodes (each node's own disk) or an absolute path every node sees, of letters, digits and ._/+=~- (e.g. /mnt/nfs/checkpoints)
+    scalelab.core.errors.InputError: --checkpoint-to: '/mnt/a b' must be nodes (each node's own disk), an absolute path every node sees, of letters, digits and ._/+=~- (e.g. /mnt/nfs/checkpoints), or nfs@NODE (an NFS server on that node of the cluster)
     """
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     out: list[str] = []
     for item in items:
         text = str(item).strip()
-        if text != NODE_DISKS:
+        if text != NODE_DISKS and not served_by(text):
             if (not PATH_CHARS.fullmatch(text) or ".." in text.split("/")
                     or text.rstrip("/") == ""):
-                raise InputError(f"{what}: {text!r} must be {NODE_DISKS} (each node's own disk) "
-                                 "or an absolute path every node sees, of letters, digits and "
-                                 "._/+=~- (e.g. /mnt/nfs/checkpoints)")
+                raise InputError(f"{what}: {text!r} must be {NODE_DISKS} (each node's own disk), "
+                                 "an absolute path every node sees, of letters, digits and "
+                                 "._/+=~- (e.g. /mnt/nfs/checkpoints), or nfs@NODE (an NFS "
+                                 "server on that node of the cluster)")
             text = text.rstrip("/")
         if text not in out:
             out.append(text)
