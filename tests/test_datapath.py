@@ -526,8 +526,9 @@ def test_checkpoints_to_a_nodes_own_nfs_server_cross_its_shaped_link_and_end_wit
     the ranks writing through libnfs. Each rank's share of a checkpoint takes at least its
     bytes over the link; a run whose first node is killed comes back from the checkpoint it
     reads back from that server. After the sweep the server, its portmapper and its files are
-    gone from the node. A node that already serves NFS, or that the cluster lacks, is refused
-    in one line before any run."""
+    gone from the node; after a sweep killed mid-run, the next sweep ends them first. A node
+    that already serves NFS, or that the cluster lacks, is refused in one line before any
+    run."""
     from scalelab.cluster import ssh
 
     lc, _, _, _ = lab
@@ -572,6 +573,31 @@ def test_checkpoints_to_a_nodes_own_nfs_server_cross_its_shaped_link_and_end_wit
             f"grep -c ' {ROOT}/ckpt-nfs ' /proc/self/mounts || true; "
             "ps -eo args= | grep -cE '^/usr/sbin/[r]pcbind -f|[c]kpt-nfs.conf' || true; "
             "ss -Hltn '( sport = :111 or sport = :2049 or sport = :20048 )' | wc -l")
+    assert ssh.run(server, rec["known_hosts"], left, timeout=30).stdout.split() == \
+        ["gone", "0", "0", "0"]
+    assert [s for s in _state(lc.name).get("servers", []) if s["kind"] == "ckpt-nfs"] == []
+    # a sweep killed while its server runs leaves it recorded; the next sweep ends it first
+    # (by its pids) and then its own
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", *common, "--steps", "200", "--repeats", "1",
+         "--bandwidth", "native", "--checkpoint-to", f"nfs@{server.name}", "--no-report"],
+        cwd=ROOT, env={**os.environ, "SCALELAB_REPORTS": str(reports)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def served() -> list[dict]:
+            return [s for s in _state(lc.name).get("servers", [])
+                    if s["kind"] == "ckpt-nfs" and s["pid"]]
+        wait_until(served, 120, "the killed sweep's checkpoint server to start")
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)  # the group this test started
+        killed.wait(timeout=60)
+    old = served()[0]
+    assert running(old["pid"]) and running(old["rpcbind_pid"])
+    proc = invoke("bench", *common, "--steps", "2", "--repeats", "1", "--bandwidth", "native",
+                  "--checkpoint-to", f"nfs@{server.name}", "--no-report",
+                  env={"SCALELAB_REPORTS": str(reports)}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not running(old["pid"]) and not running(old["rpcbind_pid"])
     assert ssh.run(server, rec["known_hosts"], left, timeout=30).stdout.split() == \
         ["gone", "0", "0", "0"]
     assert [s for s in _state(lc.name).get("servers", []) if s["kind"] == "ckpt-nfs"] == []

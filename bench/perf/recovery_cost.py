@@ -1,8 +1,10 @@
 """What a failure costs at each node count: one node's ranks killed mid-run, on the local target.
 
-A local cluster of max(--nodes) nodes (needs root). One `invoke bench` sweep trains --model
-(ResNet-50 by default) on emulated --accelerator devices (V100 by default) at each node count,
-saving a checkpoint every --every timed steps to each node's own disk, each run twice: as is
+A local cluster of max(--nodes) nodes, one more with --to nfs (needs root). One `invoke bench`
+sweep trains --model (ResNet-50 by default) on emulated --accelerator devices (V100 by
+default) at each node count, saving a checkpoint every --every timed steps to each node's own
+disk (--to nodes, links native) or to an NFS server on the cluster's last node, a node of its
+own (--to nfs, every link at --bandwidth, 1gbit by default), each run twice: as is
 (--inject-failure off) and with the last node's ranks killed after timed step --fail-after
 (--inject-failure STEP@K). torchrun's agents restart every rank, which go on from the last
 checkpoint. Prints per node count the checkpoint's blocking time C, and for the failed run
@@ -11,11 +13,12 @@ joined the group again and every rank was ready to train (R), the checkpoint loa
 recomputed. The cluster is destroyed at the end, also on a failure.
 
 Seconds are the host's own (not dilated): start-up, rendezvous and load are what this host
-takes; on an emulated cluster only the steps are in the device's time.
+takes; on an emulated cluster only the steps are in the device's time, and with --to nfs
+the checkpoint's blocking time C (its writes cross the dilated links).
 
 Usage: .venv/bin/python bench/perf/recovery_cost.py [--nodes 1,2,4] [--every 5]
        [--steps 20] [--fail-after 12] [--model resnet50] [--accelerator v100]
-       [--batch-size 32]
+       [--batch-size 32] [--to nodes|nfs] [--bandwidth 1gbit]
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def main() -> int:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--accelerator", default="v100")
     ap.add_argument("--batch-size", default="32")
+    ap.add_argument("--to", choices=["nodes", "nfs"], default="nodes")
+    ap.add_argument("--bandwidth", default="1gbit", help="--to nfs: every link's rate")
     a = ap.parse_args()
     counts = sorted({int(x) for x in a.nodes.split(",")})
     if not (counts[0] >= 1 and counts[-1] <= 16 and 1 <= a.every <= a.steps <= 200
@@ -54,14 +59,18 @@ def main() -> int:
         ap.error("--nodes 1-16, 1 <= --every <= --steps <= 200, 1 <= --fail-after < --steps")
     private_state()
     name = f"rc{uuid.uuid4().hex[:4]}"
-    invoke("provision", "--target", "local", "--cluster", name, "--nodes", str(counts[-1]))
+    size = counts[-1] + (a.to == "nfs")
+    invoke("provision", "--target", "local", "--cluster", name, "--nodes", str(size))
+    place = f"nfs@{name}-n{size - 1}" if a.to == "nfs" else "nodes"
+    rate = a.bandwidth if a.to == "nfs" else "native"
     runs: list[dict] = []
     try:
         for n in counts:  # the last node of each run fails
             invoke("bench", "--cluster", name, "--no-report", "--sweep", "ci", "--nodes",
                    str(n), "--batch-size", a.batch_size, "--model", a.model,
                    "--accelerator", a.accelerator, "--steps", str(a.steps), "--repeats", "1",
-                   "--bandwidth", "native", "--checkpoint-every", str(a.every),
+                   "--bandwidth", rate, "--checkpoint-every", str(a.every),
+                   "--checkpoint-to", place, "--allreduce-sizes", "16M",
                    "--inject-failure", f"off,{a.fail_after}@{n - 1}", "--timeout", "3600",
                    timeout=7200)
             reports = Path(os.environ["SCALELAB_REPORTS"])
@@ -70,9 +79,11 @@ def main() -> int:
                                     .splitlines()) if r["kind"] == "train"]
     finally:
         destroy(name)
+    where = (f"an NFS server on a node of its own, links at {rate}" if a.to == "nfs"
+             else "each node's own disk")
     print(f"{a.model} on emulated {a.accelerator}, batch {a.batch_size}, a checkpoint every "
-          f"{a.every} of {a.steps} timed steps to each node's own disk; the last node's ranks "
-          f"killed after step {a.fail_after}")
+          f"{a.every} of {a.steps} timed steps to {where}; the last node's ranks killed after "
+          f"step {a.fail_after}")
     print(f"{'N':>3} {'status':>7} {'C s':>6} {'back s':>7} {'joined s':>9} {'R s':>6} "
           f"{'load s':>7} {'killed':>7} {'from':>5} {'redone':>7}")
     plain = {r["params"]["nodes"]: r for r in runs if not r.get("failure")}
