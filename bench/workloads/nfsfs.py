@@ -13,14 +13,15 @@ directory it exports, and a path under it; the export is what comes before
 ``Place`` gives ckpt.py what it does with a directory (list, size, remove) and PyTorch
 Distributed Checkpoint's storage writer and reader on this file system. The writer's streams
 buffer 8 MiB before each write, which libnfs sends in the server's largest WRITEs; a file is
-committed (NFS COMMIT) when it is closed. One NFS session per thread and export: libnfs's
-contexts are not shared between threads, and async_save writes from a thread of its own.
+committed (NFS COMMIT) when it is closed. The reader reads a file whole, in order, once. A call takes a mounted session no other thread holds (libnfs's contexts
+are not shared between threads; async_save writes from a thread of its own) and gives it
+back after, so a process mounts as many as it has calls at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import ctypes.util
 import io
 import os
 import posixpath
@@ -29,10 +30,12 @@ import threading
 from typing import Any
 
 NFS_V3 = 3
+SONAMES = ("libnfs.so.13", "libnfs.so.14")  # libnfs 4.0 and 5.0
 BUFFER = 8 << 20
 CHUNK = BUFFER  # one call into libnfs, which splits it into the server's largest RPCs
 _lib: Any = None
-_local = threading.local()
+_free: dict[tuple[str, str], list[Any]] = {}  # mounted sessions no call holds now
+_lock = threading.Lock()
 
 
 class NfsError(OSError):
@@ -53,15 +56,21 @@ _Dirent._fields_ = [("next", ctypes.POINTER(_Dirent)), ("name", ctypes.c_char_p)
 
 
 def lib() -> Any:
-    """libnfs, loaded once; NfsError naming the package where it is missing."""
+    """libnfs, loaded once; NfsError naming the package where it is missing. Only the sonames
+    whose calls this module was written against (libnfs 4 and 5): later ones take pread's and
+    pwrite's arguments in another order."""
     global _lib
     if _lib is None:
-        name = ctypes.util.find_library("nfs") or "libnfs.so.13"
-        try:
-            so = ctypes.CDLL(name)
-        except OSError as exc:
-            raise NfsError(2, f"no libnfs on this node ({exc}); install libnfs13 "
-                              "(Debian's libnfs-utils brings it)") from exc
+        so = None
+        for name in SONAMES:
+            try:
+                so = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if so is None:
+            raise NfsError(2, f"no {' or '.join(SONAMES)} on this node; install libnfs13 "
+                              "(Debian 12's libnfs-utils brings it)")
         p, c, u64, i = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int
         for fn, res, args in (
                 ("nfs_init_context", p, []), ("nfs_destroy_context", None, [p]),
@@ -102,24 +111,39 @@ def split(url: str) -> tuple[str, str, str]:
     return server, export.removesuffix(MARK) or "/", path
 
 
-def _ctx(server: str, export: str) -> Any:
-    """This thread's NFS session to server:export, mounted once."""
-    sessions = _local.__dict__.setdefault("sessions", {})
+def _acquire(server: str, export: str) -> Any:
+    """A mounted session to server:export that no other thread holds (libnfs's contexts are
+    not shared between threads): a free one, or a new one."""
     key = (server, export)
-    if key not in sessions:
-        so = lib()
-        nfs = so.nfs_init_context()
-        if not nfs:
-            raise NfsError(12, "libnfs could not make a context")
-        so.nfs_set_version(nfs, NFS_V3)
-        so.nfs_set_timeout(nfs, 120_000)
-        rc = so.nfs_mount(nfs, server.encode(), export.encode())
-        if rc < 0:
-            why = (so.nfs_get_error(nfs) or b"").decode(errors="replace")
-            so.nfs_destroy_context(nfs)
-            raise NfsError(-rc, f"nfs://{server}{export}: mount failed: {why}")
-        sessions[key] = nfs
-    return sessions[key]
+    with _lock:
+        if _free.get(key):
+            return _free[key].pop()
+    so = lib()
+    nfs = so.nfs_init_context()
+    if not nfs:
+        raise NfsError(12, "libnfs could not make a context")
+    so.nfs_set_version(nfs, NFS_V3)
+    so.nfs_set_timeout(nfs, 120_000)
+    rc = so.nfs_mount(nfs, server.encode(), export.encode())
+    if rc < 0:
+        why = (so.nfs_get_error(nfs) or b"").decode(errors="replace")
+        so.nfs_destroy_context(nfs)
+        raise NfsError(-rc, f"nfs://{server}{export}: mount failed: {why}")
+    return nfs
+
+
+def _release(server: str, export: str, nfs: Any) -> None:
+    with _lock:
+        _free.setdefault((server, export), []).append(nfs)
+
+
+@contextlib.contextmanager
+def _session(server: str, export: str) -> Any:
+    nfs = _acquire(server, export)
+    try:
+        yield nfs
+    finally:
+        _release(server, export, nfs)
 
 
 def _check(nfs: Any, rc: int, what: str) -> int:
@@ -132,8 +156,9 @@ def _check(nfs: Any, rc: int, what: str) -> int:
 class _Raw(io.RawIOBase):
     """One open NFS file: positioned reads and writes at our own offset."""
 
-    def __init__(self, nfs: Any, fh: Any, name: str, writing: bool) -> None:
+    def __init__(self, nfs: Any, fh: Any, name: str, writing: bool, done: Any) -> None:
         self._nfs, self._fh, self.name, self._writing, self._pos = nfs, fh, name, writing, 0
+        self._done = done  # gives the session back
 
     def readable(self) -> bool:
         return not self._writing
@@ -190,6 +215,7 @@ class _Raw(io.RawIOBase):
                     _check(self._nfs, lib().nfs_fsync(self._nfs, fh), self.name)
             finally:
                 lib().nfs_close(self._nfs, fh)
+                self._done(self._nfs)
         super().close()
 
 
@@ -201,7 +227,7 @@ class Place:
         self.root = self.path(root)
 
     def _nfs(self) -> Any:
-        return _ctx(self.server, self.export)
+        return _session(self.server, self.export)
 
     def path(self, where: str) -> str:
         """A path inside the export (libnfs's), from a url or a path on the server."""
@@ -212,18 +238,35 @@ class Place:
         return where
 
     def open(self, path: str, mode: str) -> io.IOBase:
-        nfs, p = self._nfs(), self.path(path)
+        """The file to write as a buffered stream, holding a session until it is closed; to
+        read, its bytes, read whole."""
+        p, nfs = self.path(path), _acquire(self.server, self.export)
         fh = ctypes.c_void_p()
+        try:
+            if "w" in mode:
+                _check(nfs, lib().nfs_open2(nfs, p.encode(), os.O_WRONLY | os.O_CREAT |
+                                            os.O_TRUNC, 0o644, ctypes.byref(fh)), p)
+            else:
+                _check(nfs, lib().nfs_open(nfs, p.encode(), os.O_RDONLY, ctypes.byref(fh)), p)
+        except BaseException:
+            _release(self.server, self.export, nfs)
+            raise
+        raw = _Raw(nfs, fh, p, "w" in mode,
+                   lambda n: _release(self.server, self.export, n))
         if "w" in mode:
-            _check(nfs, lib().nfs_open2(nfs, p.encode(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                                        0o644, ctypes.byref(fh)), p)
-            return io.BufferedWriter(_Raw(nfs, fh, p, True), BUFFER)
-        _check(nfs, lib().nfs_open(nfs, p.encode(), os.O_RDONLY, ctypes.byref(fh)), p)
-        return io.BufferedReader(_Raw(nfs, fh, p, False), BUFFER)
+            return io.BufferedWriter(raw, BUFFER)
+        # read whole, in order: DCP's reader seeks from item to item out of the file's order,
+        # and each seek outside a buffer would fetch a buffer again
+        with raw:
+            data = bytearray()
+            while chunk := raw.read(BUFFER):
+                data += chunk
+        return io.BytesIO(data)
 
     def stat(self, path: str) -> _Stat | None:
-        nfs, st = self._nfs(), _Stat()
-        rc = lib().nfs_stat64(nfs, self.path(path).encode(), ctypes.byref(st))
+        st = _Stat()
+        with self._nfs() as nfs:
+            rc = lib().nfs_stat64(nfs, self.path(path).encode(), ctypes.byref(st))
         return None if rc < 0 else st
 
     def exists(self, path: str) -> bool:
@@ -234,53 +277,54 @@ class Place:
         return int(st.size) if st is not None else 0
 
     def listdir(self, path: str) -> list[str]:
-        nfs, d = self._nfs(), ctypes.c_void_p()
-        _check(nfs, lib().nfs_opendir(nfs, self.path(path).encode(), ctypes.byref(d)), path)
-        names = []
-        try:
-            while True:
-                ent = lib().nfs_readdir(nfs, d)
-                if not ent:
-                    break
-                name = ent.contents.name.decode(errors="replace")
-                if name not in (".", ".."):
-                    names.append(name)
-        finally:
-            lib().nfs_closedir(nfs, d)
+        d, names = ctypes.c_void_p(), []
+        with self._nfs() as nfs:
+            _check(nfs, lib().nfs_opendir(nfs, self.path(path).encode(), ctypes.byref(d)), path)
+            try:
+                while True:
+                    ent = lib().nfs_readdir(nfs, d)
+                    if not ent:
+                        break
+                    name = ent.contents.name.decode(errors="replace")
+                    if name not in (".", ".."):
+                        names.append(name)
+            finally:
+                lib().nfs_closedir(nfs, d)
         return names
 
     def makedirs(self, path: str) -> None:
-        nfs, built = self._nfs(), ""
-        for part in self.path(path).strip("/").split("/"):
-            built += "/" + part
-            rc = lib().nfs_mkdir(nfs, built.encode())
-            if rc < 0 and -rc != 17:  # EEXIST
-                _check(nfs, rc, f"mkdir {built}")
+        built = ""
+        with self._nfs() as nfs:
+            for part in self.path(path).strip("/").split("/"):
+                built += "/" + part
+                rc = lib().nfs_mkdir(nfs, built.encode())
+                if rc < 0 and -rc != 17:  # EEXIST
+                    _check(nfs, rc, f"mkdir {built}")
 
     def rmtree(self, path: str) -> None:
         """Remove a tree; what is already gone is no error."""
-        nfs, p = self._nfs(), self.path(path)
+        p = self.path(path)
         st = self.stat(p)
         if st is None:
             return
         if stat.S_ISDIR(st.mode):
             for name in self.listdir(p):
                 self.rmtree(posixpath.join(p, name))
-            lib().nfs_rmdir(nfs, p.encode())
-        else:
-            lib().nfs_unlink(nfs, p.encode())
+        with self._nfs() as nfs:
+            (lib().nfs_rmdir if stat.S_ISDIR(st.mode) else lib().nfs_unlink)(nfs, p.encode())
 
     def rmdir(self, path: str) -> bool:
-        return lib().nfs_rmdir(self._nfs(), self.path(path).encode()) >= 0
+        with self._nfs() as nfs:
+            return lib().nfs_rmdir(nfs, self.path(path).encode()) >= 0
 
     def rename(self, old: str, new: str) -> None:
-        nfs = self._nfs()
-        _check(nfs, lib().nfs_rename(nfs, self.path(old).encode(), self.path(new).encode()),
-               f"rename {old}")
+        with self._nfs() as nfs:
+            _check(nfs, lib().nfs_rename(nfs, self.path(old).encode(),
+                                         self.path(new).encode()), f"rename {old}")
 
     def unlink(self, path: str) -> None:
-        nfs = self._nfs()
-        _check(nfs, lib().nfs_unlink(nfs, self.path(path).encode()), f"unlink {path}")
+        with self._nfs() as nfs:
+            _check(nfs, lib().nfs_unlink(nfs, self.path(path).encode()), f"unlink {path}")
 
 
 def storage(url: str, reading: bool) -> Any:

@@ -10,9 +10,10 @@ server's, shaped as the cluster's are.
 Only on nodes scalelab made and destroys (Capabilities.ephemeral), and only where no
 portmapper or NFS server listens already: a host scalelab did not create keeps its own NFS
 services untouched (mount a share there and give its path). The cluster record keeps the
-server before it starts, so that the sweep's end, or invoke destroy after a killed sweep,
-ends both processes by their pid (checked to be ours), unmounts the export's tmpfs and
-removes its files.
+server before it starts, so that the sweep's end, or the next sweep after a killed one,
+ends both processes by their pid (checked to be ours: that program, in the node's own
+network namespace), unmounts the export's tmpfs and removes its files; invoke destroy ends
+them with the nodes.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 
 KIND = "ckpt-nfs"  # its entry in the cluster record's servers
 NFS_PORT, MNT_PORT, PORTMAP_PORT = 2049, 20048, 111
-WAIT_S = 60.0  # NFS-Ganesha takes seconds to listen
 TMPFS_SIZE = "8g"  # an upper bound: a tmpfs holds only what is written to it
 _AS_ROOT = 'S=; [ "$(id -u)" = 0 ] || S="sudo -n"; '
 
@@ -47,15 +47,17 @@ EXPORT {{ Export_Id = 1; Path = {path}; Pseudo = {path}; Protocols = 3, 4; Trans
 """
 
 
-# the server's programs are there and its ports free (no NFS service of the node's own)
-_READY = (
+# the server's programs are there
+_PROGRAMS = (
     "for b in /usr/bin/ganesha.nfsd /usr/sbin/rpcbind; do test -x $b || "
     "{ echo \"no $b: install nfs-ganesha, nfs-ganesha-vfs and rpcbind there\" >&2; exit 3; }; "
-    f"done; for p in {PORTMAP_PORT} {NFS_PORT} {MNT_PORT}; do "
+    "done; ")
+# and its ports free (no NFS service of the node's own)
+_PORTS = (
+    f"for p in {PORTMAP_PORT} {NFS_PORT} {MNT_PORT}; do "
     "$S ss -Hltn \"sport = :$p\" | grep -q . && { echo \"port $p is in use there: an NFS "
     "service of the node's own\" >&2; exit 3; }; done; ")
-# a node's ranks find libnfs (bench/workloads/nfsfs.py loads it with ctypes)
-_LIBNFS = "import ctypes.util, sys; sys.exit(0 if ctypes.util.find_library('nfs') else 3)"
+WAIT_LOOP_S = 60  # the start line's own bound on waiting for the server to listen
 
 
 @dataclass(frozen=True)
@@ -103,24 +105,30 @@ def check(rec: dict[str, Any], cluster: str, name: str) -> Node:
     return node
 
 
-def preflight(server: Node, nodes: list[Node], known_hosts: str) -> tuple[str, str] | None:
-    """(node, why) where the server could not start or a node's ranks could not write to it;
-    None if all is there. Starts nothing."""
+def preflight(rec: dict[str, Any], server: Node, nodes: list[Node],
+              workdir: str) -> tuple[str, str] | None:
+    """(node, why) where the server could not start or a node's ranks could not load libnfs
+    (the node's own bench/workloads/nfsfs.py tries); None if all is there. Starts nothing.
+    A server a killed sweep left there (recorded) holds the ports: the sweep ends it first."""
     def said(proc: Any) -> str:
-        lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
+        lines = [x for x in (proc.stdout + proc.stderr).strip().splitlines() if x.strip()]
         return lines[-1][:200] if lines else f"exit {proc.returncode}"
 
-    proc = ssh.run(server, known_hosts, f"{_AS_ROOT}{_READY}true", timeout=60, check=False)
+    left = any(s.get("kind") == KIND and s["node"] == server.name
+               for s in rec.get("servers") or [])
+    proc = ssh.run(server, rec["known_hosts"],
+                   f"{_AS_ROOT}{_PROGRAMS}{'' if left else _PORTS}true", timeout=60,
+                   check=False)
     if proc.returncode != 0:
         return server.name, said(proc)
+    probe = (f"import sys; sys.path.insert(0, {f'{workdir}/bench/workloads'!r}); import nfsfs\n"
+             "try:\n    nfsfs.lib()\nexcept OSError as e:\n    print(e.strerror); sys.exit(3)")
 
     def one(node: Node) -> str:
         python = (node.facts or {}).get("python") or "python3"
-        got = ssh.run(node, known_hosts, f"{shlex.quote(python)} -c {shlex.quote(_LIBNFS)}",
-                      timeout=60, check=False)
-        return "" if got.returncode == 0 else (
-            "no libnfs for its ranks: install libnfs13 (or libnfs-utils)"
-            if got.returncode == 3 else said(got))
+        got = ssh.run(node, rec["known_hosts"],
+                      f"{shlex.quote(python)} -c {shlex.quote(probe)}", timeout=60, check=False)
+        return "" if got.returncode == 0 else said(got)
 
     results, errors = ssh.on_each(nodes, one)
     for node in nodes:
@@ -146,7 +154,7 @@ def start(cluster: str, rec: dict[str, Any], node: Node, workdir: str) -> Store:
     mount = (f"mountpoint -q {q['export']} || $S mount -t tmpfs -o size={TMPFS_SIZE},mode=0755 "
              f"scalelab-ckpt {q['export']}; " if entry["tmpfs"] else "")
     line = (
-        f"{_AS_ROOT}{_READY}"
+        f"{_AS_ROOT}{_PROGRAMS}{_PORTS}"
         f"$S mkdir -p {q['export']} {q['recovery']} && {mount}"
         f"printf %s {shlex.quote(conf)} | $S tee {q['conf']} >/dev/null && "
         f"{{ setsid $S /usr/sbin/rpcbind -f </dev/null >/dev/null 2>&1 & echo $! | "
@@ -155,23 +163,27 @@ def start(cluster: str, rec: dict[str, Any], node: Node, workdir: str) -> Store:
         f"break; sleep 0.1; done; "
         f"{{ setsid $S /usr/bin/ganesha.nfsd -F -f {q['conf']} -L {q['log']} -p {q['pid']} "
         f"-N NIV_EVENT </dev/null >/dev/null 2>&1 & }}; "
-        f"for i in $(seq 1 {int(WAIT_S * 10)}); do p=$(cat {q['pid']} 2>/dev/null); "
+        f"end=$(($(date +%s) + {WAIT_LOOP_S})); while [ $(date +%s) -lt $end ]; do "
+        f"p=$(cat {q['pid']} 2>/dev/null); "
         f"[ -n \"$p\" ] && $S ss -Hltnp 'sport = :{NFS_PORT}' | grep -q \"pid=$p,\" && "
         f"$S ss -Hltnp 'sport = :{MNT_PORT}' | grep -q \"pid=$p,\" && "
         f"{{ echo \"$p $(cat {q['rpcbind']})\"; exit 0; }}; sleep 0.1; done; "
         f"grep -v DBUS {q['log']} | tail -n 1 >&2; exit 1")
-    proc = ssh.run(node, kh, line, timeout=WAIT_S + 30, check=False)
-    if proc.returncode != 0:
-        try:
+    try:
+        proc = ssh.run(node, kh, line, timeout=WAIT_LOOP_S + 60, check=False)
+        if proc.returncode != 0:
+            lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
+            why = lines[-1][:200] if lines else f"exit {proc.returncode}"
+            raise ClusterError(f"--checkpoint-to nfs@{node.name}: its NFS server did not "
+                               f"start ({why})")
+        pid, rpcbind = (int(x) for x in proc.stdout.split()[-2:])
+    except BaseException:
+        try:  # whatever of it started (found by its pid files), and the record's entry
             stop_recorded(cluster, rec, entry)
-        except Exception as exc:  # the start's own error, raised below, matters more
+        except Exception as exc:  # the start's own error, raised on, matters more
             log.warning("%s: could not end the checkpoint server on %s: %s", cluster,
                         node.name, exc)
-        lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
-        why = lines[-1][:200] if lines else f"exit {proc.returncode}"
-        raise ClusterError(f"--checkpoint-to nfs@{node.name}: its NFS server did not start "
-                           f"({why})")
-    pid, rpcbind = (int(x) for x in proc.stdout.split()[-2:])
+        raise
     entry.update(pid=pid, rpcbind_pid=rpcbind)
     save_cluster(cluster, rec)
     return Store(node.name, node.private_address, f["export"])
@@ -188,8 +200,9 @@ def stop(node: Node, known_hosts: str, server: dict[str, Any], workdir: str) -> 
     def end(var: str, recorded: int, pidfile: str, match: str) -> str:
         return (f"{var}={recorded}; [ ${var} -gt 0 ] || {var}=$(cat {pidfile} 2>/dev/null || "
                 f"echo 0); case ${var} in ''|*[!0-9]*) {var}=0;; esac; "
-                f"if [ ${var} -gt 0 ] && tr '\\0' ' ' < /proc/${var}/cmdline 2>/dev/null | "
-                f"grep -qF -- {shlex.quote(match)}; then $S kill ${var}; for i in $(seq 1 100); do "
+                f"if [ ${var} -gt 0 ] && [ \"$($S readlink /proc/${var}/ns/net)\" = "
+                f"\"$(readlink /proc/$$/ns/net)\" ] && tr '\\0' ' ' < /proc/${var}/cmdline "
+                f"2>/dev/null | grep -qF -- {shlex.quote(match)}; then $S kill ${var}; for i in $(seq 1 100); do "
                 f"$S kill -0 ${var} 2>/dev/null || break; sleep 0.1; done; "
                 f"$S kill -0 ${var} 2>/dev/null && $S kill -9 ${var}; fi; ")
 

@@ -115,6 +115,11 @@ def _facts(node: Node) -> tuple[str, str]:
     return f["python"], f["workdir"]
 
 
+def workdir_of(node: Node) -> str:
+    """scalelab's workdir on a configured node."""
+    return _facts(node)[1]
+
+
 def shared_dir() -> str:
     """The directory the nfs roles export and mount (group_vars' scalelab_shared_dir)."""
     return str(yaml.safe_load(GROUP_VARS.read_text())["scalelab_shared_dir"])
@@ -426,13 +431,10 @@ def remove(cluster: str, rec: dict[str, Any], names: list[str] | None = None,
     needed = {(n, e["port"]) for e in staged.values() if "port" in e for n in e["nodes"]}
     servers = []
     for s in rec.get("servers") or []:
-        checkpoints = s.get("kind") == ckptstore.KIND  # a sweep's: ended here by destroy
-        if (s["node"], s["port"]) in needed or s["node"] not in nodes or (
-                checkpoints and names is not None):
+        # a sweep's checkpoint server is the sweep's to end (scalelab.cluster.ckptstore)
+        if (s["node"], s["port"]) in needed or s["node"] not in nodes or \
+                s.get("kind") == ckptstore.KIND:
             servers.append(s)
-            continue
-        if checkpoints:
-            said.append(ckptstore.stop_recorded(cluster, rec, s))
             continue
         _stop_server(nodes[s["node"]], kh, s)
         said.append(f"{'NFS' if s.get('kind') == 'nfs' else 'web'} server on "

@@ -351,7 +351,8 @@ def check_checkpoint_places(c: Cluster, runs: list[RunPlan]) -> None:
         served = values.served_by(place)
         if served:  # a node's own NFS server, started for the sweep
             server = ckptstore.check(c.rec, c.name, served)
-            bad = ckptstore.preflight(server, _used(c, runs), c.rec["known_hosts"])
+            bad = ckptstore.preflight(c.rec, server, _used(c, runs),
+                                      storage.workdir_of(server))
             if bad:
                 raise InputError(f"--checkpoint-to {place}: {bad[0]}: {bad[1]}; or give nodes "
                                  "(each node's own disk)")

@@ -28,6 +28,7 @@ from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
 from scalelab.core.errors import ClusterError
 from scalelab.model import accel
+from scalelab.sweep import planner
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class Emulation:
         self.host_cpus = host_cpus or os.cpu_count() or 1
         self.pass_s_per_byte: float | None = None
         # per (rate, nodes): the tightest train run's (ranks, gradient bytes, backward seconds)
-        self._load: dict[Any, tuple[int, int, float]] = {}
+        self._load: dict[Any, tuple[int, int, float, int]] = {}
         # the stated path between a node's ranks (one per sweep; None: unshaped)
         self.intra_mbit: float | None = next(
             (r.params.get("intra_mbit") for r in runs if r.params.get("intra_mbit")), None)
@@ -80,10 +81,14 @@ class Emulation:
             grad = sum(int(layer.get("numel") or 0) for layer in doc["layers"]) * (
                 2 if p["precision"] in ("amp", "bf16") else 4)
             key = (p.get("bandwidth_mbit"), p["nodes"])
-            ranks = p["nodes"] * p["procs_per_node"]
+            # a parameter-server run's servers share the host's cores too: on the workers'
+            # nodes (colocated, whose pushes and pulls are loopback copies as a ring's between
+            # ranks of a node are) or on nodes of their own
+            ranks = p["nodes"] * p["procs_per_node"] + planner.ps_servers(p)
+            hosts = p["nodes"] + planner.server_nodes(p)
             old = self._load.get(key)
             if old is None or ranks * grad / bwd > old[0] * old[1] / old[2]:
-                self._load[key] = (ranks, grad, bwd)
+                self._load[key] = (ranks, grad, bwd, hosts)
 
     def keep(self, records) -> None:
         """Reuse the k each (rate, node count) ran at before (a resumed sweep): runs of one
@@ -113,11 +118,11 @@ class Emulation:
                 log.info("host calibration: one stream moves %s Mbit/s; a memory pass %.2f ms/MB",
                          f"{self.host_mbit:.0f}" if self.host_mbit else "(not measured)",
                          self.pass_s_per_byte * 1e9)
-            ranks, grad, bwd = self._load.get(key, (p["nodes"], 0, 1.0))
+            ranks, grad, bwd, hosts = self._load.get(key, (p["nodes"], 0, 1.0, p["nodes"]))
             self._k[key] = accel.emulation_dilation(
-                ranks, p["nodes"], key[0], self.host_mbit, grad, bwd,
+                ranks, hosts, key[0], self.host_mbit, grad, bwd,
                 p.get("precision", "fp32"), self.pass_s_per_byte or 0.0, self.host_cpus,
-                self.node_cpus(p["nodes"]), self.intra_mbit)
+                self.node_cpus(hosts), self.intra_mbit)
         return self._k[key]
 
     def node_cpus(self, nodes: int) -> float:
