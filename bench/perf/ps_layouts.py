@@ -130,8 +130,10 @@ def _overhead(name: str, common: list[str]) -> None:
     p = analyse([load_sweep_data(ps1)], None, False).modelled
     d_w = float(d["per_worker_mean"].iloc[0])
     p_w = float(p["per_worker_mean"].iloc[0])
-    print(f"one node, unshaped: DDP over 2 ranks {d_w:.1f} images/s a rank; 1 worker and "
-          f"1 colocated server {p_w:.1f} images/s ({p_w / d_w - 1:+.1%}; aim within 3 %)")
+    k = [f"{float(x['dilation'].iloc[0]):g}" if "dilation" in x else "?" for x in (d, p)]
+    print(f"one node, unshaped: DDP over 2 ranks {d_w:.1f} images/s a rank (k = {k[0]}); "
+          f"1 worker and 1 colocated server {p_w:.1f} images/s (k = {k[1]}; "
+          f"{p_w / d_w - 1:+.1%}; aim within 3 %)")
 
 
 if __name__ == "__main__":
