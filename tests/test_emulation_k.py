@@ -3,9 +3,19 @@ a parameter server beside its worker copies the gradients as a second rank of th
 
 from __future__ import annotations
 
+import pytest
+
 from scalelab.cluster.nodes import Node
+from scalelab.run import emulation
 from scalelab.run.emulation import Emulation
 from scalelab.sweep.planner import RunPlan
+
+
+@pytest.fixture(autouse=True)
+def _memory(monkeypatch):
+    """One memory pass speed for every k here (the host's, timed, would vary between calls):
+    10 GB/s."""
+    monkeypatch.setattr(emulation, "memory_pass_s_per_byte", lambda: 1e-10)
 
 
 def _k(engine: str, ppn: int, nodes: int = 1, **ps: object) -> float:

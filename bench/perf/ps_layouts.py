@@ -9,8 +9,9 @@ count measured and by the model, and the fewest dedicated servers that beat the 
 model's bytes (K > N^2 / (2(N-1))).
 
 Then the engine's own cost: one node, no shaping, an emulated V100 in every process: DDP over
-two ranks against one worker and one colocated server, the same bytes each way over loopback;
-the images/s of a worker (aim: the parameter servers within 3 % of DDP).
+two ranks against one worker and one colocated server, the same bytes each way over loopback,
+the second at the dilation k the first ran at; the images/s of a worker (aim: the parameter
+servers within 3 % of DDP).
 
 Usage: .venv/bin/python bench/perf/ps_layouts.py [--nodes 2,4,8] [--servers 1,2,4]
        [--bandwidth 1gbit] [--accelerator v100] [--model resnet50] [--batch-size 32]
@@ -125,8 +126,10 @@ def _overhead(name: str, common: list[str]) -> None:
     """One node, unshaped: DDP over two ranks against one worker and one colocated server."""
     one = [*common, "--nodes", "1", "--bandwidth", "native"]
     ddp = _sweep("--cluster", name, "--engine", "ddp", *one, "--procs-per-node", "2")
-    ps1 = _sweep("--cluster", name, "--engine", "ps", *one, "--ps-placement", "colocated")
     d = analyse([load_sweep_data(ddp)], None, False).modelled
+    # at the k DDP's sweep ran at: an emulated second's worth of host work is then the same
+    ps1 = _sweep("--cluster", name, "--engine", "ps", *one, "--ps-placement", "colocated",
+                 "--dilation", f"{float(d['dilation'].iloc[0]):g}")
     p = analyse([load_sweep_data(ps1)], None, False).modelled
     d_w = float(d["per_worker_mean"].iloc[0])
     p_w = float(p["per_worker_mean"].iloc[0])
