@@ -130,12 +130,7 @@ def preflight(rec: dict[str, Any], server: Node, nodes: list[Node],
                       f"{shlex.quote(python)} -c {shlex.quote(probe)}", timeout=60, check=False)
         return "" if got.returncode == 0 else said(got)
 
-    results, errors = ssh.on_each(nodes, one)
-    for node in nodes:
-        why = errors.get(node.name) or results.get(node.name)
-        if why:
-            return node.name, why
-    return None
+    return ssh.first_problem(nodes, one)
 
 
 def start(cluster: str, rec: dict[str, Any], node: Node, workdir: str) -> Store:

@@ -290,6 +290,17 @@ def first_error(nodes: list[Node], errors: dict[str, str]) -> tuple[str, str] | 
     return None
 
 
+def first_problem(nodes: list[Node], check: Callable[[Node], str]) -> tuple[str, str] | None:
+    """check(node) on every node (on_each): (node, why) for the first node, in cluster order,
+    whose check failed or said why ("" for all is well); None if none."""
+    results, errors = on_each(nodes, check)
+    for n in nodes:
+        why = errors.get(n.name) or results.get(n.name)
+        if why:
+            return n.name, why
+    return None
+
+
 # what OpenSSH's client prints when it gets no TCP connection to the host at all: nothing of
 # the command can have run (a jump host's own failures look different and are not counted)
 _NO_CONNECTION = re.compile(r"^ssh: (connect to host \S+ port \d+|Could not resolve hostname "

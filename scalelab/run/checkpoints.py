@@ -130,11 +130,6 @@ def place_problem(nodes: list[Node], known_hosts: str, place: str) -> tuple[str,
                            check=False)
             return "" if proc.returncode == 0 else said(proc)
 
-        results, errors = ssh.on_each(rest, one)
-        for node in rest:
-            why = errors.get(node.name) or results.get(node.name)
-            if why:
-                return node.name, why
-        return None
+        return ssh.first_problem(rest, one)
     finally:
         ssh.run(first, known_hosts, f"rm -rf -- {probe}", timeout=60, check=False)
