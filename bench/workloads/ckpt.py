@@ -74,12 +74,7 @@ def place_of(root: str) -> Any:
         return Disk()
     import nfsfs
 
-    class Served(nfsfs.Place):
-        def storage(self, where: str, reading: bool) -> dict[str, Any]:
-            return {"storage_reader" if reading else "storage_writer":
-                    nfsfs.storage(where, reading)}
-
-    return Served(root)
+    return nfsfs.Place(root)
 
 
 def step_dir(root: str, step: int) -> str:

@@ -322,6 +322,11 @@ class Place:
             _check(nfs, lib().nfs_rename(nfs, self.path(old).encode(),
                                          self.path(new).encode()), f"rename {old}")
 
+    def storage(self, where: str, reading: bool) -> dict[str, Any]:
+        """DCP's keyword for the checkpoint at where (a url of this place): its storage
+        reader or writer."""
+        return {"storage_reader" if reading else "storage_writer": storage(where, reading)}
+
     def unlink(self, path: str) -> None:
         with self._nfs() as nfs:
             _check(nfs, lib().nfs_unlink(nfs, self.path(path).encode()), f"unlink {path}")

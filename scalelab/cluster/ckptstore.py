@@ -62,15 +62,11 @@ WAIT_LOOP_S = 60  # the start line's own bound on waiting for the server to list
 
 @dataclass(frozen=True)
 class Store:
-    """A started server: its node, and the export's url (the ranks') and path (its node's)."""
+    """A started server: its node, its cluster address and the directory it exports."""
 
     node: str
     address: str
     export: str
-
-    @property
-    def url(self) -> str:
-        return f"nfs://{self.address}{self.export}"
 
 
 def files(workdir: str) -> dict[str, str]:
