@@ -356,13 +356,19 @@ CASES = [
     ("bench-checkpoint-mode-alone", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                               "--checkpoint-mode", "async"],
      "--checkpoint-mode applies to runs that save checkpoints; add --checkpoint-every N"),
-    ("bench-failure-horovod", "local", ["bench", "--engine", "horovod", "--nodes", "2",
-                                        "--batch-size", "16", "--inject-failure", "5"],
-     "--inject-failure is a setting of --engine ddp; this sweep's engine is horovod"),
+    ("bench-failure-ps", "local", ["bench", "--engine", "ps", "--nodes", "2",
+                                   "--batch-size", "16", "--inject-failure", "5"],
+     "--inject-failure is a setting of --engine ddp or horovod; this sweep's engine is ps"),
+    ("bench-failure-horovod-one-node", "local", ["bench", "--engine", "horovod", "--nodes",
+                                                 "1-2", "--batch-size", "16",
+                                                 "--inject-failure", "5"],
+     "--inject-failure 5: Horovod's elastic driver brings a run back with its other nodes and "
+     "needs 2 or more, and the sweep has a 1-node run; start --nodes at 2, or use --engine ddp"),
     ("bench-failure-slurm", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                       "--launcher", "slurm", "--inject-failure", "5"],
-     "--inject-failure: a run comes back through torchrun's elastic agent on each node, "
-     "started over SSH, and scalelab does not requeue Slurm jobs yet; use --launcher ssh"),
+     "--inject-failure: a run comes back through torchrun's elastic agents or Horovod's "
+     "elastic driver, started over SSH, and scalelab does not requeue Slurm jobs yet; use "
+     "--launcher ssh"),
     ("bench-failure-container", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                           "--runtime", "container", "--inject-failure", "5"],
      "--inject-failure: scalelab kills a node's ranks by their pids on the host, and ranks in "

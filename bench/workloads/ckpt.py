@@ -139,6 +139,13 @@ class Checkpointer:
     def due(self, timed_step: int) -> bool:
         return self.every > 0 and timed_step > 0 and timed_step % self.every == 0
 
+    def add_blocked(self, seconds: float) -> float:
+        """More blocking by the last checkpoint: Horovod's in-memory commit beside it, a copy
+        in host memory (not scaled: it crosses no link). The seconds."""
+        if self.saved:
+            self.saved[-1].blocked_s += seconds
+        return seconds
+
     def save(self, step: int) -> float:
         """Save after this step; returns the seconds training was blocked."""
         import torch.distributed.checkpoint as dcp

@@ -125,14 +125,15 @@ def horovod_backend(hvd, device) -> str:
 
 
 def wrap_horovod(hvd, model, optimizer, param_names: list[str], comm_dtype, channels_last: bool,
-                 emulated, clock: common.StepClock, grad_ready: list[Any]):
-    """Rank 0's weights and optimizer state on every rank, and the optimizer under
+                 emulated, clock: common.StepClock, grad_ready: list[Any], broadcast: bool = True):
+    """Rank 0's weights and optimizer state on every rank (broadcast), and the optimizer under
     hvd.DistributedOptimizer; the first gradient ready each step is marked in grad_ready."""
     compression = hvd.Compression.fp16 if comm_dtype is not None else hvd.Compression.none
     if channels_last:
         compression = contiguous(compression)
-    broadcast_parameters(hvd, model)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    if broadcast:
+        broadcast_parameters(hvd, model)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=list(zip(param_names, model.parameters(), strict=True)),

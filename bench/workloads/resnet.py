@@ -148,6 +148,7 @@ class Engine:
     pusher: Any = None  # psengine.Pusher under --engine ps
     ckpt: Any = None  # ckpt.Checkpointer under --checkpoint-every
     attempt: Any = None  # after a restart: ckpt.resume's record (restart, from_step, load_s)
+    commit: Any = None  # Horovod's elastic runs: commits the state after a step (hvdelastic)
 
 
 @dataclass
@@ -174,13 +175,19 @@ def run(a: argparse.Namespace) -> int:
     trainee = make_model(a, me, data)
     eng = wrap(a, me, trainee)
     eng.ckpt = ckpt.make(a, me, trainee, eng)
-    # restarted by torchrun's agent after a failure: on from the last checkpoint all can read
-    eng.attempt = ckpt.resume(a, me, trainee, eng) if a.restartable else None
-    TIMELINE["ready"] = time.time()
-    if eng.attempt is not None:
-        eng.attempt.update(process_at=TIMELINE["process"], rendezvous_at=TIMELINE["rendezvous"],
-                           ready_at=TIMELINE["ready"])
-    timed = timed_loop(a, me, data, trainee, eng)
+    if a.restartable and me.hvd is not None:  # Horovod's elastic driver brings ranks back
+        import hvdelastic
+
+        timed = hvdelastic.train(me.hvd, eng.model, eng.optimizer, eng, TIMELINE,
+                                 bool(a.emulated), lambda: timed_loop(a, me, data, trainee, eng))
+    else:
+        # restarted by torchrun's agent after a failure: on from the last checkpoint all read
+        eng.attempt = ckpt.resume(a, me, trainee, eng) if a.restartable else None
+        TIMELINE["ready"] = time.time()
+        if eng.attempt is not None:
+            eng.attempt.update(process_at=TIMELINE["process"],
+                               rendezvous_at=TIMELINE["rendezvous"], ready_at=TIMELINE["ready"])
+        timed = timed_loop(a, me, data, trainee, eng)
     gather(a, me, data, trainee, eng, timed)
     finish(me)
     # Leave from here, before run's locals are released. DDP's reducer (eng.model) holds the last
@@ -380,8 +387,11 @@ def wrap(a: argparse.Namespace, me: Rank, t: Trainee) -> Engine:
         timing_method = "ddp-comm-hook"
         comm_dtype_name = str(comm_dtype or torch.float32).replace("torch.", "")
     else:
+        # an elastic run's first state broadcast is hvdelastic's: a rank brought back must
+        # make no collective of its own before it
         optimizer = engines.wrap_horovod(hvd, model, optimizer, t.param_names, comm_dtype,
-                                         a.channels_last, a.emulated, clock, grad_ready)
+                                         a.channels_last, a.emulated, clock, grad_ready,
+                                         broadcast=not a.restartable)
         timing_method = "horovod-synchronize"
         comm_dtype_name = "float16" if comm_dtype is not None else "float32"
 
@@ -400,6 +410,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     it = data.batches()
     # after a restart, on from the checkpoint's step (its timed steps are those left)
     begin = eng.attempt["from_step"] if eng.attempt else 0
+    hvd_host = f" {os.environ['HOROVOD_HOSTNAME']}" if "HOROVOD_HOSTNAME" in os.environ else ""
     first = max(begin, a.warmup)
     for i in range(begin, a.warmup + a.steps):
         if i == first:
@@ -441,14 +452,17 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
                     optimizer.step()
         t_end = clock.mark()
         clock.sync()
-        if a.report_steps:  # one write: the node's ranks share the pipe
+        if a.report_steps:  # one write: the node's ranks share the pipe (horovodrun's: the
+            # host it was given, which says whose line it is)
             sys.stdout.write(f"SCALELAB_STEP {eng.attempt['restart'] if eng.attempt else 0} "
-                             f"{me.rank} {i + 1} {os.getpid()} {time.time():.6f}\n")
+                             f"{me.rank} {i + 1} {os.getpid()} {time.time():.6f}{hvd_host}\n")
             sys.stdout.flush()
         if i < a.warmup:
             continue
         if eng.ckpt is not None and eng.ckpt.due(i + 1 - a.warmup):
             blocked += eng.ckpt.save(i + 1)  # between steps: in no step's time
+            if eng.commit is not None:  # and the state Horovod's elastic driver rolls back to
+                blocked += eng.ckpt.add_blocked(eng.commit(i + 1))
         steps_rec.append(engines.step_record(a, hvd, eng, start, t_data, t_bwd, t_sync, t_end, loss))
     t_last = time.perf_counter()
     TIMELINE["timed_end"] = time.time()

@@ -139,12 +139,12 @@ CHECKS: tuple[Check, ...] = (
           lambda c, s, runs: "--checkpoint-every: a run's checkpoints are removed over SSH to "
                              "its nodes, and under --launcher slurm scalelab has none yet; use "
                              "--launcher ssh, or leave out --checkpoint-every"),
-    Check("torchrun over SSH, to restart after an injected failure",
+    Check("torchrun or horovodrun over SSH, to restart after an injected failure",
           lambda s, runs: _injects(s), lambda c, s, runs: s.launcher != "slurm",
           lambda c, s, runs: "--inject-failure: a run comes back through torchrun's elastic "
-                             "agent on each node, started over SSH, and scalelab does not "
-                             "requeue Slurm jobs yet; use --launcher ssh, or leave "
-                             "--inject-failure out"),
+                             "agents or Horovod's elastic driver, started over SSH, and "
+                             "scalelab does not requeue Slurm jobs yet; use --launcher ssh, or "
+                             "leave --inject-failure out"),
     Check("ranks on the hosts, to kill and restart",
           lambda s, runs: _injects(s), lambda c, s, runs: s.runtime != "container",
           lambda c, s, runs: "--inject-failure: scalelab kills a node's ranks by their pids "

@@ -261,8 +261,9 @@ def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: s
     its dedicated server nodes, none where they are colocated); for DDP and the allreduce
     probe torchrun, or, where the nodes share one host's cores and run one process each, the
     ranks directly (direct_commands says why), forked from the warm-start server when there
-    is one. restart_id: DDP's ranks restart after a failure (elastic_commands, this the
-    rendezvous's id), at most `restarts` times."""
+    is one. restart_id: the ranks restart after a failure, at most `restarts` times: DDP's
+    under torchrun's agents (elastic_commands, this the rendezvous's id), Horovod's under its
+    elastic driver (horovodrun_commands)."""
     if engine == "ddp" and restart_id:
         return "torchrun", elastic_commands(nodes, procs_per_node, script, args, rt, port,
                                             restart_id, fabric, device, restarts)
@@ -274,7 +275,7 @@ def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: s
                                                 fabric, device)
     if engine == "horovod":
         return "horovodrun", horovodrun_commands(nodes, procs_per_node, script, args, rt, port,
-                                                 fabric, device)
+                                                 fabric, device, restarts if restart_id else 0)
     if starts_directly(engine, procs_per_node, shared_host):
         return ("warm" if warm else "direct"), direct_commands(nodes, script, args, rt, port,
                                                                warm, fabric, device)
@@ -319,10 +320,13 @@ def ps_commands(workers: list[Node], servers: list[Node], procs_per_node: int, s
 
 def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
                         rt: Runtime, port: int, fabric: str = "tcp",
-                        device: str = "cpu") -> list[RankCommand]:
+                        device: str = "cpu", restarts: int = 0) -> list[RankCommand]:
     """horovodrun on the head node; it starts the other ranks itself over SSH (gloo), with
     the `ssh` of scalelab.cluster.ssh.with_pinned_ssh first on its PATH: horovodrun's own
     options turn host-key checking off, that `ssh` checks the keys the nodes have pinned.
+    restarts: the run comes back from a failure through Horovod's elastic driver, at most
+    that many times, always at its full size (--min-np: the failed node is taken back once
+    its blacklisting cools down, after 2 s; bench/workloads/hvdelastic.py).
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
@@ -330,11 +334,16 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     >>> argv = horovodrun_commands(ns, 1, "resnet.py", [], rt, 29500)[0].argv
     >>> argv[:2], argv[3], " ".join(argv[4:])
     (['sh', '-c'], 'scalelab-pinned-ssh', '/v/bin/horovodrun --gloo -np 2 -H 10.0.0.10:1,10.0.0.11:1 --network-interfaces eth0 --disable-cache --gloo-timeout-seconds 60 /v/bin/python /w/bench/workloads/resnet.py')
+    >>> " ".join(horovodrun_commands(ns, 1, "r.py", [], rt, 29500, restarts=3)[0].argv[10:21])
+    '--min-np 2 --max-np 2 --blacklist-cooldown-range 1 2 --reset-limit 3 --elastic-timeout 120'
     """
     hosts = ",".join(f"{n.private_address}:{procs_per_node}" for n in nodes)
     bindir = rt.python.rsplit("/", 1)[0]
-    argv = [f"{bindir}/horovodrun", "--gloo", "-np", str(len(nodes) * procs_per_node),
-            "-H", hosts]
+    np = str(len(nodes) * procs_per_node)
+    argv = [f"{bindir}/horovodrun", "--gloo", "-np", np, "-H", hosts]
+    if restarts:
+        argv += ["--min-np", np, "--max-np", np, "--blacklist-cooldown-range", "1", "2",
+                 "--reset-limit", str(restarts), "--elastic-timeout", "120"]
     ifaces = list(dict.fromkeys(n.iface for n in nodes if n.iface))
     if ifaces and len(nodes) > 1:
         # one node: horovodrun runs everything over loopback and refuses a named interface;

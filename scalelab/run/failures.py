@@ -32,7 +32,7 @@ from scalelab.sweep import values
 
 log = logging.getLogger(__name__)
 
-STEP_LINE = re.compile(r"SCALELAB_STEP (\d+) (\d+) (\d+) (\d+)(?: (\d+\.\d+))?\s*$")
+STEP_LINE = re.compile(r"SCALELAB_STEP (\d+) (\d+) (\d+) (\d+)(?: (\d+\.\d+))?(?: (\S+))?\s*$")
 KILLED = re.compile(r"^killed (\d+) at (\d+\.\d+)$", re.MULTILINE)
 
 
@@ -105,9 +105,16 @@ class Injector:
     last_step: int  # warm-up + timed steps: the step the run ends after
     ranks_here: int  # a node's ranks (procs per node)
     known_hosts: str
+    # horovodrun's runs: one command prints every node's lines, each with the host horovodrun
+    # gave its rank (the node's private address -> its index), and the ranks carry the head
+    # node's token mark
+    hosts: dict[str, int] | None = None
     seen: dict[int, int] = field(default_factory=dict)  # node index -> lines read
     live: dict[int, dict[int, int]] = field(default_factory=dict)  # node -> pid -> last step
-    old: set[int] = field(default_factory=set)  # pids of attempts a kill ended
+    # the (attempt, pid) of ranks a kill ended or sent back to a checkpoint: a rank Horovod's
+    # elastic driver rolls back keeps its pid and counts one attempt more
+    old: set[tuple[int, int]] = field(default_factory=set)
+    attempt_of: dict[int, int] = field(default_factory=dict)  # pid -> its last line's attempt
     kills: list[Kill] = field(default_factory=list)
     every: int = 0  # the run's timed steps between checkpoints (0: none)
     last: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid -> its last line
@@ -136,8 +143,13 @@ class Injector:
             m = STEP_LINE.search(line)
             if not m:
                 continue
-            step, pid = int(m[3]), int(m[4])
+            attempt, step, pid = int(m[1]), int(m[3]), int(m[4])
             stamp = float(m[5]) if m[5] else now
+            if self.hosts is not None:
+                idx = self.hosts.get(m[6] or "", -1)
+                if idx < 0:
+                    continue
+            self.attempt_of[pid] = attempt
             prev = self.last.get(pid)
             self.last[pid] = (step, stamp)
             if prev and prev[0] == step - 1 and step > self.warmup + 1:
@@ -154,7 +166,7 @@ class Injector:
                 self.end_at = max(self.end_at or stamp, stamp)
             if self.kills and pid in self.kills[-1].pids:  # a step finished before it landed
                 self.kills[-1].pids[pid] = max(self.kills[-1].pids[pid], step)
-            if pid in self.old:
+            if (attempt, pid) in self.old:
                 continue
             if self.kills and self.kills[-1].resumed_at is None:
                 self.kills[-1].resumed_at = now
@@ -187,15 +199,16 @@ class Injector:
         belongs to an attempt that ends with it."""
         pids = dict(self.live[node])
         self.kills.append(Kill(node, pids, now))
-        self.old |= {p for steps in self.live.values() for p in steps}
+        self.old |= {(self.attempt_of[p], p) for steps in self.live.values() for p in steps}
         self.live = {}
         return sorted(pids)
 
     def _arm(self, launch: Any) -> None:
         self._target = chosen_node(self.asked, self.nodes, self.run_id, len(self.kills))
         node = self.nodes[self._target]
+        marked = self.nodes[0].name if self.hosts is not None else node.name
         argv = ssh.ssh_args(node, self.known_hosts) + [
-            "--", kill_line(token_mark(launch.token, node.name))]
+            "--", kill_line(token_mark(launch.token, marked))]
         ssh.count(node, self.known_hosts)
         try:
             self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -205,7 +218,7 @@ class Injector:
 
     def poll(self, launch: Any) -> None:
         now = time.time()
-        for idx in range(len(self.nodes)):
+        for idx in range(1 if self.hosts is not None else len(self.nodes)):
             lines = launch.lines(idx, self.seen.get(idx, 0))
             self.seen[idx] = self.seen.get(idx, 0) + len(lines)
             self._read(idx, lines, now)
@@ -329,10 +342,12 @@ def injector(run: Any, nodes: list[Node], known_hosts: str) -> Injector | None:
         return None
     chosen_node(asked or "", nodes, run.run_id)  # a node past the run's is refused here
     warmup = run.params.get("warmup") or 0
+    hosts = ({n.private_address: i for i, n in enumerate(nodes)}
+             if run.params.get("engine") == "horovod" else None)
     return Injector(asked or "", nodes, run.run_id,
                     None if fail.step is None else warmup + fail.step, fail.every_s, warmup,
                     warmup + run.params["steps"], run.params["procs_per_node"], known_hosts,
-                    every=int(run.params.get("checkpoint_every") or 0))
+                    hosts, every=int(run.params.get("checkpoint_every") or 0))
 
 
 def expected_saves(steps: int, every: int, warmup: int, recovery: dict[str, Any] | None) -> int:

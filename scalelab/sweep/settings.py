@@ -50,6 +50,7 @@ KINDS = ("train", "allreduce")
 # copied to host memory, the files written in the background (async: DCP's async_save)
 CHECKPOINT_MODES = ("sync", "async")
 CHECKPOINT_ENGINES = ("ddp", "horovod")  # the parameter servers' state is not saved yet
+FAILURE_ENGINES = ("ddp", "horovod")  # what brings them back: torchrun's agents, Horovod elastic
 
 
 def _num_tag(value: float) -> str:
@@ -110,7 +111,8 @@ def _check_checkpoint_settings(spec: Any) -> None:
 
 def _check_failure_settings(spec: Any) -> None:
     """A failure scalelab can inject and restart from: on a node of every run, after a timed
-    step the runs still have steps past (DDP's alone: the setting's engines)."""
+    step the runs still have steps past; Horovod's runs on 2 nodes or more (the setting's
+    engines: DDP's and Horovod's)."""
     asked = [f for f in spec.inject_failure or [] if f != values.NO_FAILURE]
     if not asked:
         return
@@ -121,6 +123,11 @@ def _check_failure_settings(spec: Any) -> None:
             raise InputError(f"--inject-failure {f}: node {k} is past the {min(spec.nodes)} "
                              f"node(s) of the smallest run (0 is the first); choose a node "
                              f"below {min(spec.nodes)}, or leave @{k} out (a node at random)")
+        if spec.engine == "horovod" and min(spec.nodes) < 2:
+            raise InputError(f"--inject-failure {f}: Horovod's elastic driver brings a run back "
+                             "with its other nodes and needs 2 or more, and the sweep has a "
+                             f"{min(spec.nodes)}-node run; start --nodes at 2, or use "
+                             "--engine ddp (torchrun restarts a lone node)")
         if fail.step is not None and fail.step >= spec.steps:
             raise InputError(f"--inject-failure {f}: the runs have {spec.steps} timed steps, and "
                              "a failure needs steps after it to recover into; choose a step "
@@ -290,12 +297,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("inject_failure", "inject_failure", "list[str] | None", values.failures, None,
             "kill a node's ranks, to sweep: off (the default), STEP (after that timed step, the "
             "node at random), Ns (every N seconds of training, a node at random each time) or "
-            "either with @K (the run's K-th node, 0 the first), e.g. off,12,60s; torchrun's "
-            "agent restarts the ranks, which go on from the last checkpoint",
-            variant=True, engines=("ddp",), single=values.NO_FAILURE,
+            "either with @K (the run's K-th node, 0 the first), e.g. off,12,60s; the ranks come "
+            "back through torchrun's agents (ddp) or Horovod's elastic driver (horovod, runs of "
+            "2 nodes or more) and go on from the last checkpoint",
+            variant=True, engines=FAILURE_ENGINES, single=values.NO_FAILURE,
             tag=lambda x: "f" + x.replace("@", "n"), tag_lone=True, record="inject_failure",
             column="inject_failure", since=13,
-            before=lambda p: values.NO_FAILURE if p.get("engine") == "ddp"
+            before=lambda p: values.NO_FAILURE if p.get("engine") in FAILURE_ENGINES
             and p.get("batch_size") is not None else None, check=_check_failure_settings),
     # a data source per value: where the ranks' batches come from (sources, docs/data.md)
     Setting("data", "data", "list[str]", values.data, [SYNTHETIC],

@@ -1,0 +1,113 @@
+"""Horovod's ranks under its elastic driver (resnet.py --engine horovod --restartable, started
+by horovodrun with --min-np): how a run comes back when one node's ranks are killed.
+
+Horovod keeps a run's state in memory, not on disk. The ranks commit it (weights, buffers,
+the optimizer's state, the step) at every checkpoint step, beside the checkpoint written to
+disk, and once before the first step. When a node's ranks die, the others' next collective
+fails (HorovodInternalError): they roll back to the last commit, leave Horovod and join it
+again. horovodrun's driver blacklists the failed node, takes it back once its cooldown ends,
+and starts its ranks there afresh; those ranks receive the committed state from rank 0 (a
+rank that survived: the driver gives the returning node the last ranks) by broadcast. Every
+rank then trains on from the committed step to the run's last.
+
+An attempt's record is ckpt.resume's under DDP: restart (resets this run has been through,
+the same on every rank), from_step, load_s (a surviving rank: its roll-back and the broadcast;
+a returning one: the broadcast), and when the attempt's process began (a surviving rank: when
+it caught the failure), joined Horovod again, and was ready to train.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def train(hvd: Any, model: Any, optimizer: Any, eng: Any, timeline: dict[str, float],
+          emulated: bool, loop: Callable[[], Any]) -> Any:
+    """Run loop (the warm-up and timed steps, on from eng.attempt's step) under Horovod's
+    elastic driver until it finishes; its result. eng.commit is set to commit the state after
+    a step; eng.attempt to the attempt's record on every attempt after the first. An emulated
+    rank's optimizer takes no step and has no state: only the weights are kept."""
+    import horovod.torch.elastic as elastic
+
+    state = _state_class()(hvd, model, None if emulated else optimizer)
+
+    def commit(step: int) -> float:
+        t0 = time.perf_counter()
+        state.step = step
+        state.commit()
+        return time.perf_counter() - t0
+
+    eng.commit = commit
+
+    @elastic.run
+    def attempt(st: Any) -> Any:
+        t_synced = time.time()
+        if st.restart:
+            caught = st.caught_at or timeline["process"]
+            eng.attempt = {"restart": st.restart, "from_step": st.step,
+                           "load_s": round(st.rolled_s + st.synced_s, 6),
+                           "process_at": caught,
+                           "rendezvous_at": st.joined_at or timeline["rendezvous"],
+                           "ready_at": t_synced}
+            if eng.ckpt is not None:
+                eng.ckpt.saved = []  # the figures are the last attempt's, as a DDP restart's
+        timeline["ready"] = t_synced
+        return loop()
+
+    return attempt(state)
+
+
+def _state_class() -> type:
+    """Kept, as a subclass of horovod.common.elastic.State (imported only where Horovod is)."""
+    from engines import broadcast_parameters
+    from horovod.common.elastic import State
+
+    class Kept(State):
+        """The state Horovod's elastic driver rolls back to and hands to returning ranks:
+        model and optimizer state, the step after which it was committed, the resets so far.
+        Broadcast as resnet.py's own start does (engines.broadcast_parameters, which copes with
+        channels_last weights); the optimizer's state first, since Horovod makes an empty one
+        by a zero-gradient step, which weight decay would move the weights by."""
+
+        def __init__(self, hvd: Any, model: Any, optimizer: Any) -> None:
+            super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+            self.hvd, self.model, self.optimizer = hvd, model, optimizer
+            self.step, self.restart = 0, 0
+            self.caught_at: float | None = None  # when this rank caught the failure
+            self.joined_at: float | None = None  # when it was in Horovod again
+            self.rolled_s = self.synced_s = 0.0
+            self.save()
+
+        def save(self) -> None:
+            self._kept = ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                          None if self.optimizer is None
+                          else copy.deepcopy(self.optimizer.state_dict()), self.step)
+
+        def restore(self) -> None:
+            self.caught_at = time.time()
+            t0 = time.perf_counter()
+            weights, optim, self.step = self._kept
+            self.model.load_state_dict(weights)
+            if self.optimizer is not None:  # which also drops Horovod's pending handles
+                self.optimizer.load_state_dict(optim)
+            self.rolled_s = time.perf_counter() - t0
+
+        def reset(self) -> None:
+            """In Horovod again: one reset more (returning ranks get the count in sync)."""
+            self.joined_at = time.time()
+            self.restart += 1
+
+        def sync(self) -> None:
+            t0 = time.perf_counter()
+            if self.optimizer is not None:
+                self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+            broadcast_parameters(self.hvd, self.model)
+            self.step, self.restart = self.hvd.broadcast_object((self.step, self.restart),
+                                                                root_rank=0)
+            self.synced_s = time.perf_counter() - t0
+            self.save()
+
+    return Kept
