@@ -5,13 +5,14 @@ Horovod keeps a run's state in memory, not on disk. The ranks commit it (weights
 the optimizer's state, the step) at every checkpoint step, beside the checkpoint written to
 disk, and once before the first step. When a node's ranks die, the others' next collective
 fails (HorovodInternalError): they roll back to the last commit, leave Horovod and join it
-again. horovodrun's driver blacklists the failed node, takes it back once its cooldown ends,
-and starts its ranks there afresh; those ranks receive the committed state from rank 0 (a
-rank that survived: the driver gives the returning node the last ranks) by broadcast. Every
-rank then trains on from the committed step to the run's last.
+again without the failed node. horovodrun's driver blacklists that node, takes it back once
+its cooldown ends, and starts its ranks there afresh; the others, waiting at the committed
+step, join Horovod once more with them, and the returning ranks receive the committed state
+from rank 0 (a rank that survived: the driver gives the returning node the last ranks) by
+broadcast. Every rank then trains on from the committed step to the run's last.
 
-An attempt's record is ckpt.resume's under DDP: restart (resets this run has been through,
-the same on every rank), from_step, load_s (a surviving rank: its roll-back and the broadcast;
+An attempt's record is ckpt.resume's under DDP: restart (the failures this run came back
+from, the same on every rank), from_step, load_s (a surviving rank: its roll-back and the broadcast;
 a returning one: the broadcast), and when the attempt's process began (a surviving rank: when
 it caught the failure), joined Horovod again, and was ready to train.
 """
@@ -33,6 +34,7 @@ def train(hvd: Any, model: Any, optimizer: Any, eng: Any, timeline: dict[str, fl
     import horovod.torch.elastic as elastic
 
     state = _state_class()(hvd, model, None if emulated else optimizer)
+    world = hvd.size()
 
     def commit(step: int) -> float:
         t0 = time.perf_counter()
@@ -44,6 +46,14 @@ def train(hvd: Any, model: Any, optimizer: Any, eng: Any, timeline: dict[str, fl
 
     @elastic.run
     def attempt(st: Any) -> Any:
+        # The driver first goes on without the failed node (its --min-np), then takes it back
+        # when its blacklisting cools down and tells the ranks so: they wait for that, at the
+        # committed step, and train at the run's full size only. (With --min-np at the full
+        # size, horovodrun 0.28 counts the failed node's slot as still running and never
+        # starts its ranks again.)
+        while hvd.size() < world:
+            time.sleep(0.05)
+            st.check_host_updates()  # raises once the node is back: Horovod is joined again
         t_synced = time.time()
         if st.restart:
             caught = st.caught_at or timeline["process"]
@@ -87,7 +97,10 @@ def _state_class() -> type:
                           else copy.deepcopy(self.optimizer.state_dict()), self.step)
 
         def restore(self) -> None:
+            """After a failure: back to the last commit, and one restart more (ranks that
+            come back get the count in sync)."""
             self.caught_at = time.time()
+            self.restart += 1
             t0 = time.perf_counter()
             weights, optim, self.step = self._kept
             self.model.load_state_dict(weights)
@@ -96,9 +109,8 @@ def _state_class() -> type:
             self.rolled_s = time.perf_counter() - t0
 
         def reset(self) -> None:
-            """In Horovod again: one reset more (returning ranks get the count in sync)."""
+            """In Horovod again (the last time: with the node that came back)."""
             self.joined_at = time.time()
-            self.restart += 1
 
         def sync(self) -> None:
             t0 = time.perf_counter()

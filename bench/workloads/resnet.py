@@ -178,8 +178,16 @@ def run(a: argparse.Namespace) -> int:
     if a.restartable and me.hvd is not None:  # Horovod's elastic driver brings ranks back
         import hvdelastic
 
+        def attempt() -> Timed:
+            # the ranks Horovod gave this attempt (the returning node's are the last)
+            me.rank, me.world, me.local_rank = me.hvd.rank(), me.hvd.size(), me.hvd.local_rank()
+            if eng.ckpt is not None:
+                eng.ckpt.role = ckpt.writes(a.checkpoint_place == "shared", "horovod", me.rank,
+                                            me.local_rank)
+            return timed_loop(a, me, data, trainee, eng)
+
         timed = hvdelastic.train(me.hvd, eng.model, eng.optimizer, eng, TIMELINE,
-                                 bool(a.emulated), lambda: timed_loop(a, me, data, trainee, eng))
+                                 bool(a.emulated), attempt)
     else:
         # restarted by torchrun's agent after a failure: on from the last checkpoint all read
         eng.attempt = ckpt.resume(a, me, trainee, eng) if a.restartable else None

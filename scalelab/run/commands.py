@@ -325,8 +325,9 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     the `ssh` of scalelab.cluster.ssh.with_pinned_ssh first on its PATH: horovodrun's own
     options turn host-key checking off, that `ssh` checks the keys the nodes have pinned.
     restarts: the run comes back from a failure through Horovod's elastic driver, at most
-    that many times, always at its full size (--min-np: the failed node is taken back once
-    its blacklisting cools down, after 2 s; bench/workloads/hvdelastic.py).
+    that many times: the driver goes on without the failed node (--min-np, a node fewer) and
+    takes it back once its blacklisting cools down, after 2 s; the ranks train at the full
+    size only (bench/workloads/hvdelastic.py). Each failure is two of the driver's resets.
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
@@ -335,15 +336,16 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     >>> argv[:2], argv[3], " ".join(argv[4:])
     (['sh', '-c'], 'scalelab-pinned-ssh', '/v/bin/horovodrun --gloo -np 2 -H 10.0.0.10:1,10.0.0.11:1 --network-interfaces eth0 --disable-cache --gloo-timeout-seconds 60 /v/bin/python /w/bench/workloads/resnet.py')
     >>> " ".join(horovodrun_commands(ns, 1, "r.py", [], rt, 29500, restarts=3)[0].argv[10:21])
-    '--min-np 2 --max-np 2 --blacklist-cooldown-range 1 2 --reset-limit 3 --elastic-timeout 120'
+    '--min-np 1 --max-np 2 --blacklist-cooldown-range 1 2 --reset-limit 6 --elastic-timeout 120'
     """
     hosts = ",".join(f"{n.private_address}:{procs_per_node}" for n in nodes)
     bindir = rt.python.rsplit("/", 1)[0]
     np = str(len(nodes) * procs_per_node)
     argv = [f"{bindir}/horovodrun", "--gloo", "-np", np, "-H", hosts]
     if restarts:
-        argv += ["--min-np", np, "--max-np", np, "--blacklist-cooldown-range", "1", "2",
-                 "--reset-limit", str(restarts), "--elastic-timeout", "120"]
+        fewer = str((len(nodes) - 1) * procs_per_node)
+        argv += ["--min-np", fewer, "--max-np", np, "--blacklist-cooldown-range", "1", "2",
+                 "--reset-limit", str(2 * restarts), "--elastic-timeout", "120"]
     ifaces = list(dict.fromkeys(n.iface for n in nodes if n.iface))
     if ifaces and len(nodes) > 1:
         # one node: horovodrun runs everything over loopback and refuses a named interface;
