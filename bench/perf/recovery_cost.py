@@ -6,8 +6,10 @@ default) at each node count, saving a checkpoint every --every timed steps to ea
 disk (--to nodes, links native) or to an NFS server on the cluster's last node, a node of its
 own (--to nfs, every link at --bandwidth, 1gbit by default), each run twice: as is
 (--inject-failure off) and with the last node's ranks killed after timed step --fail-after
-(--inject-failure STEP@K). torchrun's agents restart every rank, which go on from the last
-checkpoint. Prints per node count the checkpoint's blocking time C, and for the failed run
+(--inject-failure STEP@K). Under --engine ddp torchrun's agents restart every rank, which go
+on from the last checkpoint on disk; under --engine horovod (2 nodes or more) Horovod's
+elastic driver starts the killed node's ranks again and the others hand them the state they
+committed at the last checkpoint. Prints per node count the checkpoint's blocking time C, and for the failed run
 the seconds from the kill until the first restarted rank's process started, every rank had
 joined the group again and every rank was ready to train (R), the checkpoint load, the steps
 recomputed. The cluster is destroyed at the end, also on a failure.
@@ -18,7 +20,7 @@ the checkpoint's blocking time C (its writes cross the dilated links).
 
 Usage: .venv/bin/python bench/perf/recovery_cost.py [--nodes 1,2,4] [--every 5]
        [--steps 20] [--fail-after 12] [--model resnet50] [--accelerator v100]
-       [--batch-size 32] [--to nodes|nfs] [--bandwidth 1gbit]
+       [--batch-size 32] [--to nodes|nfs] [--bandwidth 1gbit] [--engine ddp|horovod]
 """
 
 from __future__ import annotations
@@ -52,11 +54,15 @@ def main() -> int:
     ap.add_argument("--batch-size", default="32")
     ap.add_argument("--to", choices=["nodes", "nfs"], default="nodes")
     ap.add_argument("--bandwidth", default="1gbit", help="--to nfs: every link's rate")
+    ap.add_argument("--engine", choices=["ddp", "horovod"], default="ddp")
     a = ap.parse_args()
     counts = sorted({int(x) for x in a.nodes.split(",")})
     if not (counts[0] >= 1 and counts[-1] <= 16 and 1 <= a.every <= a.steps <= 200
             and 1 <= a.fail_after < a.steps):
         ap.error("--nodes 1-16, 1 <= --every <= --steps <= 200, 1 <= --fail-after < --steps")
+    if a.engine == "horovod" and counts[0] < 2:
+        ap.error("--engine horovod: --nodes from 2 (Horovod's elastic driver needs another "
+                 "node to go on with)")
     private_state()
     name = f"rc{uuid.uuid4().hex[:4]}"
     size = counts[-1] + (a.to == "nfs")
@@ -67,7 +73,7 @@ def main() -> int:
     try:
         for n in counts:  # the last node of each run fails
             invoke("bench", "--cluster", name, "--no-report", "--sweep", "ci", "--nodes",
-                   str(n), "--batch-size", a.batch_size, "--model", a.model,
+                   str(n), "--engine", a.engine, "--batch-size", a.batch_size, "--model", a.model,
                    "--accelerator", a.accelerator, "--steps", str(a.steps), "--repeats", "1",
                    "--bandwidth", rate, "--checkpoint-every", str(a.every),
                    "--checkpoint-to", place, "--allreduce-sizes", "16M",
@@ -81,7 +87,7 @@ def main() -> int:
         destroy(name)
     where = (f"an NFS server on a node of its own, links at {rate}" if a.to == "nfs"
              else "each node's own disk")
-    print(f"{a.model} on emulated {a.accelerator}, batch {a.batch_size}, a checkpoint every "
+    print(f"{a.engine}: {a.model} on emulated {a.accelerator}, batch {a.batch_size}, a checkpoint every "
           f"{a.every} of {a.steps} timed steps to {where}; the last node's ranks killed after "
           f"step {a.fail_after}")
     print(f"{'N':>3} {'status':>7} {'C s':>6} {'back s':>7} {'joined s':>9} {'R s':>6} "

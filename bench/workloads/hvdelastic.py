@@ -30,10 +30,10 @@ def train(hvd: Any, model: Any, optimizer: Any, eng: Any, timeline: dict[str, fl
     """Run loop (the warm-up and timed steps, on from eng.attempt's step) under Horovod's
     elastic driver until it finishes; its result. eng.commit is set to commit the state after
     a step; eng.attempt to the attempt's record on every attempt after the first. An emulated
-    rank's optimizer takes no step and has no state: only the weights are kept."""
+    rank's optimizer takes no step and has no state to keep."""
     import horovod.torch.elastic as elastic
 
-    state = _state_class()(hvd, model, None if emulated else optimizer)
+    state = _state_class()(hvd, model, optimizer, not emulated)
     world = hvd.size()
 
     def commit(step: int) -> float:
@@ -82,9 +82,10 @@ def _state_class() -> type:
         channels_last weights); the optimizer's state first, since Horovod makes an empty one
         by a zero-gradient step, which weight decay would move the weights by."""
 
-        def __init__(self, hvd: Any, model: Any, optimizer: Any) -> None:
+        def __init__(self, hvd: Any, model: Any, optimizer: Any, keep_optim: bool) -> None:
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
             self.hvd, self.model, self.optimizer = hvd, model, optimizer
+            self.keep_optim = keep_optim
             self.step, self.restart = 0, 0
             self.caught_at: float | None = None  # when this rank caught the failure
             self.joined_at: float | None = None  # when it was in Horovod again
@@ -93,8 +94,8 @@ def _state_class() -> type:
 
         def save(self) -> None:
             self._kept = ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                          None if self.optimizer is None
-                          else copy.deepcopy(self.optimizer.state_dict()), self.step)
+                          copy.deepcopy(self.optimizer.state_dict()) if self.keep_optim
+                          else None, self.step)
 
         def restore(self) -> None:
             """After a failure: back to the last commit, and one restart more (ranks that
@@ -104,8 +105,9 @@ def _state_class() -> type:
             t0 = time.perf_counter()
             weights, optim, self.step = self._kept
             self.model.load_state_dict(weights)
-            if self.optimizer is not None:  # which also drops Horovod's pending handles
-                self.optimizer.load_state_dict(optim)
+            # which also drops Horovod's handles and counts of the step the failure cut short
+            self.optimizer.load_state_dict(optim if optim is not None
+                                           else self.optimizer.state_dict())
             self.rolled_s = time.perf_counter() - t0
 
         def reset(self) -> None:
@@ -114,7 +116,7 @@ def _state_class() -> type:
 
         def sync(self) -> None:
             t0 = time.perf_counter()
-            if self.optimizer is not None:
+            if self.keep_optim:
                 self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
             broadcast_parameters(self.hvd, self.model)
             self.step, self.restart = self.hvd.broadcast_object((self.step, self.restart),

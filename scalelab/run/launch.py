@@ -488,7 +488,6 @@ def run(commands: list[RankCommand], rt: Runtime, timeout_s: float,
     outcomes = launch.outcomes()
     # the head's, or (ranks numbered as torchrun's agents joined) whichever node printed it
     result = next((r for o in outcomes if (r := parse_result(o.stdout)) is not None), None)
-    open("/tmp/launch-debug.txt", "w").write("\n=====\n".join(o.stdout + "\n---ERR---\n" + o.stderr for o in outcomes))  # DEBUG
     if status == "ok" and result is None:
         status = "failed"
     if status == "failed" and whole(result):
