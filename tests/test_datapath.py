@@ -604,11 +604,12 @@ def test_checkpoints_to_a_nodes_own_nfs_server_cross_its_shaped_link_and_end_wit
 
 
 def _failing_run(cluster: str, tmp_path: Path, steps: int, every: int,
-                 inject: str) -> tuple[dict, Path]:
+                 inject: str, engine: str = "ddp") -> tuple[dict, Path]:
     """One 2-node resnet20 run with checkpoints and a failure injected, which must end ok: its
     record and its sweep's directory."""
     reports = tmp_path / "reports"
-    proc = invoke("bench", "--cluster", cluster, "--nodes", "2", "--batch-size", "32",
+    proc = invoke("bench", "--cluster", cluster, "--engine", engine, "--nodes", "2",
+                  "--batch-size", "32",
                   "--model", "resnet20", "--steps", str(steps), "--repeats", "1",
                   "--bandwidth", "native", "--checkpoint-every", str(every),
                   "--inject-failure", inject, env={"SCALELAB_REPORTS": str(reports)},
@@ -655,6 +656,41 @@ def test_a_node_killed_mid_run_comes_back_from_its_last_checkpoint(lab, tmp_path
     # processes, and torchrun's agents are not in a node's cgroup: counted once per node)
     left = (f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l; "
             "grep -lE 'resnet[.]py|read -r pid[s]' /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
+    assert [ssh.run(n, rec["known_hosts"], left, timeout=30).stdout.split()
+            for n in lc.nodes()[:2]] == [["0", "0"]] * 2
+
+
+def test_horovod_comes_back_through_its_elastic_driver_with_the_state_it_committed(
+        lab, tmp_path):
+    """The same cluster under Horovod: the rank of the first node (the one horovodrun runs
+    on) killed after step 12 of 20, a checkpoint every 5. The other rank rolls back to the
+    state committed at the last checkpoint; horovodrun's elastic driver starts the killed
+    node's rank again, which gets that state from the rank that lived (rank 0 from then on,
+    which prints the result); both train the last attempt's steps at the run's full size.
+    Nothing is left on the nodes."""
+    from scalelab.cluster import ssh
+
+    lc, _, _, _ = lab
+    rec = _state(lc.name)
+    run, _ = _failing_run(lc.name, tmp_path, 20, 5, "12@0", engine="horovod")
+    assert run["env"]["launcher"] == "horovodrun"
+    failure, back = run["failure"], run["failure"]["recovery"]
+    assert failure["node"] == lc.nodes()[0].name and failure["error"] == ""
+    assert len(failure["killed_pids"]) == 1
+    killed = failure["killed_step"]
+    assert killed >= 12 and back["restart"] == 1
+    assert back["from_step"] in {5 * (killed // 5), 5 * ((killed - 1) // 5)}
+    assert back["recomputed_steps"] == killed - back["from_step"]
+    # the rank that lived noticed within its next step; the other came back after it
+    assert 0 < back["back_s"] < back["joined_s"] <= back["ready_s"] < 120
+    # the last attempt: both nodes, every step of it on each (none at a node fewer)
+    ranks = run["ranks"]
+    assert sorted(r["host"] for r in ranks) == [n.name for n in lc.nodes()[:2]]
+    assert {len(r["step_times_s"]) for r in ranks} == {20 - back["from_step"]}
+    assert [s["step"] - run["params"]["warmup"] for s in run["checkpoint"]["saved"]] == \
+        list(range(back["from_step"] + 5, 21, 5))
+    left = (f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l; grep -lE "
+            "'resnet[.]py|horovodrun|read -r pid[s]' /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
     assert [ssh.run(n, rec["known_hosts"], left, timeout=30).stdout.split()
             for n in lc.nodes()[:2]] == [["0", "0"]] * 2
 

@@ -162,3 +162,30 @@ def test_the_step_lines_give_the_step_the_save_and_the_restart_over_every_attemp
     inj._read(0, lines, t)
     assert inj._costs([3.0]) == {"step_s": 1.0, "save_s": 0.5, "restart_s": 2.0}
     assert inj._costs([]) == {"step_s": 1.0, "save_s": 0.5, "restart_s": None}
+
+
+def test_horovods_step_lines_come_from_one_command_and_a_rank_outlives_a_kill():
+    """horovodrun prints every node's lines on the head's command: each is the node's whose
+    address it names (an address not the run's counts for nothing). After a kill, a rank of
+    the other node goes on in the same process: its lines count again from the attempt after
+    (the restart its lines carry), not those it printed before it noticed."""
+    from scalelab.run.failures import Injector
+
+    nodes = [Node(f"c-n{i}", f"10.0.0.1{i}", f"10.0.0.1{i}", "worker", "local")
+             for i in range(2)]
+    inj = Injector("3@1", nodes, "r", 3, None, 0, 10, 1, "",
+                   hosts={"10.0.0.10": 0, "10.0.0.11": 1})
+    t = time.time()
+
+    def line(attempt: int, rank: int, step: int, pid: int, host: str) -> str:
+        return f"[{rank}]<stdout>:SCALELAB_STEP {attempt} {rank} {step} {pid} {t:.6f} {host}"
+
+    inj._read(0, [line(0, r, s, 100 + r, f"10.0.0.1{r}") for s in (1, 2, 3) for r in (0, 1)]
+              + [line(0, 1, 3, 999, "10.0.0.99")], t)
+    assert inj.live == {0: {100: 3}, 1: {101: 3}}
+    assert inj._due(1, t) and inj._fire(1, t) == [101]
+    inj._read(0, [line(0, 0, 4, 100, "10.0.0.10")], t)  # before it noticed: no attempt's
+    assert inj.live == {} and inj.kills[0].resumed_at is None
+    # back: the same process on node 0 at the next attempt, a new one on node 1
+    inj._read(0, [line(1, 0, 3, 100, "10.0.0.10"), line(1, 1, 3, 300, "10.0.0.11")], t + 6)
+    assert inj.live == {0: {100: 3}, 1: {300: 3}} and inj.kills[0].resumed_at == t + 6

@@ -12,9 +12,9 @@ from rank 0 (a rank that survived: the driver gives the returning node the last 
 broadcast. Every rank then trains on from the committed step to the run's last.
 
 An attempt's record is ckpt.resume's under DDP: restart (the failures this run came back
-from, the same on every rank), from_step, load_s (a surviving rank: its roll-back and the broadcast;
-a returning one: the broadcast), and when the attempt's process began (a surviving rank: when
-it caught the failure), joined Horovod again, and was ready to train.
+from, the same on every rank), from_step, load_s (a surviving rank: its roll-back and the
+broadcast; a returning one: the broadcast), and when the attempt's process began (a
+surviving rank: when it caught the failure), joined Horovod again, and was ready to train.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _state_class() -> type:
 
     class Kept(State):
         """The state Horovod's elastic driver rolls back to and hands to returning ranks:
-        model and optimizer state, the step after which it was committed, the resets so far.
+        model and optimizer state, the step after which it was committed, the failures so far.
         Broadcast as resnet.py's own start does (engines.broadcast_parameters, which copes with
         channels_last weights); the optimizer's state first, since Horovod makes an empty one
         by a zero-gradient step, which weight decay would move the weights by."""
