@@ -519,6 +519,63 @@ def test_checkpoints_on_each_nodes_disk_are_measured_then_removed(lab, tmp_path)
                    timeout=30).stdout.strip() == "0"
 
 
+def test_a_killed_sweeps_checkpoints_are_removed_by_the_next_sweep(lab, tmp_path):
+    """The same cluster: a sweep killed (SIGKILL, the controller's whole group) while its
+    2-node run checkpoints to each node's disk leaves the run's directory on both nodes, and
+    in the cluster's record. The next sweep, one without checkpoints, removes it from both
+    nodes and from the record before its first run. A recorded entry that is no run's
+    directory under a checkpoint root of scalelab's is dropped from the record and never
+    removed."""
+    from scalelab.cluster import ssh
+
+    lc, _, _, _ = lab
+    kh = _state(lc.name)["known_hosts"]
+    two = lc.nodes()[:2]
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--cluster", lc.name, "--nodes", "2",
+         "--batch-size", "8", "--model", "resnet20", "--steps", "30", "--repeats", "1",
+         "--bandwidth", "native", "--checkpoint-every", "2", "--no-report"],
+        cwd=ROOT, env={**os.environ, "SCALELAB_REPORTS": str(tmp_path / "reports")},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def steps(entry: dict) -> list[list[int]]:  # each node's checkpoints of the run
+        out = [ssh.run(n, kh, f"ls {entry['dir']} 2>/dev/null || true", timeout=30).stdout
+               for n in two]
+        return [[int(x.split("-")[1]) for x in o.split() if x.startswith("step-")] for o in out]
+
+    try:
+        def written() -> bool:
+            entries = _state(lc.name).get("checkpoint_dirs") or []
+            return bool(entries) and all(steps(entries[0]))
+        wait_until(written, 240, "the killed sweep's run to write a checkpoint on both nodes")
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)  # the group this test started
+        killed.wait(timeout=60)
+    [entry] = _state(lc.name)["checkpoint_dirs"]
+    assert entry["nodes"] == [n.name for n in two]
+    assert entry["dir"].startswith(f"{ROOT}/checkpoints/")
+    # its ranks train on to their last step (30 after 5 of warm-up) and leave its checkpoint
+    wait_until(lambda: steps(entry) == [[35], [35]], 240, "the killed sweep's ranks to finish")
+    # an entry that is not scalelab's (a root of another name): dropped, its files kept
+    decoy = f"/tmp/decoy-{os.getpid()}/s1/r1"
+    ssh.run(two[0], kh, f"mkdir -p {decoy}", timeout=30)
+    path = Path(os.environ["SCALELAB_HOME"]) / "clusters" / lc.name / "cluster.json"
+    rec = json.loads(path.read_text())
+    rec["checkpoint_dirs"].append({"dir": decoy, "root": f"/tmp/decoy-{os.getpid()}",
+                                   "nodes": [two[0].name]})
+    path.write_text(json.dumps(rec))
+    proc = invoke("bench", "--cluster", lc.name, "--nodes", "1", "--batch-size", "8",
+                  "--model", "resnet20", "--steps", "2", "--repeats", "1", "--bandwidth",
+                  "native", "--no-report", env={"SCALELAB_REPORTS": str(tmp_path / "r2")},
+                  timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint_dirs" not in _state(lc.name)
+    left = f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l; test -d {decoy} && echo kept"
+    assert [ssh.run(n, kh, left, timeout=30).stdout.split() for n in two] == \
+        [["0", "kept"], ["0"]]
+    ssh.run(two[0], kh, f"rm -rf /tmp/decoy-{os.getpid()}", timeout=30)
+
+
 def test_checkpoints_to_a_nodes_own_nfs_server_cross_its_shaped_link_and_end_with_the_sweep(
         lab, tmp_path):
     """The same cluster, its links at 20 Mbit/s: 2-node runs checkpoint every 2 of 8 steps to

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalelab.cluster import configure, ssh, storage, targets
+from scalelab.cluster import ckptdirs, configure, ssh, storage, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core import lock
 from scalelab.core.errors import ClusterError, InputError, ScalelabError
@@ -99,6 +99,8 @@ def _destroy(cluster: str, keep_data: bool = False) -> list[str]:
             kept.append("staged data where a host did not answer: " + ", ".join(
                 f"{e['dir']} on {', '.join(e['nodes'])}" for e in rec.get("staged", {}).values()))
 
+    if not caps.owns_hosts and rec.get(ckptdirs.KEY):  # a killed sweep's checkpoints
+        kept += ckptdirs.remove_left(cluster, rec)
     # any configure that started, finished or not (configure.mark_touched records it before
     # Ansible first changes a host)
     if not caps.owns_hosts and caps.configurable and configure.touched(rec):

@@ -12,7 +12,9 @@ of its own, named by the cluster, the sweep and the run:
 After the run the directory is removed on every node (nodes), from the first node (a shared
 path) or on the serving node (nfs@NODE), with the directories above it up to
 ``scalelab-checkpoints`` where they are left empty,
-unless the sweep keeps its checkpoints. Before any run, the first node makes a directory in a
+unless the sweep keeps its checkpoints. While the run may write it, a nodes or shared
+directory is in the cluster record (scalelab.cluster.ckptdirs), so that a killed sweep's is
+removed by the next sweep or by destroy. Before any run, the first node makes a directory in a
 shared place and every other node writes in it (place_problem), so that a place the nodes
 cannot write, or do not share, is refused in one line, not found out run by run.
 """
@@ -24,7 +26,7 @@ import secrets
 import shlex
 from typing import Any
 
-from scalelab.cluster import ssh
+from scalelab.cluster import ckptdirs, ssh
 from scalelab.cluster.nodes import Node
 from scalelab.sweep.values import NODE_DISKS, PATH_CHARS, served_by
 
@@ -37,7 +39,7 @@ def shared(params: dict[str, Any]) -> bool:
     return params.get("checkpoint_to") not in (None, NODE_DISKS)
 
 
-def _root(params: dict[str, Any], workdir: str, store: Any = None) -> str:
+def root_of(params: dict[str, Any], workdir: str, store: Any = None) -> str:
     """Where the checkpoints' own directories start, on the node that removes them."""
     if served_by(params.get("checkpoint_to")):
         if store is None:
@@ -67,11 +69,21 @@ def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_
     for part in (cluster, sweep, run_id):
         if not _NAME.fullmatch(part) or part in (".", ".."):
             raise ValueError(f"a checkpoint directory of unexpected characters: {part!r}")
-    root = _root(params, workdir, store)
+    root = root_of(params, workdir, store)
     where = f"{root}/{cluster}/{sweep}/{run_id}" if shared(params) else f"{root}/{sweep}/{run_id}"
     if not PATH_CHARS.fullmatch(where) or ".." in where.split("/"):
         raise ValueError(f"a checkpoint directory of unexpected characters: {where!r}")
     return f"nfs://{store.address}{where}" if served_by(params.get("checkpoint_to")) else where
+
+
+def remember(cluster: str, rec: dict[str, Any], where: str, params: dict[str, Any],
+             workdir: str, nodes: list[Node]) -> None:
+    """Record a run's directory while the run may write it (ckptdirs), unless the sweep keeps
+    its checkpoints or an nfs@NODE server holds them (the server's end removes those)."""
+    if params.get("keep_checkpoints") or served_by(params.get("checkpoint_to")):
+        return
+    ckptdirs.remember(cluster, rec, where, root_of(params, workdir),
+                      nodes[:1] if shared(params) else nodes)
 
 
 def removal_line(where: str, params: dict[str, Any], workdir: str, store: Any = None) -> str:
@@ -81,15 +93,9 @@ def removal_line(where: str, params: dict[str, Any], workdir: str, store: Any = 
     >>> removal_line("/mnt/n/scalelab-checkpoints/c1/s1/r1", {"checkpoint_to": "/mnt/n"}, "/w")
     'rm -rf -- /mnt/n/scalelab-checkpoints/c1/s1/r1; rmdir -- /mnt/n/scalelab-checkpoints/c1/s1 /mnt/n/scalelab-checkpoints/c1 /mnt/n/scalelab-checkpoints 2>/dev/null; true'
     """
-    root = _root(params, workdir, store)
     if where.startswith("nfs://"):
         where = "/" + where.removeprefix("nfs://").split("/", 1)[1]
-    parents, up = [], where.rsplit("/", 1)[0]
-    while up.startswith(root):
-        parents.append(up)
-        up = up.rsplit("/", 1)[0]
-    return (f"rm -rf -- {shlex.quote(where)}; rmdir -- "
-            f"{' '.join(shlex.quote(p) for p in parents)} 2>/dev/null; true")
+    return ckptdirs.removal_line(where, root_of(params, workdir, store))
 
 
 def remove(nodes: list[Node], known_hosts: str, where: str, params: dict[str, Any],

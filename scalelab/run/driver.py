@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.cluster import ckptstore, gpu, image, netshape, ssh, storage, targets
+from scalelab.cluster import ckptdirs, ckptstore, gpu, image, netshape, ssh, storage, targets
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.state import PROJECT_ROOT, cluster_dir, load_cluster
 from scalelab.model import datapath, fabric
@@ -467,7 +467,9 @@ class _Execution:
         return {**read, **self.decodes[source].as_record()}
 
     def serve_checkpoints(self, runs: list) -> None:
-        """Start the NFS server of every nfs@NODE checkpoint place the runs write to."""
+        """Start the NFS server of every nfs@NODE checkpoint place the runs write to, once
+        what a killed sweep's runs left is removed."""
+        ckptdirs.remove_left(self.cluster, self.rec)
         places = [r.params.get("checkpoint_to") for r in runs
                   if r.kind == "train" and r.params.get("checkpoint_every")]
         self.stores = ckptstore.serve(self.cluster, self.rec, {
@@ -487,6 +489,8 @@ class _Execution:
         bad = next(iter(errors.items()), None)
         if bad:
             log.warning("checkpoints of a run left at %s on %s: %s", where, *bad)
+        else:
+            ckptdirs.forget(self.cluster, self.rec, where)
         return {"dir": where, "kept": kept,
                 "removal_error": f"{bad[0]}: {bad[1]}" if bad else ""}
 
@@ -535,6 +539,8 @@ class _Execution:
                 ckpt_dir = checkpoints.run_dir(p, self.rt.workdir, self.cluster,
                                                self.sweep_dir.name, run.run_id,
                                                self.stores.get(p.get("checkpoint_to")))
+                checkpoints.remember(self.cluster, self.rec, ckpt_dir, p, self.rt.workdir,
+                                     self.all_nodes[: p["nodes"]])
             script, args, engine = ("resnet.py", commands.workload_args(
                 p, profile, 1.0 / decode if decode else None, ckpt_dir), p["engine"])
         inject = failures.injector(run, self.all_nodes[: p["nodes"]], self.rt.known_hosts)
