@@ -4,8 +4,9 @@ A local cluster of --nodes nodes (needs root). One `invoke bench` sweep trains -
 (ResNet-50 by default) on emulated --accelerator devices (V100 by default) for --steps timed
 steps, saving a checkpoint every --every steps to each node's own disk, twice: as is
 (--inject-failure off) and with a node's ranks, one drawn at random each time, killed every
---period seconds of training (--inject-failure Ns). torchrun's agents restart every rank, which
-go on from the last checkpoint.
+--period seconds of training (--inject-failure Ns). Under --engine ddp torchrun's agents
+restart every rank, which go on from the last checkpoint; under --engine horovod (2 nodes or
+more) Horovod's elastic driver brings the node's ranks back with the state committed at it.
 
 Prints, per repeat, the measured goodput (the timed steps at the run's mean step time, over
 all its attempts, over the wall time its training took, kills, restarts, checkpoints and redone steps in it) and Daly's
@@ -16,6 +17,7 @@ gives C for comparison; "last R" is the last kill's kill-to-all-ready time. The 
 
 Usage: .venv/bin/python bench/perf/goodput_check.py [--nodes 2] [--period 20] [--every 25]
        [--steps 600] [--repeats 2] [--model resnet50] [--accelerator v100] [--batch-size 32]
+       [--engine ddp|horovod]
 """
 
 from __future__ import annotations
@@ -51,17 +53,21 @@ def main() -> int:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--accelerator", default="v100")
     ap.add_argument("--batch-size", default="32")
+    ap.add_argument("--engine", choices=["ddp", "horovod"], default="ddp")
     a = ap.parse_args()
     if not (1 <= a.nodes <= 16 and 5 <= a.period <= 3600 and 1 <= a.every <= a.steps <= 5000
             and 1 <= a.repeats <= 5):
         ap.error("--nodes 1-16, --period 5-3600, 1 <= --every <= --steps <= 5000, "
                  "--repeats 1-5")
+    if a.engine == "horovod" and a.nodes < 2:
+        ap.error("--engine horovod: --nodes 2 or more")
     private_state()
     name = f"gp{uuid.uuid4().hex[:4]}"
     invoke("provision", "--target", "local", "--cluster", name, "--nodes", str(a.nodes))
     try:
         invoke("bench", "--cluster", name, "--no-report", "--sweep", "ci", "--nodes",
-               str(a.nodes), "--batch-size", a.batch_size, "--model", a.model,
+               str(a.nodes), "--engine", a.engine, "--batch-size", a.batch_size,
+               "--model", a.model,
                "--accelerator", a.accelerator, "--steps", str(a.steps), "--repeats",
                str(a.repeats), "--bandwidth", "native", "--checkpoint-every", str(a.every),
                "--inject-failure", f"off,{a.period}s", "--timeout", "3600", timeout=7200)
@@ -71,7 +77,7 @@ def main() -> int:
                                .splitlines()) if r["kind"] == "train"]
     finally:
         destroy(name)
-    print(f"{a.model} on emulated {a.accelerator}, {a.nodes} nodes, batch {a.batch_size}, "
+    print(f"{a.engine}: {a.model} on emulated {a.accelerator}, {a.nodes} nodes, batch {a.batch_size}, "
           f"{a.steps} timed steps, a checkpoint every {a.every} to each node's own disk; a "
           f"node's ranks killed every {a.period} s of training")
     plain = [r for r in runs if not r.get("failure") and r["status"] == "ok"]
