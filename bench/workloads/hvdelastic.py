@@ -1,9 +1,9 @@
 """Horovod's ranks under its elastic driver (resnet.py --engine horovod --restartable, started
 by horovodrun with --min-np): how a run comes back when one node's ranks are killed.
 
-Horovod keeps a run's state in memory, not on disk. The ranks commit it (weights, buffers,
-the optimizer's state, the step) at every checkpoint step, beside the checkpoint written to
-disk, and once before the first step. When a node's ranks die, the others' next collective
+Horovod keeps a run's state in memory (where the state is: a GPU's copy stays on it), not on
+disk. The ranks commit it (weights, buffers, the optimizer's state, the step) at every
+checkpoint step, beside the checkpoint written to disk, and once before the first step. When a node's ranks die, the others' next collective
 fails (HorovodInternalError): they roll back to the last commit, leave Horovod and join it
 again without the failed node. horovodrun's driver blacklists that node, takes it back once
 its cooldown ends, and starts its ranks there afresh; the others, waiting at the committed
@@ -24,22 +24,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+NOTICE_S = 10.0  # how long the ranks wait for the driver's word that the node is back
+
 
 def train(hvd: Any, model: Any, optimizer: Any, eng: Any, timeline: dict[str, float],
           emulated: bool, loop: Callable[[], Any]) -> Any:
-    """Run loop (the warm-up and timed steps, on from eng.attempt's step) under Horovod's
-    elastic driver until it finishes; its result. eng.commit is set to commit the state after
-    a step; eng.attempt to the attempt's record on every attempt after the first. An emulated
+    """Run loop (the warm-up and timed steps from eng.begin, then the result's gather) under
+    Horovod's elastic driver until it finishes; its result. eng.commit is set to commit the
+    state after a step; eng.attempt to the attempt's record after each failure. An emulated
     rank's optimizer takes no step and has no state to keep."""
     import horovod.torch.elastic as elastic
+    from horovod.common.exceptions import HostsUpdatedInterrupt
 
     state = _state_class()(hvd, model, optimizer, not emulated)
-    world = hvd.size()
+    world, seen = hvd.size(), [0]
 
     def commit(step: int) -> float:
         t0 = time.perf_counter()
         state.step = step
         state.commit()
+        eng.clock.sync()  # a device's copies are done before they are counted
         return time.perf_counter() - t0
 
     eng.commit = commit
@@ -47,23 +51,29 @@ def train(hvd: Any, model: Any, optimizer: Any, eng: Any, timeline: dict[str, fl
     @elastic.run
     def attempt(st: Any) -> Any:
         # The driver first goes on without the failed node (its --min-np), then takes it back
-        # when its blacklisting cools down and tells the ranks so: they wait for that, at the
-        # committed step, and train at the run's full size only. (With --min-np at the full
-        # size, horovodrun 0.28 counts the failed node's slot as still running and never
-        # starts its ranks again.)
+        # when its blacklisting cools down and tells rank 0 so: the ranks wait for that, at
+        # the committed step, and train at the run's full size only. (With --min-np at the
+        # full size, horovodrun 0.28 counts the failed node's slot as still running and never
+        # starts its ranks again.) Its word is dropped if it comes while the ranks are still
+        # joining Horovod; after NOTICE_S without it they join again all the same, and the
+        # driver then gives them every node it has back.
+        t0 = time.monotonic()
         while hvd.size() < world:
             time.sleep(0.05)
             st.check_host_updates()  # raises once the node is back: Horovod is joined again
+            if hvd.broadcast_object(time.monotonic() - t0 > NOTICE_S, root_rank=0):
+                raise HostsUpdatedInterrupt(False)
         t_synced = time.time()
-        if st.restart:
-            caught = st.caught_at or timeline["process"]
+        if st.restart != seen[0]:  # a failure since the last time: this attempt's record
+            seen[0] = st.restart
             eng.attempt = {"restart": st.restart, "from_step": st.step,
                            "load_s": round(st.rolled_s + st.synced_s, 6),
-                           "process_at": caught,
+                           "process_at": st.caught_at or timeline["process"],
                            "rendezvous_at": st.joined_at or timeline["rendezvous"],
                            "ready_at": t_synced}
             if eng.ckpt is not None:
                 eng.ckpt.saved = []  # the figures are the last attempt's, as a DDP restart's
+        eng.begin = st.step  # the committed step, also after a reset without a failure
         timeline["ready"] = t_synced
         return loop()
 

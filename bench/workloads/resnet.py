@@ -149,6 +149,7 @@ class Engine:
     ckpt: Any = None  # ckpt.Checkpointer under --checkpoint-every
     attempt: Any = None  # after a restart: ckpt.resume's record (restart, from_step, load_s)
     commit: Any = None  # Horovod's elastic runs: commits the state after a step (hvdelastic)
+    begin: int | None = None  # and the step they go on from (else attempt's, or 0)
 
 
 @dataclass
@@ -184,10 +185,12 @@ def run(a: argparse.Namespace) -> int:
             if eng.ckpt is not None:
                 eng.ckpt.role = ckpt.writes(a.checkpoint_place == "shared", "horovod", me.rank,
                                             me.local_rank)
-            return timed_loop(a, me, data, trainee, eng)
+            timed = timed_loop(a, me, data, trainee, eng)
+            gather(a, me, data, trainee, eng, timed)  # a failure in it comes back too
+            return timed
 
-        timed = hvdelastic.train(me.hvd, eng.model, eng.optimizer, eng, TIMELINE,
-                                 bool(a.emulated), attempt)
+        hvdelastic.train(me.hvd, eng.model, eng.optimizer, eng, TIMELINE, bool(a.emulated),
+                         attempt)
     else:
         # restarted by torchrun's agent after a failure: on from the last checkpoint all read
         eng.attempt = ckpt.resume(a, me, trainee, eng) if a.restartable else None
@@ -196,7 +199,7 @@ def run(a: argparse.Namespace) -> int:
             eng.attempt.update(process_at=TIMELINE["process"],
                                rendezvous_at=TIMELINE["rendezvous"], ready_at=TIMELINE["ready"])
         timed = timed_loop(a, me, data, trainee, eng)
-    gather(a, me, data, trainee, eng, timed)
+        gather(a, me, data, trainee, eng, timed)
     finish(me)
     # Leave from here, before run's locals are released. DDP's reducer (eng.model) holds the last
     # reference to the gloo process group and is freed with the GIL held; ~ProcessGroupGloo then
@@ -417,7 +420,8 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     real, bytes_first, blocked = data.real, 0, 0.0
     it = data.batches()
     # after a restart, on from the checkpoint's step (its timed steps are those left)
-    begin = eng.attempt["from_step"] if eng.attempt else 0
+    begin = eng.begin if eng.begin is not None else (eng.attempt["from_step"] if eng.attempt
+                                                      else 0)
     hvd_host = f" {os.environ['HOROVOD_HOSTNAME']}" if "HOROVOD_HOSTNAME" in os.environ else ""
     first = max(begin, a.warmup)
     for i in range(begin, a.warmup + a.steps):

@@ -25,7 +25,7 @@ from scalelab.core.state import save_cluster
 log = logging.getLogger(__name__)
 
 KEY = "checkpoint_dirs"
-ROOTS = ("checkpoints", "scalelab-checkpoints")  # <workdir>/checkpoints, <path>/scalelab-...
+SHARED = "scalelab-checkpoints"  # a shared place's root (run.checkpoints.SHARED_ROOT)
 _PATH = re.compile(r"/[A-Za-z0-9._/+=~-]*")
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -45,46 +45,67 @@ def removal_line(where: str, root: str) -> str:
             f"{' '.join(shlex.quote(p) for p in parents)} 2>/dev/null; true")
 
 
-def problem(entry: dict[str, Any], names: set[str]) -> str:
-    """Why a recorded entry is not one scalelab made ("" when it is).
+def problem(entry: Any, names: set[str], cluster: str, workdir: str | None) -> str:
+    """Why a recorded entry is not one scalelab made ("" when it is): a run's directory under
+    the workdir's checkpoints (<workdir>/checkpoints/<sweep>/<run>) or under a shared place's
+    (<path>/scalelab-checkpoints/<cluster>/<sweep>/<run>), on nodes of the cluster.
 
     >>> ok = {"dir": "/opt/scalelab/checkpoints/s1/r1", "root": "/opt/scalelab/checkpoints",
     ...       "nodes": ["n0"]}
-    >>> problem(ok, {"n0"}), problem({**ok, "dir": "/etc"}, {"n0"})
-    ('', "'/etc' is not a run's directory under /opt/scalelab/checkpoints")
-    >>> problem({**ok, "root": "/etc"}, {"n0"}), problem({**ok, "nodes": ["x"]}, {"n0"})
-    ("'/etc' is no checkpoint root of scalelab's", 'node x is not in the cluster')
-    >>> problem({**ok, "dir": "/opt/scalelab/checkpoints/s1/.."}, {"n0"})
+    >>> problem(ok, {"n0"}, "c1", "/opt/scalelab"), problem(ok, {"n0"}, "c1", "/w")
+    ('', "'/opt/scalelab/checkpoints' is no checkpoint root of scalelab's")
+    >>> problem({**ok, "dir": "/etc"}, {"n0"}, "c1", "/opt/scalelab")
+    "'/etc' is not a run's directory under /opt/scalelab/checkpoints"
+    >>> problem({**ok, "nodes": ["x"]}, {"n0"}, "c1", "/opt/scalelab")
+    'node x is not in the cluster'
+    >>> problem({**ok, "dir": "/opt/scalelab/checkpoints/s1/.."}, {"n0"}, "c1", "/opt/scalelab")
     "'/opt/scalelab/checkpoints/s1/..' is not a run's directory under /opt/scalelab/checkpoints"
+    >>> shared = {"dir": "/mnt/s/scalelab-checkpoints/c1/s1/r1", "nodes": ["n0"],
+    ...           "root": "/mnt/s/scalelab-checkpoints"}
+    >>> problem(shared, {"n0"}, "c1", None), problem(shared, {"n0"}, "c2", None)
+    ('', "'/mnt/s/scalelab-checkpoints/c1/s1/r1' is not a run's directory under /mnt/s/scalelab-checkpoints")
+    >>> problem("x", {"n0"}, "c1", None)
+    'not an entry of checkpoint_dirs'
     """
-    where, root = str(entry.get("dir") or ""), str(entry.get("root") or "")
-    if not _PATH.fullmatch(root) or root.rsplit("/", 1)[-1] not in ROOTS or \
-            ".." in root.split("/"):
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str)
+                                              for k in ("dir", "root")) \
+            or not isinstance(entry.get("nodes"), list) \
+            or not all(isinstance(n, str) for n in entry["nodes"]):
+        return f"not an entry of {KEY}"
+    where, root = entry["dir"], entry["root"]
+    on_disks = workdir is not None and root == f"{workdir}/checkpoints"
+    if not _PATH.fullmatch(root) or ".." in root.split("/") or not (
+            on_disks or root.endswith(f"/{SHARED}")):
         return f"{root!r} is no checkpoint root of scalelab's"
     rest = where[len(root) + 1:].split("/") if where.startswith(root + "/") else []
-    if not _PATH.fullmatch(where) or not 2 <= len(rest) <= 3 or \
-            not all(_NAME.fullmatch(p) and p not in (".", "..") for p in rest):
+    if not _PATH.fullmatch(where) or len(rest) != (2 if on_disks else 3) or \
+            not all(_NAME.fullmatch(p) and p not in (".", "..") for p in rest) or \
+            (not on_disks and rest[0] != cluster):
         return f"{where!r} is not a run's directory under {root}"
-    bad = [n for n in entry.get("nodes") or [] if n not in names]
-    if bad or not entry.get("nodes"):
+    bad = [n for n in entry["nodes"] if n not in names]
+    if bad or not entry["nodes"]:
         return f"node {bad[0] if bad else '(none)'} is not in the cluster"
     return ""
 
 
-def remember(cluster: str, rec: dict[str, Any], where: str, root: str,
+def _at(entry: Any, where: str) -> bool:
+    return isinstance(entry, dict) and entry.get("dir") == where
+
+
+def remember(cluster: str, rec: dict[str, Any], where: str, root: str, workdir: str,
              nodes: list[Node]) -> None:
     """Record a run's directory before the run may write it (saved)."""
     entry = {"dir": where, "root": root, "nodes": [n.name for n in nodes]}
-    why = problem(entry, {n.name for n in nodes_of(rec)})
+    why = problem(entry, {n.name for n in nodes_of(rec)}, cluster, workdir)
     if why:
         raise ClusterError(f"checkpoint directory {where}: {why}")
-    rec[KEY] = [e for e in rec.get(KEY) or [] if e.get("dir") != where] + [entry]
+    rec[KEY] = [e for e in rec.get(KEY) or [] if not _at(e, where)] + [entry]
     save_cluster(cluster, rec)
 
 
 def forget(cluster: str, rec: dict[str, Any], where: str) -> None:
     """Take a run's directory out of the record (saved): removed, or kept as asked."""
-    left = [e for e in rec.get(KEY) or [] if e.get("dir") != where]
+    left = [e for e in rec.get(KEY) or [] if not _at(e, where)]
     if left != (rec.get(KEY) or []):
         rec[KEY] = left
         if not left:
@@ -92,19 +113,23 @@ def forget(cluster: str, rec: dict[str, Any], where: str) -> None:
         save_cluster(cluster, rec)
 
 
-def remove_left(cluster: str, rec: dict[str, Any]) -> list[str]:
+def remove_left(cluster: str, rec: dict[str, Any], workdir: str | None) -> list[str]:
     """Remove every recorded directory (a killed sweep's) from its nodes and the record
     (logged); what stays, one line each: an entry that is not scalelab's, dropped from the
-    record unremoved, or one a node could not remove, kept in the record (a later sweep or
-    destroy tries again)."""
+    record unremoved, or one a node could not remove, kept in the record (for the next
+    sweep; destroy says it and lets the record go). workdir: scalelab's on the nodes (None:
+    not known, and no node-disk entry is removed)."""
     nodes = {n.name: n for n in nodes_of(rec)}
     said, stays = [], []
     for entry in list(rec.get(KEY) or []):
-        why = problem(entry, set(nodes))
+        why = problem(entry, set(nodes), cluster, workdir)
         if why:
             stays.append(f"a checkpoint directory recorded by a killed sweep, not removed: "
                          f"{why}")
-            forget(cluster, rec, entry.get("dir"))
+            rec[KEY] = [e for e in rec.get(KEY) or [] if e is not entry]
+            if not rec[KEY]:
+                rec.pop(KEY)
+            save_cluster(cluster, rec)
             continue
         on = [nodes[n] for n in entry["nodes"]]
         line = removal_line(entry["dir"], entry["root"])

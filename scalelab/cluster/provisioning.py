@@ -100,7 +100,11 @@ def _destroy(cluster: str, keep_data: bool = False) -> list[str]:
                 f"{e['dir']} on {', '.join(e['nodes'])}" for e in rec.get("staged", {}).values()))
 
     if not caps.owns_hosts and rec.get(ckptdirs.KEY):  # a killed sweep's checkpoints
-        kept += ckptdirs.remove_left(cluster, rec)
+        try:
+            workdir: str | None = storage.workdir_of(nodes_of(rec)[0])
+        except (ScalelabError, IndexError):  # never configured: no workdir of scalelab's
+            workdir = None
+        kept += ckptdirs.remove_left(cluster, rec, workdir)
     # any configure that started, finished or not (configure.mark_touched records it before
     # Ansible first changes a host)
     if not caps.owns_hosts and caps.configurable and configure.touched(rec):

@@ -30,7 +30,7 @@ from scalelab.cluster import ckptdirs, ssh
 from scalelab.cluster.nodes import Node
 from scalelab.sweep.values import NODE_DISKS, PATH_CHARS, served_by
 
-SHARED_ROOT = "scalelab-checkpoints"
+SHARED_ROOT = ckptdirs.SHARED
 _NAME = re.compile(r"[A-Za-z0-9._-]+")  # a cluster, sweep or run id: one path segment
 
 
@@ -82,7 +82,7 @@ def remember(cluster: str, rec: dict[str, Any], where: str, params: dict[str, An
     its checkpoints or an nfs@NODE server holds them (the server's end removes those)."""
     if params.get("keep_checkpoints") or served_by(params.get("checkpoint_to")):
         return
-    ckptdirs.remember(cluster, rec, where, root_of(params, workdir),
+    ckptdirs.remember(cluster, rec, where, root_of(params, workdir), workdir,
                       nodes[:1] if shared(params) else nodes)
 
 

@@ -327,7 +327,8 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     restarts: the run comes back from a failure through Horovod's elastic driver, at most
     that many times: the driver goes on without the failed node (--min-np, a node fewer) and
     takes it back once its blacklisting cools down, after 2 s; the ranks train at the full
-    size only (bench/workloads/hvdelastic.py). Each failure is two of the driver's resets.
+    size only (bench/workloads/hvdelastic.py). Each failure is two of the driver's resets, or
+    more where the ranks must ask again for the node (hvdelastic.NOTICE_S): 4 a failure.
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
@@ -336,7 +337,7 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     >>> argv[:2], argv[3], " ".join(argv[4:])
     (['sh', '-c'], 'scalelab-pinned-ssh', '/v/bin/horovodrun --gloo -np 2 -H 10.0.0.10:1,10.0.0.11:1 --network-interfaces eth0 --disable-cache --gloo-timeout-seconds 60 /v/bin/python /w/bench/workloads/resnet.py')
     >>> " ".join(horovodrun_commands(ns, 1, "r.py", [], rt, 29500, restarts=3)[0].argv[10:21])
-    '--min-np 1 --max-np 2 --blacklist-cooldown-range 1 2 --reset-limit 6 --elastic-timeout 120'
+    '--min-np 1 --max-np 2 --blacklist-cooldown-range 1 2 --reset-limit 12 --elastic-timeout 120'
     """
     hosts = ",".join(f"{n.private_address}:{procs_per_node}" for n in nodes)
     bindir = rt.python.rsplit("/", 1)[0]
@@ -345,7 +346,7 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     if restarts:
         fewer = str((len(nodes) - 1) * procs_per_node)
         argv += ["--min-np", fewer, "--max-np", np, "--blacklist-cooldown-range", "1", "2",
-                 "--reset-limit", str(2 * restarts), "--elastic-timeout", "120"]
+                 "--reset-limit", str(4 * restarts), "--elastic-timeout", "120"]
     ifaces = list(dict.fromkeys(n.iface for n in nodes if n.iface))
     if ifaces and len(nodes) > 1:
         # one node: horovodrun runs everything over loopback and refuses a named interface;

@@ -469,7 +469,7 @@ class _Execution:
     def serve_checkpoints(self, runs: list) -> None:
         """Start the NFS server of every nfs@NODE checkpoint place the runs write to, once
         what a killed sweep's runs left is removed."""
-        ckptdirs.remove_left(self.cluster, self.rec)
+        ckptdirs.remove_left(self.cluster, self.rec, self.rt.workdir)
         places = [r.params.get("checkpoint_to") for r in runs
                   if r.kind == "train" and r.params.get("checkpoint_every")]
         self.stores = ckptstore.serve(self.cluster, self.rec, {

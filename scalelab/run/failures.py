@@ -111,13 +111,14 @@ class Injector:
     hosts: dict[str, int] | None = None
     seen: dict[int, int] = field(default_factory=dict)  # node index -> lines read
     live: dict[int, dict[int, int]] = field(default_factory=dict)  # node -> pid -> last step
-    # the (attempt, pid) of ranks a kill ended or sent back to a checkpoint: a rank Horovod's
-    # elastic driver rolls back keeps its pid and counts one attempt more
-    old: set[tuple[int, int]] = field(default_factory=set)
-    attempt_of: dict[int, int] = field(default_factory=dict)  # pid -> its last line's attempt
+    # the (node, attempt, pid) of ranks a kill ended or sent back to a checkpoint: a rank
+    # Horovod's elastic driver rolls back keeps its pid and counts one attempt more (a pid is
+    # only one rank's on its own node)
+    old: set[tuple[int, int, int]] = field(default_factory=set)
+    attempt_of: dict[tuple[int, int], int] = field(default_factory=dict)  # its last line's
     kills: list[Kill] = field(default_factory=list)
     every: int = 0  # the run's timed steps between checkpoints (0: none)
-    last: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid -> its last line
+    last: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)  # its last line
     step_sum: float = 0.0  # the timed steps' durations, from consecutive lines of one rank
     step_count: int = 0
     save_sum: float = 0.0  # the same of steps after a checkpoint save (the save in them)
@@ -149,9 +150,9 @@ class Injector:
                 idx = self.hosts.get(m[6] or "", -1)
                 if idx < 0:
                     continue
-            self.attempt_of[pid] = attempt
-            prev = self.last.get(pid)
-            self.last[pid] = (step, stamp)
+            self.attempt_of[(idx, pid)] = attempt
+            prev = self.last.get((idx, pid))
+            self.last[(idx, pid)] = (step, stamp)
             if prev and prev[0] == step - 1 and step > self.warmup + 1:
                 if self.every and (prev[0] - self.warmup) % self.every == 0:
                     self.save_sum += stamp - prev[1]  # a save, then a step
@@ -164,9 +165,10 @@ class Injector:
                 self.first_at = stamp  # the warm-up's end (or, without one, step 1's)
             if step == self.last_step:
                 self.end_at = max(self.end_at or stamp, stamp)
-            if self.kills and pid in self.kills[-1].pids:  # a step finished before it landed
+            if self.kills and self.kills[-1].node == idx and pid in self.kills[-1].pids:
+                # a step finished before it landed
                 self.kills[-1].pids[pid] = max(self.kills[-1].pids[pid], step)
-            if (attempt, pid) in self.old:
+            if (idx, attempt, pid) in self.old:
                 continue
             if self.kills and self.kills[-1].resumed_at is None:
                 self.kills[-1].resumed_at = now
@@ -199,7 +201,8 @@ class Injector:
         belongs to an attempt that ends with it."""
         pids = dict(self.live[node])
         self.kills.append(Kill(node, pids, now))
-        self.old |= {(self.attempt_of[p], p) for steps in self.live.values() for p in steps}
+        self.old |= {(n, self.attempt_of[(n, p)], p) for n, steps in self.live.items()
+                     for p in steps}
         self.live = {}
         return sorted(pids)
 

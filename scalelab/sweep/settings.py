@@ -111,12 +111,8 @@ def _check_checkpoint_settings(spec: Any) -> None:
 
 def _check_failure_settings(spec: Any) -> None:
     """A failure scalelab can inject and restart from: on a node of every run, after a timed
-    step the runs still have steps past; Horovod's runs on 2 nodes or more (the setting's
-    engines: DDP's and Horovod's)."""
-    asked = [f for f in spec.inject_failure or [] if f != values.NO_FAILURE]
-    if not asked:
-        return
-    for f in asked:
+    step the runs still have steps past; Horovod's runs on 2 nodes or more."""
+    for f in [f for f in spec.inject_failure or [] if f != values.NO_FAILURE]:
         fail = values.failure(f)
         k = fail.node
         if k is not None and k >= min(spec.nodes):
