@@ -576,6 +576,43 @@ def test_a_killed_sweeps_checkpoints_are_removed_by_the_next_sweep(lab, tmp_path
     ssh.run(two[0], kh, f"rm -rf /tmp/decoy-{os.getpid()}", timeout=30)
 
 
+def test_destroy_removes_a_killed_sweeps_checkpoints_from_hosts_it_did_not_create(
+        lab, tmp_path):
+    """Hosts scalelab did not create (a static cluster over the first node of the same
+    cluster): the checkpoint directory a killed sweep left recorded under a shared place is
+    removed from the host by invoke destroy, with the directories above it that it left
+    empty; what else is in the place stays."""
+    from scalelab.cluster import ssh
+
+    lc, _, _, _ = lab
+    host, kh = lc.nodes()[0], str(lc.known_hosts)
+    name = unique_name("st")
+    base = f"/tmp/st-{os.getpid()}"
+    run_dir = f"{base}/scalelab-checkpoints/{name}/s1/r1"
+    ssh.run(host, kh, f"mkdir -p {run_dir}/step-000007 {base}/mine", timeout=30)
+    var_file = tmp_path / "st.tfvars.json"
+    var_file.write_text(json.dumps({
+        "hosts": [{"name": host.name, "address": host.address, "role": "head"}],
+        "ssh_user": "root", "ssh_private_key_file": str(lc.key)}))
+    state = Path(os.environ["SCALELAB_HOME"]) / "clusters" / name
+    try:
+        proc = invoke("provision", "--target", "static", "--cluster", name, "--nodes", "1",
+                      "--var-file", str(var_file), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        (state / "known_hosts").write_text(lc.known_hosts.read_text())
+        rec = json.loads((state / "cluster.json").read_text())
+        rec["checkpoint_dirs"] = [{"dir": run_dir, "root": f"{base}/scalelab-checkpoints",
+                                   "nodes": [host.name]}]
+        (state / "cluster.json").write_text(json.dumps(rec))
+        proc = invoke("destroy", "--cluster", name, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    finally:
+        if (state / "cluster.json").exists():
+            invoke("destroy", "--cluster", name, timeout=300)
+        left = ssh.run(host, kh, f"ls -A {base}; rm -rf {base}", timeout=30).stdout.split()
+    assert left == ["mine"]
+
+
 def test_checkpoints_to_a_nodes_own_nfs_server_cross_its_shaped_link_and_end_with_the_sweep(
         lab, tmp_path):
     """The same cluster, its links at 20 Mbit/s: 2-node runs checkpoint every 2 of 8 steps to
