@@ -776,7 +776,7 @@ def test_horovod_comes_back_through_its_elastic_driver_with_the_state_it_committ
     assert back["from_step"] in {5 * (killed // 5), 5 * ((killed - 1) // 5)}
     assert back["recomputed_steps"] == killed - back["from_step"]
     # the rank that lived noticed within its next step; the other came back after it
-    assert 0 < back["back_s"] < back["joined_s"] <= back["ready_s"] < 120
+    assert 0 <= back["back_s"] < back["joined_s"] <= back["ready_s"] < 120
     # the last attempt: both nodes, every step of it on each (none at a node fewer)
     ranks = run["ranks"]
     assert sorted(r["host"] for r in ranks) == [n.name for n in lc.nodes()[:2]]

@@ -189,3 +189,10 @@ def test_horovods_step_lines_come_from_one_command_and_a_rank_outlives_a_kill():
     # back: the same process on node 0 at the next attempt, a new one on node 1
     inj._read(0, [line(1, 0, 3, 100, "10.0.0.10"), line(1, 1, 3, 300, "10.0.0.11")], t + 6)
     assert inj.live == {0: {100: 3}, 1: {300: 3}} and inj.kills[0].resumed_at == t + 6
+    # a rank rolled back after its step-4 commit prints step 5 again in the next attempt: the
+    # restart between is no checkpoint's cost, nor a step's
+    inj = Injector("3@1", nodes, "r", 3, None, 0, 10, 1, "", every=2,
+                   hosts={"10.0.0.10": 0, "10.0.0.11": 1})
+    inj._read(0, [f"SCALELAB_STEP 0 0 {s} 100 {t + s:.6f} 10.0.0.10" for s in (1, 2, 3, 4)]
+              + [f"SCALELAB_STEP 1 0 5 100 {t + 30:.6f} 10.0.0.10"], t + 30)
+    assert (inj.save_count, inj.step_count) == (1, 2)

@@ -473,7 +473,9 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
             continue
         if eng.ckpt is not None and eng.ckpt.due(i + 1 - a.warmup):
             blocked += eng.ckpt.save(i + 1)  # between steps: in no step's time
-            if eng.commit is not None:  # and the state Horovod's elastic driver rolls back to
+            # and the state Horovod's elastic driver rolls back to (none after the last step:
+            # a run that went back to it would have no step left to time)
+            if eng.commit is not None and i + 1 < a.warmup + a.steps:
                 blocked += eng.ckpt.add_blocked(eng.commit(i + 1))
         steps_rec.append(engines.step_record(a, hvd, eng, start, t_data, t_bwd, t_sync, t_end, loss))
     t_last = time.perf_counter()

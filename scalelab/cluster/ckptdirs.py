@@ -88,6 +88,11 @@ def problem(entry: Any, names: set[str], cluster: str, workdir: str | None) -> s
     return ""
 
 
+def _entries(rec: dict[str, Any]) -> list[Any]:
+    entries = rec.get(KEY)
+    return list(entries) if isinstance(entries, list) else []
+
+
 def _at(entry: Any, where: str) -> bool:
     return isinstance(entry, dict) and entry.get("dir") == where
 
@@ -99,14 +104,14 @@ def remember(cluster: str, rec: dict[str, Any], where: str, root: str, workdir: 
     why = problem(entry, {n.name for n in nodes_of(rec)}, cluster, workdir)
     if why:
         raise ClusterError(f"checkpoint directory {where}: {why}")
-    rec[KEY] = [e for e in rec.get(KEY) or [] if not _at(e, where)] + [entry]
+    rec[KEY] = [e for e in _entries(rec) if not _at(e, where)] + [entry]
     save_cluster(cluster, rec)
 
 
 def forget(cluster: str, rec: dict[str, Any], where: str) -> None:
     """Take a run's directory out of the record (saved): removed, or kept as asked."""
-    left = [e for e in rec.get(KEY) or [] if not _at(e, where)]
-    if left != (rec.get(KEY) or []):
+    left = [e for e in _entries(rec) if not _at(e, where)]
+    if KEY in rec and left != rec[KEY]:
         rec[KEY] = left
         if not left:
             rec.pop(KEY)
@@ -121,12 +126,16 @@ def remove_left(cluster: str, rec: dict[str, Any], workdir: str | None) -> list[
     not known, and no node-disk entry is removed)."""
     nodes = {n.name: n for n in nodes_of(rec)}
     said, stays = [], []
-    for entry in list(rec.get(KEY) or []):
+    if KEY in rec and not isinstance(rec[KEY], list):
+        stays.append(f"{KEY} in the record is not a list of directories; dropped unread")
+        rec.pop(KEY)
+        save_cluster(cluster, rec)
+    for entry in _entries(rec):
         why = problem(entry, set(nodes), cluster, workdir)
         if why:
             stays.append(f"a checkpoint directory recorded by a killed sweep, not removed: "
                          f"{why}")
-            rec[KEY] = [e for e in rec.get(KEY) or [] if e is not entry]
+            rec[KEY] = [e for e in _entries(rec) if e is not entry]
             if not rec[KEY]:
                 rec.pop(KEY)
             save_cluster(cluster, rec)

@@ -118,7 +118,8 @@ class Injector:
     attempt_of: dict[tuple[int, int], int] = field(default_factory=dict)  # its last line's
     kills: list[Kill] = field(default_factory=list)
     every: int = 0  # the run's timed steps between checkpoints (0: none)
-    last: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)  # its last line
+    last: dict[tuple[int, int], tuple[int, float, int]] = field(default_factory=dict)  # its last
+    # line: step, stamp, attempt
     step_sum: float = 0.0  # the timed steps' durations, from consecutive lines of one rank
     step_count: int = 0
     save_sum: float = 0.0  # the same of steps after a checkpoint save (the save in them)
@@ -152,8 +153,9 @@ class Injector:
                     continue
             self.attempt_of[(idx, pid)] = attempt
             prev = self.last.get((idx, pid))
-            self.last[(idx, pid)] = (step, stamp)
-            if prev and prev[0] == step - 1 and step > self.warmup + 1:
+            self.last[(idx, pid)] = (step, stamp, attempt)
+            # consecutive steps of one attempt (a rank Horovod rolls back keeps its pid)
+            if prev and prev[0] == step - 1 and prev[2] == attempt and step > self.warmup + 1:
                 if self.every and (prev[0] - self.warmup) % self.every == 0:
                     self.save_sum += stamp - prev[1]  # a save, then a step
                     self.save_count += 1
