@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 KEY = "checkpoint_dirs"
 SHARED = "scalelab-checkpoints"  # a shared place's root (run.checkpoints.SHARED_ROOT)
 _PATH = re.compile(r"/[A-Za-z0-9._/+=~-]*")
-_NAME = re.compile(r"[A-Za-z0-9._-]+")
+SEGMENT = re.compile(r"[A-Za-z0-9._-]+")  # a cluster, sweep or run id: one path segment
 
 
 def removal_line(where: str, root: str) -> str:
@@ -79,7 +79,7 @@ def problem(entry: Any, names: set[str], cluster: str, workdir: str | None) -> s
         return f"{root!r} is no checkpoint root of scalelab's"
     rest = where[len(root) + 1:].split("/") if where.startswith(root + "/") else []
     if not _PATH.fullmatch(where) or len(rest) != (2 if on_disks else 3) or \
-            not all(_NAME.fullmatch(p) and p not in (".", "..") for p in rest) or \
+            not all(SEGMENT.fullmatch(p) and p not in (".", "..") for p in rest) or \
             (not on_disks and rest[0] != cluster):
         return f"{where!r} is not a run's directory under {root}"
     bad = [n for n in entry["nodes"] if n not in names]
@@ -97,6 +97,14 @@ def _at(entry: Any, where: str) -> bool:
     return isinstance(entry, dict) and entry.get("dir") == where
 
 
+def _store(cluster: str, rec: dict[str, Any], entries: list[Any]) -> None:
+    """The record's entries set to these (none: the key gone), saved."""
+    rec[KEY] = entries
+    if not entries:
+        rec.pop(KEY)
+    save_cluster(cluster, rec)
+
+
 def remember(cluster: str, rec: dict[str, Any], where: str, root: str, workdir: str,
              nodes: list[Node]) -> None:
     """Record a run's directory before the run may write it (saved)."""
@@ -104,18 +112,14 @@ def remember(cluster: str, rec: dict[str, Any], where: str, root: str, workdir: 
     why = problem(entry, {n.name for n in nodes_of(rec)}, cluster, workdir)
     if why:
         raise ClusterError(f"checkpoint directory {where}: {why}")
-    rec[KEY] = [e for e in _entries(rec) if not _at(e, where)] + [entry]
-    save_cluster(cluster, rec)
+    _store(cluster, rec, [e for e in _entries(rec) if not _at(e, where)] + [entry])
 
 
 def forget(cluster: str, rec: dict[str, Any], where: str) -> None:
     """Take a run's directory out of the record (saved): removed, or kept as asked."""
     left = [e for e in _entries(rec) if not _at(e, where)]
     if KEY in rec and left != rec[KEY]:
-        rec[KEY] = left
-        if not left:
-            rec.pop(KEY)
-        save_cluster(cluster, rec)
+        _store(cluster, rec, left)
 
 
 def remove_left(cluster: str, rec: dict[str, Any], workdir: str | None) -> list[str]:
@@ -128,17 +132,13 @@ def remove_left(cluster: str, rec: dict[str, Any], workdir: str | None) -> list[
     said, stays = [], []
     if KEY in rec and not isinstance(rec[KEY], list):
         stays.append(f"{KEY} in the record is not a list of directories; dropped unread")
-        rec.pop(KEY)
-        save_cluster(cluster, rec)
+        _store(cluster, rec, [])
     for entry in _entries(rec):
         why = problem(entry, set(nodes), cluster, workdir)
         if why:
             stays.append(f"a checkpoint directory recorded by a killed sweep, not removed: "
                          f"{why}")
-            rec[KEY] = [e for e in _entries(rec) if e is not entry]
-            if not rec[KEY]:
-                rec.pop(KEY)
-            save_cluster(cluster, rec)
+            _store(cluster, rec, [e for e in _entries(rec) if e is not entry])
             continue
         on = [nodes[n] for n in entry["nodes"]]
         line = removal_line(entry["dir"], entry["root"])

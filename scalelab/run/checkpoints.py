@@ -21,7 +21,6 @@ cannot write, or do not share, is refused in one line, not found out run by run.
 
 from __future__ import annotations
 
-import re
 import secrets
 import shlex
 from typing import Any
@@ -31,7 +30,6 @@ from scalelab.cluster.nodes import Node
 from scalelab.sweep.values import NODE_DISKS, PATH_CHARS, served_by
 
 SHARED_ROOT = ckptdirs.SHARED
-_NAME = re.compile(r"[A-Za-z0-9._-]+")  # a cluster, sweep or run id: one path segment
 
 
 def shared(params: dict[str, Any]) -> bool:
@@ -67,7 +65,7 @@ def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_
     ValueError: a checkpoint directory of unexpected characters: 'r 1'
     """
     for part in (cluster, sweep, run_id):
-        if not _NAME.fullmatch(part) or part in (".", ".."):
+        if not ckptdirs.SEGMENT.fullmatch(part) or part in (".", ".."):
             raise ValueError(f"a checkpoint directory of unexpected characters: {part!r}")
     root = root_of(params, workdir, store)
     where = f"{root}/{cluster}/{sweep}/{run_id}" if shared(params) else f"{root}/{sweep}/{run_id}"
