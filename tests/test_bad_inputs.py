@@ -341,10 +341,10 @@ CASES = [
     ("bench-checkpoint-ps", "local", ["bench", "--engine", "ps", "--nodes", "1", "--batch-size",
                                       "16", "--checkpoint-every", "2"],
      "--checkpoint-every is a setting of --engine ddp or horovod; this sweep's engine is ps"),
-    ("bench-checkpoint-slurm", "local", ["bench", "--nodes", "1", "--batch-size", "16",
-                                         "--launcher", "slurm", "--checkpoint-every", "2"],
-     "--checkpoint-every: a run's checkpoints are removed over SSH to its nodes, and under "
-     "--launcher slurm scalelab has none yet"),
+    ("bench-checkpoint-slurm-login-only", "slurm", ["bench", "--nodes", "1", "--batch-size",
+                                                    "16", "--checkpoint-every", "2"],
+     f"--checkpoint-every: a run's checkpoints are removed over SSH to its nodes, and cluster "
+     f"{FAKE} is reached only through its Slurm login host"),
     ("bench-checkpoint-to-relative", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                                "--checkpoint-every", "2", "--checkpoint-to",
                                                "ckpt"],
@@ -364,11 +364,16 @@ CASES = [
                                                  "--inject-failure", "5"],
      "--inject-failure 5: Horovod's elastic driver brings a run back with its other nodes and "
      "needs 2 or more, and the sweep has a 1-node run; start --nodes at 2, or use --engine ddp"),
-    ("bench-failure-slurm", "local", ["bench", "--nodes", "1", "--batch-size", "16",
-                                      "--launcher", "slurm", "--inject-failure", "5"],
-     "--inject-failure: a run comes back through torchrun's elastic agents or Horovod's "
-     "elastic driver, started over SSH, and scalelab does not requeue Slurm jobs yet; use "
-     "--launcher ssh"),
+    ("bench-failure-slurm-login-only", "slurm", ["bench", "--nodes", "1", "--batch-size", "16",
+                                                 "--inject-failure", "5"],
+     f"--inject-failure: scalelab kills a node's ranks over SSH to the node, and cluster "
+     f"{FAKE} is reached only through its Slurm login host"),
+    ("bench-failure-slurm-horovod", "local", ["bench", "--engine", "horovod", "--nodes", "2",
+                                              "--batch-size", "16", "--launcher", "slurm",
+                                              "--inject-failure", "5"],
+     "--inject-failure --launcher slurm: the ranks come back as a new step of the run's Slurm "
+     "job, which scalelab does for --engine ddp; Horovod's elastic driver is not started under "
+     "Slurm yet"),
     ("bench-failure-container", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                           "--runtime", "container", "--inject-failure", "5"],
      "--inject-failure: scalelab kills a node's ranks by their pids on the host, and ranks in "
@@ -518,6 +523,13 @@ def _fake_cluster(state: Path, target: str) -> None:
     rec = {"name": FAKE, "target": target, "nodes": nodes, "pids": {},
            "known_hosts": str(cdir / "known_hosts"), "ssh_key": str(cdir / "id_ed25519"),
            "subnet": "10.213.250.0/24", "bandwidth_mbit": None, "cpus_per_node": 1.0}
+    if target == "slurm":  # reached only through its login host (sinfo gave its facts)
+        rec["login"] = {**nodes[0], "name": f"{FAKE}-login", "role": "login"}
+        rec["partition"] = "batch"
+        for n in nodes:
+            n["facts"] = {"cores": 1, "memory_mb": 4096, "gpus": 0, "gpu_model": "",
+                          "python": "/opt/venv/bin/python", "workdir": "/shared/scalelab",
+                          "torch": "2.13.0+cpu", "source": "sinfo"}
     if target == "local" or extra == "facts":
         from scalelab.cluster.targets.local import local_facts
 
@@ -604,7 +616,7 @@ def test_bad_input(case, setup, args, message, tmp_path):
     state, inv, reports = base / "state", base / "inv", base / "reports"
     for d in (state, inv, reports):
         d.mkdir(parents=True)
-    if setup.partition("+")[0] in ("local", "static"):
+    if setup.partition("+")[0] in ("local", "static", "slurm"):
         _fake_cluster(state, setup)
     elif setup != "none":
         _sweep(reports, setup)
@@ -615,7 +627,7 @@ def test_bad_input(case, setup, args, message, tmp_path):
         name = unique_name("f")  # never "demo" or anyone's real cluster
         argv += ["--cluster", name]
     elif task in NEEDS_CLUSTER_OPTION and "--cluster" not in argv and \
-            setup.partition("+")[0] in ("local", "static"):
+            setup.partition("+")[0] in ("local", "static", "slurm"):
         argv += ["--cluster", FAKE]
     env = {**os.environ, "SCALELAB_HOME": str(state), "SCALELAB_INVENTORIES": str(inv),
            "SCALELAB_REPORTS": str(reports), "SCALELAB_LOG": "WARNING"}

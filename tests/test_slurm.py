@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,6 +223,46 @@ def test_a_slurm_sweep_gives_the_same_results_as_ssh_and_one_job_per_run(slurm_c
         assert rec["env"]["launcher"] == "slurm"
     assert len({r["slurm"]["job_id"] for r in records.values()}) == len(records) == 5
     assert not cl.queue()
+
+
+def test_a_node_killed_under_a_slurm_job_comes_back_as_a_new_step_of_that_job(slurm_cluster):
+    """2 nodes under --launcher slurm, a checkpoint every 5 of 20 steps, the second node's
+    ranks killed (SIGKILL, by pid, over SSH) after step 12. srun ends the job step; the job's
+    allocation starts the ranks again as a new step on the same nodes, and they go on from the
+    last checkpoint to the run's end: one job, its first step ended, its second completed; the
+    record says what was killed and what brought it back; no checkpoint or rank is left."""
+    cl = slurm_cluster
+    proc = invoke("bench", "--cluster", cl.name, "--launcher", "slurm", "--nodes", "2",
+                  "--batch-size", "32", "--model", "resnet20", "--steps", "20", "--repeats", "1",
+                  "--checkpoint-every", "5", "--inject-failure", "12@1", "--no-report",
+                  "--bandwidth", "native", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = [r for r in _records(_sweep_dir(proc.stdout)).values() if r["kind"] == "train"][0]
+    assert run["status"] == "ok", run["error"]
+    failure, back = run["failure"], run["failure"]["recovery"]
+    assert failure["node"] == cl.nodes[1].name and failure["error"] == ""
+    assert failure["restarted_by"] == "a new job step in the run's Slurm allocation"
+    assert len(failure["killed_pids"]) == 1
+    killed = failure["killed_step"]
+    assert killed >= 12 and back["restart"] == 1
+    assert back["from_step"] in {5 * (killed // 5), 5 * ((killed - 1) // 5)}
+    assert back["recomputed_steps"] == killed - back["from_step"]
+    assert 0 < back["back_s"] <= back["joined_s"] <= back["ready_s"] < 120
+    assert {len(r["step_times_s"]) for r in run["ranks"]} == {20 - back["from_step"]}
+    assert [s["step"] - run["params"]["warmup"] for s in run["checkpoint"]["saved"]] == \
+        list(range(back["from_step"] + 5, 21, 5))
+    # one job: its ranks' first step failed (the kill), the second completed
+    job = run["slurm"]["job_id"]
+    assert run["slurm"]["state"] == "COMPLETED" and run["env"]["launcher"] == "slurm"
+    steps = [ln.split("|") for ln in cl.on_head(
+        f"sacct --noheader --parsable2 --jobs {job} --format JobID,State").splitlines()]
+    ranks = [st for jid, st in steps if re.fullmatch(rf"{job}\.\d+", jid)]
+    assert ranks == ["CANCELLED", "COMPLETED"], steps  # srun ended the step the kill hit
+    assert not cl.queue()
+    left = (f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l; "
+            "grep -lE 'resnet[.]py|read -r pid[s]' /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
+    assert [ssh.run(n, cl.rec["known_hosts"], left, timeout=30).stdout.split()
+            for n in cl.nodes[:2]] == [["0", "0"]] * 2
 
 
 def _bench_in_background(cl: Cluster, *extra: str) -> subprocess.Popen:

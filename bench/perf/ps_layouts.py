@@ -15,7 +15,7 @@ servers within 3 % of DDP).
 
 Usage: .venv/bin/python bench/perf/ps_layouts.py [--nodes 2,4,8] [--servers 1,2,4]
        [--bandwidth 1gbit] [--accelerator v100] [--model resnet50] [--batch-size 32]
-       [--steps 10] [--skip-overhead]
+       [--steps 10] [--dilation auto] [--skip-overhead]
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def main() -> int:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batch-size", default="32")
     ap.add_argument("--steps", default="10")
+    ap.add_argument("--dilation", default="auto", help="the emulation's k for every layout "
+                    "(auto: the smallest that fits each point's links and the host)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--overhead-only", action="store_true", help="only the engine's own cost "
                     "(one node)")
@@ -87,7 +89,7 @@ def main() -> int:
 def _layouts(a: argparse.Namespace, name: str, common: list[str], counts: list[int]) -> None:
     """The ring and the parameter servers' layouts at each node count, measured and modelled."""
     nodes = ",".join(map(str, counts))
-    shaped = [*common, "--nodes", nodes, "--bandwidth", a.bandwidth]
+    shaped = [*common, "--nodes", nodes, "--bandwidth", a.bandwidth, "--dilation", a.dilation]
     ring = _sweep("--cluster", name, "--engine", "ddp", *shaped)
     ps = _sweep("--cluster", name, "--engine", "ps", *shaped, "--ps-placement",
                 "dedicated,colocated", "--ps-servers", a.servers)
@@ -95,13 +97,15 @@ def _layouts(a: argparse.Namespace, name: str, common: list[str], counts: list[i
     rows = an.modelled.assign(layout=[_label(r) for _, r in an.modelled.iterrows()])
     print(f"{a.model} on emulated {a.accelerator}, batch {a.batch_size} a worker, one a "
           f"node, links {a.bandwidth}; efficiency against 1 node of the same layout")
-    print(f"{'layout':>16} {'N':>3} {'img/s':>8} {'eff':>7} {'model':>7} {'gap':>5}  verdict")
+    print(f"{'layout':>16} {'N':>3} {'k':>4} {'img/s':>8} {'eff':>7} {'model':>7} {'gap':>5}  "
+          f"verdict")
     gaps = []
     for _, r in rows.sort_values(["layout", "world_size"]).iterrows():
         gap = abs(float(r["eff_mean"]) - float(r["model_eff"])) * 100
         if int(r["world_size"]) > 1 and not math.isnan(gap):
             gaps.append(gap)
-        print(f"{r['layout']:>16} {int(r['world_size']):>3} {float(r['thr_mean']):8.1f} "
+        k = f"{float(r['dilation']):g}" if "dilation" in r else "?"
+        print(f"{r['layout']:>16} {int(r['world_size']):>3} {k:>4} {float(r['thr_mean']):8.1f} "
               f"{float(r['eff_mean']):7.1%} {float(r['model_eff']):7.1%} {gap:5.1f}  "
               f"{r.get('verdict') or ''}")
     print(f"worst gap {max(gaps, default=math.nan):.1f} points (aim: 5)")

@@ -290,7 +290,7 @@ def resume(a: Any, me: Any, t: Any, eng: Any) -> dict[str, Any] | None:
     """Every rank of a run torchrun's agents may restart calls this at start, so that all
     agree: whether this attempt is a restart (any rank's TORCHELASTIC_RESTART_COUNT above 0:
     an agent that restarts its ranks because another node's failed counts no failure of its
-    own) and, if it is, the last checkpoint every rank can read, loaded into each rank's
+    own; under Slurm, the job step's SCALELAB_ATTEMPT) and, if it is, the last checkpoint every rank can read, loaded into each rank's
     state (weights, buffers, momentum). None on a first attempt; else its record: restart,
     from_step (0: none to load, the run starts again), load_s."""
     import torch
@@ -299,7 +299,8 @@ def resume(a: Any, me: Any, t: Any, eng: Any) -> dict[str, Any] | None:
 
     t0 = time.perf_counter()
     ck: Checkpointer | None = eng.ckpt
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT")
+                  or os.environ.get("SCALELAB_ATTEMPT") or 0)
     mine = complete_steps(a.checkpoint_dir, a.checkpoint_place == "nodes",
                           socket.gethostname()) if ck is not None else []
     every: list[Any] = [None] * me.world

@@ -422,7 +422,10 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     # after a restart, on from the checkpoint's step (its timed steps are those left)
     begin = eng.begin if eng.begin is not None else (eng.attempt["from_step"] if eng.attempt
                                                       else 0)
-    hvd_host = f" {os.environ['HOROVOD_HOSTNAME']}" if "HOROVOD_HOSTNAME" in os.environ else ""
+    # the rank's host, where one command prints every node's lines: horovodrun's name for it,
+    # or the Slurm node's
+    host = os.environ.get("HOROVOD_HOSTNAME") or os.environ.get("SLURMD_NODENAME")
+    host_field = f" {host}" if host else ""
     first = max(begin, a.warmup)
     for i in range(begin, a.warmup + a.steps):
         if i == first:
@@ -467,7 +470,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
         if a.report_steps:  # one write: the node's ranks share the pipe (horovodrun's: the
             # host it was given, which says whose line it is)
             sys.stdout.write(f"SCALELAB_STEP {eng.attempt['restart'] if eng.attempt else 0} "
-                             f"{me.rank} {i + 1} {os.getpid()} {time.time():.6f}{hvd_host}\n")
+                             f"{me.rank} {i + 1} {os.getpid()} {time.time():.6f}{host_field}\n")
             sys.stdout.flush()
         if i < a.warmup:
             continue

@@ -135,16 +135,24 @@ CHECKS: tuple[Check, ...] = (
                              "ssh (a cluster behind a Slurm login host runs ddp or horovod)"),
     Check("SSH to the nodes, for checkpoints",
           lambda s, runs: bool(s.checkpoint_every and any(s.checkpoint_every)),
-          lambda c, s, runs: s.launcher != "slurm",
-          lambda c, s, runs: "--checkpoint-every: a run's checkpoints are removed over SSH to "
-                             "its nodes, and under --launcher slurm scalelab has none yet; use "
-                             "--launcher ssh, or leave out --checkpoint-every"),
-    Check("torchrun or horovodrun over SSH, to restart after an injected failure",
-          lambda s, runs: _injects(s), lambda c, s, runs: s.launcher != "slurm",
-          lambda c, s, runs: "--inject-failure: a run comes back through torchrun's elastic "
-                             "agents or Horovod's elastic driver, started over SSH, and "
-                             "scalelab does not requeue Slurm jobs yet; use --launcher ssh, or "
-                             "leave --inject-failure out"),
+          lambda c, s, runs: "ssh" in c.launchers,
+          lambda c, s, runs: f"--checkpoint-every: a run's checkpoints are removed over SSH to "
+                             f"its nodes, and cluster {c.name} is reached only through its "
+                             "Slurm login host; provision it as a static cluster whose hosts "
+                             "scalelab reaches over SSH, or leave out --checkpoint-every"),
+    Check("SSH to the nodes, to kill a node's ranks",
+          lambda s, runs: _injects(s), lambda c, s, runs: "ssh" in c.launchers,
+          lambda c, s, runs: f"--inject-failure: scalelab kills a node's ranks over SSH to the "
+                             f"node, and cluster {c.name} is reached only through its Slurm "
+                             "login host; provision it as a static cluster whose hosts scalelab "
+                             "reaches over SSH, or leave --inject-failure out"),
+    Check("DDP, for a restart in the Slurm job",
+          lambda s, runs: _injects(s) and s.launcher == "slurm",
+          lambda c, s, runs: s.engine == "ddp",
+          lambda c, s, runs: f"--inject-failure --launcher slurm: the ranks come back as a new "
+                             f"step of the run's Slurm job, which scalelab does for --engine "
+                             f"ddp; Horovod's elastic driver is not started under Slurm yet; use "
+                             f"--engine ddp, or --launcher ssh for {s.engine}"),
     Check("ranks on the hosts, to kill and restart",
           lambda s, runs: _injects(s), lambda c, s, runs: s.runtime != "container",
           lambda c, s, runs: "--inject-failure: scalelab kills a node's ranks by their pids "

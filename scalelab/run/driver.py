@@ -289,7 +289,8 @@ class Launcher:
             ) -> tuple[str, launch.LaunchResult, dict[str, Any] | None]:
         """Start, wait, reap one run; (launcher name, result, the Slurm job's record);
         servers: the parameter-server engine's dedicated server nodes; inject: the failure
-        to inject (its ranks then restart through torchrun's agents)."""
+        to inject (its ranks then restart through torchrun's agents, Horovod's elastic driver,
+        or a new step of the Slurm job)."""
         ppn = run.params["procs_per_node"]
         fabric, device = run.params.get("fabric") or "tcp", run.params.get("device") or "cpu"
         if self.kind != "slurm" and self.container is not None:
@@ -326,11 +327,16 @@ class Launcher:
                                             job, self.partition, timeout_s)]
         else:
             cmds = slurm.rank_commands(engine, nodes, self.login, ppn, script, args, self.rt,
-                                       port, job, self.partition, timeout_s, gpus_per_node=gpus)
+                                       port, job, self.partition, timeout_s, gpus_per_node=gpus,
+                                       restarts=inject.restarts if inject else 0)
         try:
-            res = launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop, inflight=inflight)
+            res = launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop, inflight=inflight,
+                             watch=inject.poll if inject else None)
         except KeyboardInterrupt:
             res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
+        finally:
+            if inject is not None:
+                inject.finish()
         t0 = time.monotonic()
         state = slurm.job_state(self.login, self.rt.known_hosts, job)
         record = {**state.to_record(), "sacct_wait_s": round(time.monotonic() - t0, 3)}
@@ -543,7 +549,8 @@ class _Execution:
                                      self.all_nodes[: p["nodes"]])
             script, args, engine = ("resnet.py", commands.workload_args(
                 p, profile, 1.0 / decode if decode else None, ckpt_dir), p["engine"])
-        inject = failures.injector(run, self.all_nodes[: p["nodes"]], self.rt.known_hosts)
+        inject = failures.injector(run, self.all_nodes[: p["nodes"]], self.rt.known_hosts,
+                                   self.starter.login if self.starter.kind == "slurm" else None)
         started = utcnow()
         interrupted, job, launcher_name = False, None, self.starter.kind
         try:

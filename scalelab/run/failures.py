@@ -9,7 +9,10 @@ acts on nothing: it is killed as a crashed process or a lost GPU would end it. t
 agent on that node sees its ranks fail and restarts them; the c10d rendezvous makes every
 other node's agent restart its ranks too (scalelab.run.commands.elastic_commands), and the
 restarted ranks load the last checkpoint every rank can read and train on to the run's last
-step (bench/workloads/ckpt.py resume).
+step (bench/workloads/ckpt.py resume). Under Horovod the elastic driver brings the node back
+(bench/workloads/hvdelastic.py); under --launcher slurm the job step ends when a task dies, and
+the job's allocation starts the ranks again as a new step (scalelab.run.slurm); either way the
+ranks' lines come through one command, each naming its host.
 """
 
 from __future__ import annotations
@@ -105,10 +108,12 @@ class Injector:
     last_step: int  # warm-up + timed steps: the step the run ends after
     ranks_here: int  # a node's ranks (procs per node)
     known_hosts: str
-    # horovodrun's runs: one command prints every node's lines, each with the host horovodrun
-    # gave its rank (the node's private address -> its index), and the ranks carry the head
-    # node's token mark
+    # horovodrun's and Slurm's runs: one command prints every node's lines, each with the
+    # rank's host (horovodrun's: the node's private address; Slurm's: the node's name -> its
+    # index), and the ranks carry the token mark of the node that command runs on (marked)
     hosts: dict[str, int] | None = None
+    marked: str = ""
+    how: str = "torchrun"  # what brings the ranks back (the record's restarted_by)
     seen: dict[int, int] = field(default_factory=dict)  # node index -> lines read
     live: dict[int, dict[int, int]] = field(default_factory=dict)  # node -> pid -> last step
     # the (node, attempt, pid) of ranks a kill ended or sent back to a checkpoint: a rank
@@ -211,7 +216,7 @@ class Injector:
     def _arm(self, launch: Any) -> None:
         self._target = chosen_node(self.asked, self.nodes, self.run_id, len(self.kills))
         node = self.nodes[self._target]
-        marked = self.nodes[0].name if self.hosts is not None else node.name
+        marked = self.marked or node.name
         argv = ssh.ssh_args(node, self.known_hosts) + [
             "--", kill_line(token_mark(launch.token, marked))]
         ssh.count(node, self.known_hosts)
@@ -308,6 +313,7 @@ class Injector:
         node = shown.node if shown else chosen_node(self.asked, self.nodes, self.run_id)
         rec: dict[str, Any] = {
             "asked": self.asked, "after_step": after, "every_s": self.every_s,
+            "restarted_by": self.how,
             "node": self.nodes[node].name,
             "killed_step": None if last is None else last.step - warmup,
             "killed_pids": [] if last is None else last.killed,
@@ -339,20 +345,34 @@ class Injector:
         return rec
 
 
-def injector(run: Any, nodes: list[Node], known_hosts: str) -> Injector | None:
-    """A planned run's injector on its nodes, or None where it injects nothing."""
+# what brings a run's ranks back after a failure, by how it was started (the record's
+# failure.restarted_by)
+RESTARTED_BY = {"torchrun": "torchrun's agents (--max-restarts, c10d rendezvous)",
+                "horovodrun": "horovodrun's elastic driver",
+                "slurm": "a new job step in the run's Slurm allocation"}
+
+
+def injector(run: Any, nodes: list[Node], known_hosts: str,
+             login: Node | None = None) -> Injector | None:
+    """A planned run's injector on its nodes, or None where it injects nothing; login: the
+    Slurm login host a run under --launcher slurm is started from."""
     asked = run.params.get("inject_failure") if run.kind == "train" else None
     fail = values.failure(asked)
     if fail is None:
         return None
     chosen_node(asked or "", nodes, run.run_id)  # a node past the run's is refused here
     warmup = run.params.get("warmup") or 0
-    hosts = ({n.private_address: i for i, n in enumerate(nodes)}
-             if run.params.get("engine") == "horovod" else None)
+    hosts, marked, how = None, "", "torchrun"
+    if login is not None:  # srun on the login host starts them, SLURMD_NODENAME names the node
+        hosts, marked, how = {n.name: i for i, n in enumerate(nodes)}, login.name, "slurm"
+    elif run.params.get("engine") == "horovod":
+        hosts, marked = {n.private_address: i for i, n in enumerate(nodes)}, nodes[0].name
+        how = "horovodrun"
     return Injector(asked or "", nodes, run.run_id,
                     None if fail.step is None else warmup + fail.step, fail.every_s, warmup,
                     warmup + run.params["steps"], run.params["procs_per_node"], known_hosts,
-                    hosts, every=int(run.params.get("checkpoint_every") or 0))
+                    hosts, marked, RESTARTED_BY[how],
+                    every=int(run.params.get("checkpoint_every") or 0))
 
 
 def expected_saves(steps: int, every: int, warmup: int, recovery: dict[str, Any] | None) -> int:

@@ -14,7 +14,9 @@ printed says why it failed.
 DDP ranks are started by srun itself, one task per rank, with torchrun's environment
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) taken from Slurm's (SLURM_PROCID, ...).
 Horovod runs as `horovodrun` on the first node of an allocation made by `salloc`, with the
-allocated hosts as its host list.
+allocated hosts as its host list. A DDP run that comes back from an injected failure runs in an
+allocation made by `salloc` too: its ranks are a job step, started again as a new step of the
+same job when one fails.
 """
 
 from __future__ import annotations
@@ -172,12 +174,24 @@ def container_command(nodes: list[Node], login: Node, script: str, args: list[st
     return commands.RankCommand(login, argv, env, cancel=cancel_line(name))
 
 
+# salloc's command on the login host for a DDP run that comes back from a failure: the ranks'
+# job step ("$@", an srun) again in the same allocation while it fails, at most R more times,
+# each attempt's number in SCALELAB_ATTEMPT (the ranks' resume reads it)
+_RESTART_LOOP = (
+    'a=0; while :; do SCALELAB_ATTEMPT=$a; export SCALELAB_ATTEMPT; "$@"; rc=$?; '
+    '[ "$rc" -eq 0 ] && exit 0; a=$((a + 1)); [ "$a" -gt __R__ ] && exit "$rc"; '
+    'echo "scalelab: the ranks\' job step ended with exit code $rc; step again ($a of __R__)" >&2; '
+    'done')
+
+
 def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: int,
                   script: str, args: list[str], rt: Runtime, port: int, name: str,
                   partition: str | None, timeout_s: float,
-                  gpus_per_node: int = 0) -> list[commands.RankCommand]:
+                  gpus_per_node: int = 0, restarts: int = 0) -> list[commands.RankCommand]:
     """The one command a run is on the login host: srun (DDP, the allreduce probe) or salloc
-    around horovodrun (Horovod).
+    around horovodrun (Horovod). restarts (DDP): the run comes back from a failure: salloc
+    holds the nodes and starts the ranks' job step again after it fails, at most `restarts`
+    times (a requeue would give the nodes back and wait in the queue again).
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
@@ -191,6 +205,10 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
     >>> hv = rank_commands("horovod", ns, ns[0], 1, "resnet.py", [], rt, 29500, "j", "p", 180)[0]
     >>> hv.argv[0], "--ntasks-per-node" in hv.argv, "horovodrun" in hv.argv[-1]
     ('salloc', False, True)
+    >>> again = rank_commands("ddp", ns, ns[0], 1, "resnet.py", [], rt, 29500, "j", None, 180,
+    ...                       restarts=3)[0].argv
+    >>> again[0], again[again.index("-c") + 1][:40], again[again.index("-c") + 3:][:3]
+    ('salloc', 'a=0; while :; do SCALELAB_ATTEMPT=$a; ex', ['srun', '--nodes', '2'])
     """
     script_path = f"{rt.workdir}/{commands.WORKLOADS}/{script}"
     env = commands.rank_env(nodes[0], procs_per_node, ifaces=[n.iface for n in nodes])
@@ -214,9 +232,16 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
                 "srun", "--nodes", "1", "--ntasks", "1", "sh", "-c", inner]
         return [commands.RankCommand(login, argv, env, cancel=cancel)]
     env["MASTER_PORT"] = str(port)
-    argv = ["srun", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
-                                   gpus_per_node),
-            "--kill-on-bad-exit=1", "sh", "-c", _RANK_ENV, "sh", rt.python, script_path, *args]
+    ranks = ["--kill-on-bad-exit=1", "sh", "-c", _RANK_ENV, "sh", rt.python, script_path, *args]
+    opts = alloc_options(name, nodes, procs_per_node, partition, timeout_s, gpus_per_node)
+    if not restarts:
+        return [commands.RankCommand(login, ["srun", *opts, *ranks], env, cancel=cancel)]
+    # a step of the allocation: every node, its ranks, past the nodes' CPU count as the
+    # allocation is; when one task dies, srun ends the others and exits non-zero
+    step = ["srun", "--nodes", str(len(nodes)), "--ntasks-per-node", str(procs_per_node),
+            "--overcommit", *ranks]
+    argv = ["salloc", *opts, "sh", "-c", _RESTART_LOOP.replace("__R__", str(int(restarts))),
+            "sh", *step]
     return [commands.RankCommand(login, argv, env, cancel=cancel)]
 
 
