@@ -331,10 +331,17 @@ CASES = [
      f"--ps-servers 1: dedicated servers take nodes of their own after a run's, so --nodes 1,2 "
      f"needs 3 and cluster {FAKE} has 2; provision more with invoke provision --target local "
      f"--cluster {FAKE} --nodes 3 or use --nodes 1"),
-    ("bench-ps-slurm", "local", ["bench", "--engine", "ps", "--nodes", "1", "--batch-size",
-                                 "16", "--launcher", "slurm"],
-     "--engine ps starts its workers and servers with torchrun over SSH, and Slurm is not one "
-     "of its launchers yet; use --launcher ssh"),
+    ("bench-slurm-more-tasks-than-cpus", "local",
+     ["bench", "--engine", "ps", "--nodes", "1", "--batch-size", "16", "--launcher", "slurm",
+      "--ps-placement", "colocated"],
+     f"--launcher slurm: Slurm starts no more tasks on a node than its CPUs, and node {FAKE}-n0 "
+     "has 1; run train-n01-p1-b016-native-pscol-r0 starts 2 there (1 rank(s) and a colocated "
+     "server); use --ps-placement dedicated, or --launcher ssh"),
+    ("bench-ps-slurm-two-workers-a-node", "local+wide",
+     ["bench", "--engine", "ps", "--nodes", "1", "--batch-size", "16", "--launcher", "slurm",
+      "--ps-servers", "1", "--procs-per-node", "2"],
+     "--engine ps --launcher slurm: a job step starts as many tasks on every node, and a server "
+     "node runs one server, so runs with dedicated servers take --procs-per-node 1"),
     ("bench-ps-setting-without-ps", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                               "--ps-servers", "2"],
      "--ps-servers is a setting of --engine ps; this sweep's engine is ddp"),
@@ -508,10 +515,11 @@ NEEDS_CLUSTER_OPTION = ("bench", "check", "shape")
 def _fake_cluster(state: Path, target: str) -> None:
     """A cluster record of the given target (local+image: a local one whose record names a
     training image without Horovod, on nodes without a Docker engine; local+notorch: an image
-    without torch; local+gpu: GPU nodes whose Docker holds a complete image but has only runc
-    as its runtime; local+oldworkloads: an image of other workloads; local+notheld: nodes
-    whose Docker does not hold the image; local+one: a local one of one node; static+facts: a
-    configured static one)."""
+    without torch; local+wide: nodes of two CPUs; local+gpu: GPU nodes whose Docker holds a
+    complete image but has only runc as its runtime; local+oldworkloads: an image of other
+    workloads; local+notheld: nodes whose Docker does not hold the image; local+one: a local
+    one of one node; static+facts: a configured static one; slurm: one reached only through
+    its Slurm login host)."""
     target, _, extra = target.partition("+")
     cdir = state / "clusters" / FAKE
     cdir.mkdir(parents=True, mode=0o700)
@@ -520,6 +528,9 @@ def _fake_cluster(state: Path, target: str) -> None:
               "ssh_port": 9, "ssh_key": str(cdir / "id_ed25519"), "cpus": 1.0, "gpus": 0,
               "iface": "eth0" if target == "local" else None, "extra": {}}
              for i in range(1 if extra == "one" else 2)]
+    if extra == "wide":  # nodes of two CPUs
+        for n in nodes:
+            n["cpus"] = 2.0
     rec = {"name": FAKE, "target": target, "nodes": nodes, "pids": {},
            "known_hosts": str(cdir / "known_hosts"), "ssh_key": str(cdir / "id_ed25519"),
            "subnet": "10.213.250.0/24", "bandwidth_mbit": None, "cpus_per_node": 1.0}
@@ -535,7 +546,7 @@ def _fake_cluster(state: Path, target: str) -> None:
 
         for n in nodes:
             n["facts"] = local_facts(n)
-    if extra and extra not in ("facts", "one") and not extra.startswith("evil-"):
+    if extra and extra not in ("facts", "one", "wide") and not extra.startswith("evil-"):
         contents = {"image": {"torch": "2.13.0+cpu", "horovod": None},
                     "notorch": {"torch": None, "horovod": "0.28.1"},
                     "gpu": {"torch": "2.13.0+cu128", "horovod": "0.28.1"},

@@ -265,6 +265,34 @@ def test_a_node_killed_under_a_slurm_job_comes_back_as_a_new_step_of_that_job(sl
             for n in cl.nodes[:2]] == [["0", "0"]] * 2
 
 
+def test_parameter_servers_under_slurm_a_job_per_run_with_servers_where_asked(slurm_cluster):
+    """--engine ps --launcher slurm at 1-2 nodes with one dedicated server, on the node after
+    the run's: each run is one job on the run's nodes and its server's, and the server sums
+    every worker's gradients. (A colocated server is a second task on a worker node, which
+    Slurm does not start on these nodes of one CPU: test_bad_inputs holds that refusal, and
+    test_slurm_lines which task of a node serves.)"""
+    cl = slurm_cluster
+    proc = invoke("bench", "--cluster", cl.name, "--launcher", "slurm", "--engine", "ps",
+                  "--nodes", "1-2", "--batch-size", "8", "--model", "resnet20", "--steps", "4",
+                  "--repeats", "1", "--ps-placement", "dedicated", "--no-report",
+                  "--bandwidth", "native", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = {(r["params"]["nodes"], r["params"]["ps_placement"]): r
+               for r in _records(_sweep_dir(proc.stdout)).values() if r["kind"] == "train"}
+    assert len(records) == 2 and all(r["status"] == "ok" for r in records.values()), records
+    names = [n.name for n in cl.nodes]
+    jobs = cl.jobs()
+    for (n, placement), rec in records.items():
+        assert rec["env"]["launcher"] == "slurm" and rec["slurm"]["state"] == "COMPLETED"
+        assert jobs[rec["slurm"]["job_name"]] == (rec["slurm"]["job_id"], "COMPLETED")
+        servers, grads = rec["ps"]["servers"], rec["gradient_bytes"]
+        hosts = {r["host"] for r in rec["ranks"]}
+        assert placement == "dedicated" and hosts == set(names[:n])
+        assert [s["host"] for s in servers] == [names[n]]
+        assert servers[0]["bytes_in_per_step"] == n * grads and not rec["ps"]["colocated"]
+    assert not cl.queue()
+
+
 def _bench_in_background(cl: Cluster, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "invoke", "bench", "--cluster", cl.name,
                              *QUICK, "--launcher", "slurm", *extra], cwd=ROOT,

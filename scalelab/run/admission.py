@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +108,37 @@ def _no_sudo(c: Cluster, runs: list[RunPlan]) -> list[Node]:
     return [n for n in _used(c, runs) if (n.facts or {}).get("sudo") == "no"]
 
 
+def _slurm_tasks(r: RunPlan) -> int:
+    """The tasks a run's job step starts on each of its worker nodes: its ranks, and a
+    colocated parameter server."""
+    p = r.params
+    return p["procs_per_node"] + (1 if p.get("engine") == "ps" and
+                                  p.get("ps_placement") == "colocated" else 0)
+
+
+def _over_cpus(c: Cluster, runs: list[RunPlan]) -> tuple[Node, int, RunPlan] | None:
+    """A node whose CPUs (as Slurm counts them, whole) are fewer than the tasks a run starts
+    on it, with its CPU count and the run; None where every run fits (or a node's CPUs are
+    not known)."""
+    for r in runs:
+        for n in c.nodes[: r.params["nodes"]]:
+            cpus = math.ceil(n.cpus) if n.cpus else None
+            if cpus is not None and _slurm_tasks(r) > cpus:
+                return n, cpus, r
+    return None
+
+
+def _cpus_refusal(c: Cluster, spec: Any, runs: list[RunPlan]) -> str:
+    n, cpus, r = _over_cpus(c, runs) or (c.nodes[0], 0, runs[0])
+    server = 1 if _slurm_tasks(r) > r.params["procs_per_node"] else 0
+    fix = (f"use --procs-per-node {cpus - server} or fewer" if cpus > server
+           else "use --ps-placement dedicated")
+    return (f"--launcher slurm: Slurm starts no more tasks on a node than its CPUs, and node "
+            f"{n.name} has {cpus}; run {r.run_id} starts {_slurm_tasks(r)} there "
+            f"({r.params['procs_per_node']} rank(s){' and a colocated server' if server else ''})"
+            f"; {fix}, or --launcher ssh")
+
+
 def _shaped(runs: list[RunPlan]) -> list[float]:
     return sorted({r.params["bandwidth_mbit"] for r in runs} - {None})
 
@@ -128,11 +160,17 @@ CHECKS: tuple[Check, ...] = (
           lambda s, runs: True, lambda c, s, runs: s.launcher in c.launchers,
           lambda c, s, runs: f"cluster {c.name} can only start runs with --launcher "
                              f"{' or '.join(c.launchers)}; it has no SSH to its compute nodes"),
-    Check("SSH to the nodes, for parameter servers",
-          lambda s, runs: s.engine == "ps", lambda c, s, runs: s.launcher != "slurm",
-          lambda c, s, runs: "--engine ps starts its workers and servers with torchrun over "
-                             "SSH, and Slurm is not one of its launchers yet; use --launcher "
-                             "ssh (a cluster behind a Slurm login host runs ddp or horovod)"),
+    Check("one worker a node beside server nodes, under Slurm",
+          lambda s, runs: s.engine == "ps" and s.launcher == "slurm",
+          lambda c, s, runs: all(r.params["procs_per_node"] == 1 for r in runs
+                                 if planner.server_nodes(r.params)),
+          lambda c, s, runs: "--engine ps --launcher slurm: a job step starts as many tasks "
+                             "on every node, and a server node runs one server, so runs with "
+                             "dedicated servers take --procs-per-node 1; use it, or "
+                             "--ps-placement colocated, or --launcher ssh", planned=True),
+    Check("a CPU a task, under Slurm",
+          lambda s, runs: s.launcher == "slurm", lambda c, s, runs: _over_cpus(c, runs) is None,
+          _cpus_refusal, planned=True),
     Check("SSH to the nodes, for checkpoints",
           lambda s, runs: bool(s.checkpoint_every and any(s.checkpoint_every)),
           lambda c, s, runs: "ssh" in c.launchers,

@@ -328,7 +328,8 @@ class Launcher:
         else:
             cmds = slurm.rank_commands(engine, nodes, self.login, ppn, script, args, self.rt,
                                        port, job, self.partition, timeout_s, gpus_per_node=gpus,
-                                       restarts=inject.restarts if inject else 0)
+                                       restarts=inject.restarts if inject else 0,
+                                       servers=servers)
         try:
             res = launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop, inflight=inflight,
                              watch=inject.poll if inject else None)

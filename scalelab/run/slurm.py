@@ -103,8 +103,9 @@ def alloc_options(name: str, nodes: list[Node], procs_per_node: int, partition: 
     opts = ["--job-name", name]
     if partition:
         opts += ["--partition", partition]
-    # --overcommit: the ranks per node are the sweep's choice, not Slurm's CPU count (a node's
-    # CPUs in slurm.conf may be fewer than the processes a sweep puts on it)
+    # --overcommit: a task is not given a CPU of its own (a rank's threads are the sweep's
+    # choice); Slurm 22.05 still starts no more tasks on a node than its CPUs, which
+    # scalelab.run.admission checks before any job
     opts += ["--nodes", str(len(nodes)), "--nodelist", ",".join(n.name for n in nodes),
              "--exclusive", "--overcommit", "--time", str(time_limit_min(timeout_s))]
     if tasks:
@@ -132,6 +133,52 @@ _CONTAINER_RANK_ENV = (
     'if [ -z "$R" ]; then echo "scalelab: node $h has no rank in this run" >&2; exit 1; fi; '
     'export RANK="$R" GROUP_RANK="$R" WORLD_SIZE="$SLURM_STEP_NUM_TASKS" LOCAL_RANK=0 '
     'LOCAL_WORLD_SIZE=1; exec "$@"')
+
+
+# a parameter-server run's process, which srun started: its rank from its node's place in
+# SCALELAB_PS_NODES (name:servers-here, in the run's order: the workers' nodes first, so rank
+# 0 is a worker whatever order Slurm gives the nodes) and its task on the node; the last
+# servers-here tasks of a node serve (resnet.py --ps-servers-here)
+_PS_RANK_ENV = (
+    'n=0; h=; for e in $(printf %s "$SCALELAB_PS_NODES" | tr , " "); do '
+    'if [ "${e%:*}" = "$SLURMD_NODENAME" ]; then h=${e##*:}; break; fi; n=$((n + 1)); done; '
+    'if [ -z "$h" ]; then echo "scalelab: node $SLURMD_NODENAME has no place in this run" >&2; '
+    'exit 1; fi; export RANK=$((n * SLURM_NTASKS_PER_NODE + SLURM_LOCALID)) '
+    'WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID" '
+    'LOCAL_WORLD_SIZE="$SLURM_NTASKS_PER_NODE" GROUP_RANK="$n"; '
+    'exec "$@" --ps-servers-here "$h"')
+
+
+def ps_command(workers: list[Node], servers: list[Node], login: Node, procs_per_node: int,
+               script_path: str, args: list[str], python: str, port: int, name: str,
+               partition: str | None, timeout_s: float) -> commands.RankCommand:
+    """The parameter-server engine's run as one srun: every worker node runs its workers and,
+    with no server nodes (colocated), one server after them; each server node runs one server
+    (so a run with server nodes has one worker a node: a job step starts as many tasks on
+    every node).
+
+    >>> ns = [Node(f"c-n{i}", f"10.0.0.1{i}", f"10.0.0.1{i}", "worker", "local", cpus=1.0,
+    ...            iface="eth0") for i in range(3)]
+    >>> d = ps_command(ns[:2], ns[2:], ns[0], 1, "/w/r.py", [], "/v/python", 29500, "j", None, 60)
+    >>> d.env["SCALELAB_PS_NODES"], d.env["MASTER_ADDR"], d.argv[d.argv.index("--nodes") + 1]
+    ('c-n0:0,c-n1:0,c-n2:1', '10.0.0.10', '3')
+    >>> c = ps_command(ns[:2], [], ns[0], 2, "/w/r.py", [], "/v/python", 29500, "j", None, 60)
+    >>> c.env["SCALELAB_PS_NODES"], c.argv[c.argv.index("--ntasks-per-node") + 1]
+    ('c-n0:1,c-n1:1', '3')
+    """
+    if servers and procs_per_node != 1:
+        raise SlurmError("a parameter-server run with server nodes has one worker a node "
+                         "under Slurm")
+    everyone = [*workers, *servers]
+    tasks = procs_per_node + (0 if servers else 1)
+    env = commands.rank_env(everyone[0], tasks, ifaces=[n.iface for n in everyone])
+    env.update(MASTER_ADDR=workers[0].private_address, MASTER_PORT=str(port),
+               SCALELAB_PS_NODES=",".join(
+                   f"{n.name}:{1 if i >= len(workers) or not servers else 0}"
+                   for i, n in enumerate(everyone)))
+    argv = ["srun", *alloc_options(name, everyone, tasks, partition, timeout_s),
+            "--kill-on-bad-exit=1", "sh", "-c", _PS_RANK_ENV, "sh", python, script_path, *args]
+    return commands.RankCommand(login, argv, env, cancel=cancel_line(name))
 
 
 def short_hostname(node: Node) -> str:
@@ -187,9 +234,10 @@ _RESTART_LOOP = (
 def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: int,
                   script: str, args: list[str], rt: Runtime, port: int, name: str,
                   partition: str | None, timeout_s: float,
-                  gpus_per_node: int = 0, restarts: int = 0) -> list[commands.RankCommand]:
-    """The one command a run is on the login host: srun (DDP, the allreduce probe) or salloc
-    around horovodrun (Horovod). restarts (DDP): the run comes back from a failure: salloc
+                  gpus_per_node: int = 0, restarts: int = 0,
+                  servers: list[Node] | None = None) -> list[commands.RankCommand]:
+    """The one command a run is on the login host: srun (DDP, the parameter servers, the
+    allreduce probe) or salloc around horovodrun (Horovod). restarts (DDP): the run comes back from a failure: salloc
     holds the nodes and starts the ranks' job step again after it fails, at most `restarts`
     times (a requeue would give the nodes back and wait in the queue again).
 
@@ -211,6 +259,9 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
     ('salloc', 'a=0; while :; do SCALELAB_ATTEMPT=$a; ex', ['srun', '--nodes', '2'])
     """
     script_path = f"{rt.workdir}/{commands.WORKLOADS}/{script}"
+    if engine == "ps":
+        return [ps_command(nodes, servers or [], login, procs_per_node, script_path, args,
+                           rt.python, port, name, partition, timeout_s)]
     env = commands.rank_env(nodes[0], procs_per_node, ifaces=[n.iface for n in nodes])
     cancel = cancel_line(name)
     if engine == "horovod":
