@@ -331,12 +331,6 @@ CASES = [
      f"--ps-servers 1: dedicated servers take nodes of their own after a run's, so --nodes 1,2 "
      f"needs 3 and cluster {FAKE} has 2; provision more with invoke provision --target local "
      f"--cluster {FAKE} --nodes 3 or use --nodes 1"),
-    ("bench-slurm-more-tasks-than-cpus", "local",
-     ["bench", "--engine", "ps", "--nodes", "1", "--batch-size", "16", "--launcher", "slurm",
-      "--ps-placement", "colocated"],
-     f"--launcher slurm: Slurm starts no more tasks on a node than its CPUs, and node {FAKE}-n0 "
-     "has 1; run train-n01-p1-b016-native-pscol-r0 starts 2 there (1 rank(s) and a colocated "
-     "server); use --ps-placement dedicated, or --launcher ssh"),
     ("bench-ps-slurm-two-workers-a-node", "local+wide",
      ["bench", "--engine", "ps", "--nodes", "1", "--batch-size", "16", "--launcher", "slurm",
       "--ps-servers", "1", "--procs-per-node", "2"],

@@ -143,6 +143,10 @@ def test_bad_slurm_input_is_refused_before_any_job(slurm_cluster):
          "partition small has 1"),
         (["--nodes", "1", "--partition", "small"], "only Slurm has partitions"),
         (["--nodes", "1", "--launcher", "pbs"], "unknown 'pbs'"),
+        # a colocated parameter server is a second task on these nodes of one CPU each
+        (["--launcher", "slurm", "--nodes", "1", "--engine", "ps", "--ps-placement",
+          "colocated"], f"Slurm starts no more tasks on a node than its CPUs, and node "
+                        f"{cl.nodes[0].name} has 1; run train-n01-p1-b008-"),
     ]
     for extra, expected in cases:
         proc = invoke("bench", "--cluster", cl.name, "--batch-size", "8", *extra)
@@ -178,6 +182,10 @@ def test_bad_slurm_input_is_refused_before_any_job(slurm_cluster):
         assert expected in err[0] and "--tags slurm" in err[0], (tool, err)
     assert cl.jobs() == before  # nothing submitted
     assert (set(root.iterdir()) if root.exists() else set()) == sweeps  # nothing written
+    # what that refusal stands for: Slurm itself starts no more, --overcommit or not
+    said = cl.on_head(f"srun --nodes 1 --nodelist {cl.nodes[0].name} --ntasks-per-node 2 "
+                      "--overcommit --exclusive --time 1 true 2>&1; echo rc=$?")
+    assert "rc=1" in said and "Requested node configuration is not available" in said, said
 
 
 def test_a_slurm_sweep_gives_the_same_results_as_ssh_and_one_job_per_run(slurm_cluster):

@@ -29,8 +29,8 @@ def test_a_parameter_server_process_takes_its_rank_from_its_nodes_place_in_the_r
         ["1", "2", "0", "1", "1", "--ps-servers-here", "1"]
     # colocated: two workers and a server a node, the server the node's last task
     places = "n0:1,n1:1"
-    assert _task("n1", 2, places, per_node=3, ntasks=6).stdout.split()[:5] == \
-        ["5", "6", "2", "3", "1"]
+    assert _task("n1", 2, places, per_node=3, ntasks=6).stdout.split() == \
+        ["5", "6", "2", "3", "1", "--ps-servers-here", "1"]
 
 
 def test_a_node_that_has_no_place_in_the_run_starts_nothing():
@@ -39,14 +39,21 @@ def test_a_node_that_has_no_place_in_the_run_starts_nothing():
     assert proc.stderr.strip() == "scalelab: node stranger has no place in this run"
 
 
-def _loop(restarts: int, fails: int, tmp_path) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """The restart loop around a step that exits 3 on its first `fails` attempts."""
-    log = tmp_path / "attempts"
+def _loop(restarts: int, fails: int, tmp_path, job_state: str = "RUNNING"
+          ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The restart loop around a step that exits 3 on its first `fails` attempts, in a job
+    that squeue (a stand-in printing job_state for job 7) says is in that state."""
+    log, bin_dir = tmp_path / "attempts", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text('#!/bin/sh\n[ "$*" = "--noheader --jobs 7 --format %T" ] '
+                                    f"&& echo {job_state}\n")
+    (bin_dir / "squeue").chmod(0o755)
     step = ("echo $SCALELAB_ATTEMPT >> " + str(log) + "; "
             f'[ "$SCALELAB_ATTEMPT" -ge {fails} ] || exit 3')
     line = slurm._RESTART_LOOP.replace("__R__", str(restarts))
     proc = subprocess.run(["sh", "-c", line, "sh", "sh", "-c", step], capture_output=True,
-                          text=True, timeout=10)
+                          text=True, timeout=10,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7"})
     return proc, log.read_text().split()
 
 
@@ -59,3 +66,10 @@ def test_the_ranks_step_starts_again_after_each_failure_up_to_the_restarts(tmp_p
 def test_a_step_that_keeps_failing_ends_the_job_with_its_exit_code(tmp_path):
     proc, attempts = _loop(1, 5, tmp_path)
     assert proc.returncode == 3 and attempts == ["0", "1"]
+
+
+def test_a_job_no_longer_running_is_not_stepped_again(tmp_path):
+    """Cancelled, or past its time limit: the loop ends with the step's exit code instead of
+    starting steps Slurm would refuse."""
+    proc, attempts = _loop(3, 5, tmp_path, job_state="COMPLETING")
+    assert proc.returncode == 3 and attempts == ["0"] and "step again" not in proc.stderr

@@ -26,6 +26,7 @@ class Partition:
     nodes: tuple[str, ...]
     default: bool = False
     available: str = "up"
+    cpus: tuple[int | None, ...] = ()  # each node's CPUs as Slurm counts them (None: unread)
 
 
 def login_run(login: Node, known_hosts: str, line: str, timeout: float = 30):
@@ -38,13 +39,16 @@ def login_run(login: Node, known_hosts: str, line: str, timeout: float = 30):
                            "its address, user, key and pinned host key") from None
 
 
-def parse_sinfo(text: str) -> list[Partition]:
-    """Partitions from `sinfo --noheader --Node --format '%P|%N|%a'` (one line per node and
-    partition; the default partition's name ends in '*').
+SINFO = "sinfo --noheader --Node --format '%P|%N|%a|%c'"
 
-    >>> ps = parse_sinfo("scalelab*|lab-n0|up\\nscalelab*|lab-n1|up\\nsmall|lab-n0|up\\n")
-    >>> [(p.name, p.nodes, p.default) for p in ps]
-    [('scalelab', ('lab-n0', 'lab-n1'), True), ('small', ('lab-n0',), False)]
+
+def parse_sinfo(text: str) -> list[Partition]:
+    """Partitions from SINFO (one line per node and partition; the default partition's name
+    ends in '*'; the last column the node's CPUs).
+
+    >>> ps = parse_sinfo("scalelab*|lab-n0|up|1\\nscalelab*|lab-n1|up|4\\nsmall|lab-n0|up|1\\n")
+    >>> [(p.name, p.nodes, p.default, p.cpus) for p in ps]
+    [('scalelab', ('lab-n0', 'lab-n1'), True, (1, 4)), ('small', ('lab-n0',), False, (1,))]
     """
     parts: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
@@ -52,23 +56,46 @@ def parse_sinfo(text: str) -> list[Partition]:
         if len(cols) < 3 or not cols[0]:
             continue
         name, default = cols[0].rstrip("*"), cols[0].endswith("*")
-        p = parts.setdefault(name, {"nodes": [], "default": default, "available": cols[2]})
+        p = parts.setdefault(name, {"nodes": [], "default": default, "available": cols[2],
+                                    "cpus": []})
         if cols[1] not in p["nodes"]:
             p["nodes"].append(cols[1])
-    return [Partition(k, tuple(v["nodes"]), v["default"], v["available"]) for k, v in parts.items()]
+            cpus = cols[3].strip() if len(cols) > 3 else ""
+            p["cpus"].append(int(cpus) if cpus.isdigit() else None)
+    return [Partition(k, tuple(v["nodes"]), v["default"], v["available"], tuple(v["cpus"]))
+            for k, v in parts.items()]
+
+
+def over_cpus(part: Partition, tasks: dict[str, int]) -> tuple[str, int, int] | None:
+    """The first node asked to start more tasks than Slurm counts CPUs on it: (node, tasks,
+    CPUs); None where all fit. Slurm 22.05 starts no more, --overcommit or not.
+
+    >>> over_cpus(Partition("p", ("a", "b"), cpus=(2, 1)), {"a": 2, "b": 2})
+    ('b', 2, 1)
+    >>> over_cpus(Partition("p", ("a",), cpus=(None,)), {"a": 8}) is None
+    True
+    """
+    cpus = dict(zip(part.nodes, part.cpus, strict=False))
+    for name, want in tasks.items():
+        have = cpus.get(name)
+        if have is not None and want > have:
+            return name, want, have
+    return None
 
 
 def check(cluster: str, login: Node, known_hosts: str, partition: str | None,
-          node_names: list[str], fix: str = "") -> Partition:
+          node_names: list[str], fix: str = "",
+          tasks: dict[str, tuple[int, str]] | None = None) -> Partition:
     """Before any job: Slurm answers on the login host, with accounting; the partition exists
-    and holds every node the sweep needs. One line naming the fix otherwise (fix: what to do
-    when Slurm is missing or silent; by default, set it up with the slurm role)."""
+    and holds every node the sweep needs, each with a CPU for every task a run starts there
+    (tasks: node name -> the most tasks, and why). One line naming the fix otherwise (fix:
+    what to do when Slurm is missing or silent; by default, set it up with the slurm role)."""
     fix = fix or (f"set it up with invoke configure --cluster {cluster} --tags slurm, or use "
                   "--launcher ssh")
     tools = " ".join(TOOLS)
     proc = login_run(login, known_hosts,
                       f"for t in {tools}; do command -v $t >/dev/null || echo missing $t; done; "
-                      "sinfo --noheader --Node --format '%P|%N|%a'")
+                      + SINFO)
     missing = re.findall(r"^missing (\S+)$", proc.stdout, re.MULTILINE)
     if missing:
         raise ClusterError(f"no Slurm on the login host {login.name} of cluster {cluster} "
@@ -97,6 +124,13 @@ def check(cluster: str, login: Node, known_hosts: str, partition: str | None,
                          f"but partition {part.name} has {len(part.nodes)} "
                          f"({', '.join(part.nodes) or 'none'}); lower --nodes or pick another "
                          f"--partition")
+    over = over_cpus(part, {n: t for n, (t, _why) in (tasks or {}).items()})
+    if over:
+        name, want, have = over
+        raise InputError(f"--launcher slurm: Slurm starts no more tasks on a node than its "
+                         f"CPUs, and node {name} has {have}; {(tasks or {})[name][1]} starts "
+                         f"{want} there; lower --procs-per-node (a colocated parameter server takes "
+                         "a CPU too), or use --launcher ssh")
     proc = login_run(login, known_hosts, "sacct --noheader --allocations --starttime now "
                                           "--format JobID")
     if proc.returncode != 0:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,35 +107,34 @@ def _no_sudo(c: Cluster, runs: list[RunPlan]) -> list[Node]:
     return [n for n in _used(c, runs) if (n.facts or {}).get("sudo") == "no"]
 
 
-def _slurm_tasks(r: RunPlan) -> int:
-    """The tasks a run's job step starts on each of its worker nodes: its ranks, and a
-    colocated parameter server."""
-    p = r.params
-    return p["procs_per_node"] + (1 if p.get("engine") == "ps" and
-                                  p.get("ps_placement") == "colocated" else 0)
+def slurm_tasks(c: Cluster, runs: list[RunPlan]) -> dict[str, tuple[int, str]]:
+    """The most tasks any run's job step starts on each node (its ranks, and a colocated
+    parameter server; a dedicated server's node one; Horovod's one, horovodrun starting the
+    ranks), and the run that does: what Slurm must have CPUs for.
 
-
-def _over_cpus(c: Cluster, runs: list[RunPlan]) -> tuple[Node, int, RunPlan] | None:
-    """A node whose CPUs (as Slurm counts them, whole) are fewer than the tasks a run starts
-    on it, with its CPU count and the run; None where every run fits (or a node's CPUs are
-    not known)."""
+    >>> from types import SimpleNamespace as N
+    >>> ns = [N(name=f"n{i}") for i in range(3)]
+    >>> c = Cluster("lab", {}, ns, None, ("ssh", "slurm"))
+    >>> runs = [N(run_id="col", params={"nodes": 2, "procs_per_node": 2, "engine": "ps",
+    ...                                  "ps_placement": "colocated"}),
+    ...         N(run_id="ded", params={"nodes": 2, "procs_per_node": 1, "engine": "ps",
+    ...                                  "ps_placement": "dedicated", "ps_servers": 1})]
+    >>> slurm_tasks(c, runs)
+    {'n0': (3, 'run col (2 rank(s) and a colocated server)'), 'n1': (3, 'run col (2 rank(s) and a colocated server)'), 'n2': (1, 'run ded (a parameter server)')}
+    """
+    out: dict[str, tuple[int, str]] = {}
     for r in runs:
-        for n in c.nodes[: r.params["nodes"]]:
-            cpus = math.ceil(n.cpus) if n.cpus else None
-            if cpus is not None and _slurm_tasks(r) > cpus:
-                return n, cpus, r
-    return None
-
-
-def _cpus_refusal(c: Cluster, spec: Any, runs: list[RunPlan]) -> str:
-    n, cpus, r = _over_cpus(c, runs) or (c.nodes[0], 0, runs[0])
-    server = 1 if _slurm_tasks(r) > r.params["procs_per_node"] else 0
-    fix = (f"use --procs-per-node {cpus - server} or fewer" if cpus > server
-           else "use --ps-placement dedicated")
-    return (f"--launcher slurm: Slurm starts no more tasks on a node than its CPUs, and node "
-            f"{n.name} has {cpus}; run {r.run_id} starts {_slurm_tasks(r)} there "
-            f"({r.params['procs_per_node']} rank(s){' and a colocated server' if server else ''})"
-            f"; {fix}, or --launcher ssh")
+        p = r.params
+        ppn = 1 if p.get("engine") == "horovod" else p["procs_per_node"]
+        colocated = p.get("engine") == "ps" and p.get("ps_placement") == "colocated"
+        why = f"run {r.run_id} ({ppn} rank(s){' and a colocated server' if colocated else ''})"
+        places = [(n, ppn + colocated, why) for n in c.nodes[: p["nodes"]]]
+        places += [(n, 1, f"run {r.run_id} (a parameter server)")
+                   for n in c.nodes[p["nodes"]: p["nodes"] + planner.server_nodes(p)]]
+        for n, tasks, said in places:
+            if tasks > out.get(n.name, (0, ""))[0]:
+                out[n.name] = (tasks, said)
+    return out
 
 
 def _shaped(runs: list[RunPlan]) -> list[float]:
@@ -168,9 +166,6 @@ CHECKS: tuple[Check, ...] = (
                              "on every node, and a server node runs one server, so runs with "
                              "dedicated servers take --procs-per-node 1; use it, or "
                              "--ps-placement colocated, or --launcher ssh", planned=True),
-    Check("a CPU a task, under Slurm",
-          lambda s, runs: s.launcher == "slurm", lambda c, s, runs: _over_cpus(c, runs) is None,
-          _cpus_refusal, planned=True),
     Check("SSH to the nodes, for checkpoints",
           lambda s, runs: bool(s.checkpoint_every and any(s.checkpoint_every)),
           lambda c, s, runs: "ssh" in c.launchers,
@@ -277,7 +272,7 @@ def prepare(cluster: str, spec: Any) -> Prepared:
         fix = "" if c.caps.configurable else slurmctl.ADMIN_FIX
         slurmctl.check(cluster, target.login(rec), rec["known_hosts"],
                        spec.partition or target.default_partition(rec),
-                       [n.name for n in _used(c, runs)], fix=fix)
+                       [n.name for n in _used(c, runs)], fix=fix, tasks=slurm_tasks(c, runs))
     return prepared(cluster, spec, runs)
 
 

@@ -283,6 +283,23 @@ def rank_commands(engine: str, nodes: list[Node], procs_per_node: int, script: s
                                          device)
 
 
+def ps_layout(workers: list[Node], servers: list[Node],
+              procs_per_node: int) -> list[tuple[Node, int, int]]:
+    """Where a parameter-server run's processes go, the workers' nodes first: (node, its
+    processes, how many of the last of them serve). A worker node runs its ranks and, with
+    no server nodes (colocated), one server after them; a server node runs one server.
+
+    >>> ns = [Node(f"c-n{i}", "a", "a", "worker", "local") for i in range(3)]
+    >>> [(n.name, procs, serves) for n, procs, serves in ps_layout(ns[:2], ns[2:], 1)]
+    [('c-n0', 1, 0), ('c-n1', 1, 0), ('c-n2', 1, 1)]
+    >>> [(procs, serves) for _, procs, serves in ps_layout(ns[:2], [], 2)]
+    [(3, 1), (3, 1)]
+    """
+    colocated = 0 if servers else 1
+    return ([(n, procs_per_node + colocated, colocated) for n in workers]
+            + [(n, 1, 1) for n in servers])
+
+
 def ps_commands(workers: list[Node], servers: list[Node], procs_per_node: int, script: str,
                 args: list[str], rt: Runtime, port: int, fabric: str = "tcp",
                 device: str = "cpu") -> list[RankCommand]:
@@ -304,13 +321,11 @@ def ps_commands(workers: list[Node], servers: list[Node], procs_per_node: int, s
     ...                                                          29500)]
     ['3 1', '3 1']
     """
-    everyone = [*workers, *servers]
-    head = everyone[0].private_address
+    layout = ps_layout(workers, servers, procs_per_node)
+    head = workers[0].private_address
     out = []
-    for i, n in enumerate(everyone):
-        serves = 1 if (i >= len(workers) or not servers) else 0
-        procs = 1 if i >= len(workers) else procs_per_node + serves
-        argv = [rt.python, "-m", "torch.distributed.run", "--nnodes", str(len(everyone)),
+    for i, (n, procs, serves) in enumerate(layout):
+        argv = [rt.python, "-m", "torch.distributed.run", "--nnodes", str(len(layout)),
                 "--nproc-per-node", str(procs), "--node-rank", str(i),
                 "--master-addr", head, "--master-port", str(port),
                 f"{rt.workdir}/{WORKLOADS}/{script}", *args, "--ps-servers-here", str(serves)]

@@ -283,6 +283,16 @@ class Launcher:
                                        SINGLE_STREAM_S)[0]
         return mbit, why, single
 
+    def _watched(self, cmds: list, timeout_s: float, stop: threading.Event | None,
+                 inflight: Path, inject: failures.Injector | None) -> launch.LaunchResult:
+        """launch.run, with the failure injector (if any) watching the output, disarmed after."""
+        try:
+            return launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop, inflight=inflight,
+                              watch=inject.poll if inject else None)
+        finally:
+            if inject is not None:
+                inject.finish()
+
     def run(self, run, engine: str, nodes: list[Node], script: str, args: list[str], port: int,
             timeout_s: float, stop: threading.Event | None, inflight: Path,
             servers: list[Node] | None = None, inject: failures.Injector | None = None
@@ -310,13 +320,7 @@ class Launcher:
                                               fabric=fabric, device=device, servers=servers,
                                               restart_id=run.run_id if inject else None,
                                               restarts=inject.restarts if inject else 0)
-            try:
-                return name, launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop,
-                                        inflight=inflight,
-                                        watch=inject.poll if inject else None), None
-            finally:
-                if inject is not None:
-                    inject.finish()
+            return name, self._watched(cmds, timeout_s, stop, inflight, inject), None
 
         job = slurm.job_name(secrets.token_hex(8), run.run_id)
         gpus = ppn if all(n.gpus for n in nodes) else 0
@@ -331,13 +335,9 @@ class Launcher:
                                        restarts=inject.restarts if inject else 0,
                                        servers=servers)
         try:
-            res = launch.run(cmds, self.rt, timeout_s=timeout_s, stop=stop, inflight=inflight,
-                             watch=inject.poll if inject else None)
+            res = self._watched(cmds, timeout_s, stop, inflight, inject)
         except KeyboardInterrupt:
             res = launch.LaunchResult("interrupted", None, "interrupted by the user", [], 0.0)
-        finally:
-            if inject is not None:
-                inject.finish()
         t0 = time.monotonic()
         state = slurm.job_state(self.login, self.rt.known_hosts, job)
         record = {**state.to_record(), "sacct_wait_s": round(time.monotonic() - t0, 3)}

@@ -166,18 +166,17 @@ def ps_command(workers: list[Node], servers: list[Node], login: Node, procs_per_
     >>> c.env["SCALELAB_PS_NODES"], c.argv[c.argv.index("--ntasks-per-node") + 1]
     ('c-n0:1,c-n1:1', '3')
     """
-    if servers and procs_per_node != 1:
+    layout = commands.ps_layout(workers, servers, procs_per_node)
+    if len({procs for _, procs, _ in layout}) > 1:
         raise SlurmError("a parameter-server run with server nodes has one worker a node "
                          "under Slurm")
-    everyone = [*workers, *servers]
-    tasks = procs_per_node + (0 if servers else 1)
+    everyone, tasks = [n for n, _, _ in layout], layout[0][1]
     env = commands.rank_env(everyone[0], tasks, ifaces=[n.iface for n in everyone])
     env.update(MASTER_ADDR=workers[0].private_address, MASTER_PORT=str(port),
-               SCALELAB_PS_NODES=",".join(
-                   f"{n.name}:{1 if i >= len(workers) or not servers else 0}"
-                   for i, n in enumerate(everyone)))
+               SCALELAB_PS_NODES=",".join(f"{n.name}:{serves}" for n, _, serves in layout))
     argv = ["srun", *alloc_options(name, everyone, tasks, partition, timeout_s),
-            "--kill-on-bad-exit=1", "sh", "-c", _PS_RANK_ENV, "sh", python, script_path, *args]
+            "--kill-on-bad-exit=1", "--export=ALL", "sh", "-c", _PS_RANK_ENV, "sh", python,
+            script_path, *args]
     return commands.RankCommand(login, argv, env, cancel=cancel_line(name))
 
 
@@ -225,8 +224,11 @@ def container_command(nodes: list[Node], login: Node, script: str, args: list[st
 # job step ("$@", an srun) again in the same allocation while it fails, at most R more times,
 # each attempt's number in SCALELAB_ATTEMPT (the ranks' resume reads it)
 _RESTART_LOOP = (
-    'a=0; while :; do SCALELAB_ATTEMPT=$a; export SCALELAB_ATTEMPT; "$@"; rc=$?; '
-    '[ "$rc" -eq 0 ] && exit 0; a=$((a + 1)); [ "$a" -gt __R__ ] && exit "$rc"; '
+    'trap "exit 143" TERM HUP INT; a=0; while :; do SCALELAB_ATTEMPT=$a; export SCALELAB_ATTEMPT; '
+    '"$@"; rc=$?; [ "$rc" -eq 0 ] && exit 0; a=$((a + 1)); [ "$a" -gt __R__ ] && exit "$rc"; '
+    # a job cancelled or past its time limit ends here, not in steps Slurm refuses
+    '[ "$(squeue --noheader --jobs "$SLURM_JOB_ID" --format %T 2>/dev/null)" = RUNNING ] || '
+    'exit "$rc"; '
     'echo "scalelab: the ranks\' job step ended with exit code $rc; step again ($a of __R__)" >&2; '
     'done')
 
@@ -255,8 +257,9 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
     ('salloc', False, True)
     >>> again = rank_commands("ddp", ns, ns[0], 1, "resnet.py", [], rt, 29500, "j", None, 180,
     ...                       restarts=3)[0].argv
-    >>> again[0], again[again.index("-c") + 1][:40], again[again.index("-c") + 3:][:3]
-    ('salloc', 'a=0; while :; do SCALELAB_ATTEMPT=$a; ex', ['srun', '--nodes', '2'])
+    >>> loop = again[again.index("-c") + 1]
+    >>> again[0], '[ "$a" -gt 3 ]' in loop, again[again.index("-c") + 3:][:3]
+    ('salloc', True, ['srun', '--nodes', '2'])
     """
     script_path = f"{rt.workdir}/{commands.WORKLOADS}/{script}"
     if engine == "ps":
@@ -283,7 +286,8 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
                 "srun", "--nodes", "1", "--ntasks", "1", "sh", "-c", inner]
         return [commands.RankCommand(login, argv, env, cancel=cancel)]
     env["MASTER_PORT"] = str(port)
-    ranks = ["--kill-on-bad-exit=1", "sh", "-c", _RANK_ENV, "sh", rt.python, script_path, *args]
+    ranks = ["--kill-on-bad-exit=1", "--export=ALL", "sh", "-c", _RANK_ENV, "sh", rt.python,
+             script_path, *args]
     opts = alloc_options(name, nodes, procs_per_node, partition, timeout_s, gpus_per_node)
     if not restarts:
         return [commands.RankCommand(login, ["srun", *opts, *ranks], env, cancel=cancel)]
