@@ -233,6 +233,15 @@ def test_a_slurm_sweep_gives_the_same_results_as_ssh_and_one_job_per_run(slurm_c
     assert not cl.queue()
 
 
+def _train_records(cl: Cluster, *args: str) -> list[dict]:
+    """`invoke bench --launcher slurm ARGS` on the cluster, native links, no report: its
+    training runs' records."""
+    proc = invoke("bench", "--cluster", cl.name, "--launcher", "slurm", *args, "--repeats", "1",
+                  "--no-report", "--bandwidth", "native", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [r for r in _records(_sweep_dir(proc.stdout)).values() if r["kind"] == "train"]
+
+
 def test_a_node_killed_under_a_slurm_job_comes_back_as_a_new_step_of_that_job(slurm_cluster):
     """2 nodes under --launcher slurm, a checkpoint every 5 of 20 steps, the second node's
     ranks killed (SIGKILL, by pid, over SSH) after step 12. srun ends the job step; the job's
@@ -240,12 +249,9 @@ def test_a_node_killed_under_a_slurm_job_comes_back_as_a_new_step_of_that_job(sl
     last checkpoint to the run's end: one job, its first step ended, its second completed; the
     record says what was killed and what brought it back; no checkpoint or rank is left."""
     cl = slurm_cluster
-    proc = invoke("bench", "--cluster", cl.name, "--launcher", "slurm", "--nodes", "2",
-                  "--batch-size", "32", "--model", "resnet20", "--steps", "20", "--repeats", "1",
-                  "--checkpoint-every", "5", "--inject-failure", "12@1", "--no-report",
-                  "--bandwidth", "native", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = [r for r in _records(_sweep_dir(proc.stdout)).values() if r["kind"] == "train"][0]
+    run = _train_records(cl, "--nodes", "2", "--batch-size", "32", "--model", "resnet20",
+                         "--steps", "20", "--checkpoint-every", "5", "--inject-failure",
+                         "12@1")[0]
     assert run["status"] == "ok", run["error"]
     failure, back = run["failure"], run["failure"]["recovery"]
     assert failure["node"] == cl.nodes[1].name and failure["error"] == ""
@@ -277,16 +283,13 @@ def test_parameter_servers_under_slurm_a_job_per_run_with_servers_where_asked(sl
     """--engine ps --launcher slurm at 1-2 nodes with one dedicated server, on the node after
     the run's: each run is one job on the run's nodes and its server's, and the server sums
     every worker's gradients. (A colocated server is a second task on a worker node, which
-    Slurm does not start on these nodes of one CPU: test_bad_inputs holds that refusal, and
-    test_slurm_lines which task of a node serves.)"""
+    Slurm does not start on these nodes of one CPU: the bad-input test above holds that
+    refusal, and test_slurm_lines which task of a node serves.)"""
     cl = slurm_cluster
-    proc = invoke("bench", "--cluster", cl.name, "--launcher", "slurm", "--engine", "ps",
-                  "--nodes", "1-2", "--batch-size", "8", "--model", "resnet20", "--steps", "4",
-                  "--repeats", "1", "--ps-placement", "dedicated", "--no-report",
-                  "--bandwidth", "native", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = {(r["params"]["nodes"], r["params"]["ps_placement"]): r
-               for r in _records(_sweep_dir(proc.stdout)).values() if r["kind"] == "train"}
+               for r in _train_records(cl, "--engine", "ps", "--nodes", "1-2", "--batch-size",
+                                       "8", "--model", "resnet20", "--steps", "4",
+                                       "--ps-placement", "dedicated")}
     assert len(records) == 2 and all(r["status"] == "ok" for r in records.values()), records
     names = [n.name for n in cl.nodes]
     jobs = cl.jobs()
