@@ -290,9 +290,10 @@ def resume(a: Any, me: Any, t: Any, eng: Any) -> dict[str, Any] | None:
     """Every rank of a run torchrun's agents may restart calls this at start, so that all
     agree: whether this attempt is a restart (any rank's TORCHELASTIC_RESTART_COUNT above 0:
     an agent that restarts its ranks because another node's failed counts no failure of its
-    own; under Slurm, the job step's SCALELAB_ATTEMPT) and, if it is, the last checkpoint every rank can read, loaded into each rank's
-    state (weights, buffers, momentum). None on a first attempt; else its record: restart,
-    from_step (0: none to load, the run starts again), load_s."""
+    own; under Slurm, the job step's SCALELAB_ATTEMPT) and, if it is, the last checkpoint
+    every rank can read, loaded into each rank's state (weights, buffers, momentum). None on a
+    first attempt; else its record: restart, from_step (0: none to load, the run starts
+    again), load_s."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp

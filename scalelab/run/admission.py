@@ -168,13 +168,13 @@ CHECKS: tuple[Check, ...] = (
                              "--ps-placement colocated, or --launcher ssh", planned=True),
     Check("SSH to the nodes, for checkpoints",
           lambda s, runs: bool(s.checkpoint_every and any(s.checkpoint_every)),
-          lambda c, s, runs: "ssh" in c.launchers,
+          lambda c, s, runs: c.caps.ssh_nodes,
           lambda c, s, runs: f"--checkpoint-every: a run's checkpoints are removed over SSH to "
                              f"its nodes, and cluster {c.name} is reached only through its "
                              "Slurm login host; provision it as a static cluster whose hosts "
                              "scalelab reaches over SSH, or leave out --checkpoint-every"),
     Check("SSH to the nodes, to kill a node's ranks",
-          lambda s, runs: _injects(s), lambda c, s, runs: "ssh" in c.launchers,
+          lambda s, runs: _injects(s), lambda c, s, runs: c.caps.ssh_nodes,
           lambda c, s, runs: f"--inject-failure: scalelab kills a node's ranks over SSH to the "
                              f"node, and cluster {c.name} is reached only through its Slurm "
                              "login host; provision it as a static cluster whose hosts scalelab "
