@@ -369,12 +369,6 @@ CASES = [
                                                  "--inject-failure", "5"],
      f"--inject-failure: scalelab kills a node's ranks over SSH to the node, and cluster "
      f"{FAKE} is reached only through its Slurm login host"),
-    ("bench-failure-slurm-horovod", "local", ["bench", "--engine", "horovod", "--nodes", "2",
-                                              "--batch-size", "16", "--launcher", "slurm",
-                                              "--inject-failure", "5"],
-     "--inject-failure --launcher slurm: the ranks come back as a new step of the run's Slurm "
-     "job, which scalelab does for --engine ddp; Horovod's elastic driver is not started under "
-     "Slurm yet"),
     ("bench-failure-container", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                           "--runtime", "container", "--inject-failure", "5"],
      "--inject-failure: scalelab kills a node's ranks by their pids on the host, and ranks in "

@@ -791,10 +791,11 @@ def test_horovod_comes_back_through_its_elastic_driver_with_the_state_it_committ
 
 def test_a_node_killed_every_few_seconds_comes_back_each_time_and_the_report_checks_the_model(
         lab, tmp_path):
-    """The same cluster: a 2-node run with a node's ranks killed every 8 s of training (a node
-    at random each time). It comes back from every kill and finishes; the record lists each
-    kill and the wall time its training took, and the report's Failures table puts the goodput
-    it measured beside the model's at that rate."""
+    """The same cluster: a 2-node run with a node's ranks killed after 8 s of training on
+    average, again and again (a node at random each time). It comes back from every kill and
+    finishes; the record lists each kill and the wall time its training took, and the
+    report's Failures table puts the goodput it measured beside the model's at the rate the
+    run saw."""
     lc, _, _, _ = lab
     run, sweep_dir = _failing_run(lc.name, tmp_path, 120, 10, "8s")
     failure = run["failure"]
@@ -803,10 +804,10 @@ def test_a_node_killed_every_few_seconds_comes_back_each_time_and_the_report_che
     names = {n.name for n in lc.nodes()[:2]}
     assert all(k["node"] in names and len(k["killed_pids"]) == 1 and k["resumed_s"] > 0
                for k in kills)
-    # each kill at or after its time, drawn in its period (the next waits for the ranks to be
-    # back); the kills in order
-    assert all((i + 0.5) * 8 <= k["due_s"] < (i + 1.5) * 8 and k["fired_s"] >= k["due_s"]
-               for i, k in enumerate(kills)), kills
+    # each kill at or after its gap of training (drawn at random, the clock running from when
+    # the ranks trained again), within a poll of it; the kills in order
+    assert all(k["gap_s"] <= k["fired_s"] < k["gap_s"] + 2 for k in kills), kills
+    assert 0 < failure["up_s"] < failure["trained_s"]
     times = [k["killed_at"] for k in kills]
     assert times == sorted(times)
     # the headline is the last kill, the one the last attempt came back from
@@ -819,7 +820,7 @@ def test_a_node_killed_every_few_seconds_comes_back_each_time_and_the_report_che
     assert failure["trained_s"] > 120 * step + sum(k["resumed_s"] for k in kills) * 0.5
     html = (sweep_dir / "index.html").read_text()
     section = html[html.index('id="failures"'):]
-    assert "model at its rate" in section and "measured" in section
+    assert "model at the rate it saw" in section and "measured" in section
 
 
 def _launched_on(node: str, agent: bool) -> list[int]:

@@ -110,41 +110,54 @@ def test_each_nodes_disk_keeps_the_last_two_checkpoints_while_training(tmp_path)
 
 
 def test_a_kill_every_period_waits_for_the_ranks_to_train_again():
-    """--inject-failure Ns: the k-th kill is due at a time drawn in the k-th period after the
-    first timed step, on ranks of the attempt that is running; one due while the ranks
-    restart waits for their first step; none is due once the node's ranks have finished the
-    run's last step."""
+    """--inject-failure Ns: the gap until each kill is drawn at random, N on average, in
+    training time: from the first timed step, then from when the ranks of the next attempt
+    trained again; one due while the ranks restart waits for their first step; none is due
+    once the node's ranks have finished the run's last step; the record says how long the
+    kills' clock ran."""
     from scalelab.run.failures import Injector
 
     nodes = [Node(f"c-n{i}", f"10.0.0.1{i}", f"10.0.0.1{i}", "worker", "local")
              for i in range(2)]
     inj = Injector("8s", nodes, "r", None, 8.0, 2, 102, 1, "")
-    dues = [inj.due_s(k) for k in range(20)]
-    assert all((k + 0.5) * 8 <= d < (k + 1.5) * 8 for k, d in enumerate(dues))
-    assert len({round(d % 8, 3) for d in dues}) == 20  # not one point of the period
-    assert dues == [Injector("8s", nodes, "r", None, 8.0, 2, 102, 1, "").due_s(k)
+    gaps = [inj.gap_s(k) for k in range(20)]
+    assert len(set(gaps)) == 20 and min(gaps) < 8 < max(gaps)  # random, not a period
+    assert gaps == [Injector("8s", nodes, "r", None, 8.0, 2, 102, 1, "").gap_s(k)
                     for k in range(20)]  # the same on --resume
     t = time.time()
 
     def line(pid: int, step: int, stamp: float) -> str:
         return f"SCALELAB_STEP 0 0 {step} {pid} {stamp:.6f}"
 
-    inj._read(0, [line(100, 2, t - dues[0] + 0.5)], t)  # the warm-up's end
-    assert inj.first_at == pytest.approx(t - dues[0] + 0.5) and not inj._due(0, t)
-    inj.first_at = t - dues[0] - 0.5  # the first kill is due
-    assert inj._due(0, t) and not inj._due(1, t)  # node 1's ranks printed nothing
+    # the warm-up's end: the node's stamp, and when its line was read (the kills' clock)
+    inj._read(0, [line(100, 2, t - gaps[0] - 0.7)], t - gaps[0] + 0.5)
+    assert inj.first_at == pytest.approx(t - gaps[0] - 0.7)
+    assert inj.since() == t - gaps[0] + 0.5 and not inj._due(0, t)
+    assert inj._due(0, t + 1.0)  # the first kill is due
+    assert not inj._due(1, t + 1.0)  # node 1's ranks printed nothing
+    t += 1.0
     assert inj._fire(0, t) == [100]
+    inj.kills[0].killed_at = t
     inj._read(0, [line(100, 60, t)], t)  # the killed rank finished one more step first
     assert inj.kills[0].step == 60
-    inj.first_at = t - dues[1] - 0.5  # the second kill is due, but no rank trains again yet
-    assert not inj._due(0, t) and not inj._due(1, t)
-    inj._read(1, [line(200, 51, t + 0.5)], t + 0.5)  # the restarted attempt's first step
-    assert inj._due(1, t) and inj.kills[0].resumed_at == t + 0.5
-    inj.first_at = t - dues[1] + 0.5  # and not before its time
-    assert not inj._due(1, t)
-    inj.first_at = t - dues[1] - 0.5
-    inj._read(1, [line(200, 102, t + 1.0)], t + 1.0)  # the run's last step: nothing to kill
-    assert not inj._due(1, t) and inj.end_at == pytest.approx(t + 1.0)
+    # the second kill's gap has passed since the first timed step, but its clock starts only
+    # when the ranks train again: nothing is due while they restart
+    assert inj.since() is None
+    assert not inj._due(0, t + gaps[1] + 1) and not inj._due(1, t + gaps[1] + 1)
+    inj._read(1, [line(200, 51, t + 5.0)], t + 5.0)  # the restarted attempt's first step
+    assert inj.kills[0].resumed_at == t + 5.0 and inj.since() == t + 5.0
+    assert not inj._due(1, t + 5.0 + gaps[1] - 0.5)  # not before its gap
+    assert inj._due(1, t + 5.0 + gaps[1] + 0.5)
+    inj._read(1, [line(200, 102, t + 30.0)], t + 30.0)  # the run's last step: nothing to kill
+    assert not inj._due(1, t + 5.0 + gaps[1] + 0.5) and inj.end_at == pytest.approx(t + 30.0)
+    # the clock ran from the first timed step to the kill, and from the ranks' return to the
+    # end: the training less the 5 s the restart took
+    inj.kills[0].killed_at = t
+    rec = inj.record(None)
+    assert rec["trained_s"] == pytest.approx(t + 30.0 - (t - 1.0 - gaps[0] - 0.7), abs=1e-3)
+    assert rec["up_s"] == pytest.approx(rec["trained_s"] - 5.0, abs=1e-3)
+    assert rec["kills"][0]["gap_s"] == pytest.approx(gaps[0], abs=1e-3)
+    assert rec["kills"][0]["fired_s"] == pytest.approx(gaps[0] + 0.5, abs=1e-3)
 
 
 def test_the_step_lines_give_the_step_the_save_and_the_restart_over_every_attempt():

@@ -189,3 +189,28 @@ def test_node_side_code_the_controller_runs_is_declared_and_plain():
     loaders = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scalelab").rglob("*.py")
                      if "spec_from_file_location" in p.read_text())
     assert loaders == ["scalelab/core/nodeside.py"]
+
+
+def test_invoke_starts_and_refuses_without_pandas_numpy_or_torch():
+    """`invoke bench --help` and a refused sweep load none of the heavy libraries: pandas and
+    numpy come in where a frame or a plan's estimate is made, torch only on the nodes. A
+    module-level import of one of them on the way makes every start and every refusal
+    slower (bench/perf/cli_start.py prints the time)."""
+    import subprocess
+    import sys
+
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['invoke', *sys.argv[1:]]\n"
+             "try:\n"
+             "    runpy.run_module('invoke', run_name='__main__')\n"
+             "except SystemExit:\n"
+             "    pass\n"
+             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'numpy', 'torch'})\n"
+             "print('HEAVY', ','.join(heavy))\n")
+    for args in (["bench", "--help"], ["bench", "--cluster", "nosuch", "--nodes", "0"]):
+        proc = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, text=True,
+                              capture_output=True, timeout=60)
+        said = [ln for ln in proc.stdout.splitlines() if ln.startswith("HEAVY")]
+        assert said == ["HEAVY "], (args, said, proc.stderr[-1000:])
+        if args[1] != "--help":
+            assert proc.stderr.strip().startswith("error: "), proc.stderr

@@ -348,6 +348,20 @@ def test_static_cluster_of_a_login_user_with_sudo_behind_a_bastion(local_cluster
                       "--model", "resnet20", "--engine", "horovod", "--steps", "3",
                       "--repeats", "1", "--no-report", timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        # the parameter-server engine on the same hosts: a server beside each worker, over
+        # torchrun in the hosts' own venv; each sums its shard of both workers' gradients
+        proc = invoke("bench", "--cluster", lab, "--nodes", "2", "--batch-size", "8",
+                      "--model", "resnet20", "--engine", "ps", "--ps-placement", "colocated",
+                      "--steps", "3", "--repeats", "1", "--no-report", timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ps_dir = reports / os.readlink(reports / "latest")
+        ps_run = [r for r in map(json.loads, (ps_dir / "runs.jsonl").read_text().splitlines())
+                  if r["kind"] == "train"][0]
+        assert ps_run["status"] == "ok" and ps_run["env"]["target"] == "static", ps_run["error"]
+        assert ps_run["env"]["launcher"] == "torchrun"
+        servers = ps_run["ps"]["servers"]
+        assert sorted(s["host"] for s in servers) == sorted(names) and ps_run["ps"]["colocated"]
+        assert sum(s["bytes_in_per_step"] for s in servers) == 2 * ps_run["gradient_bytes"]
 
         proc = invoke("report", "--sweep", sweep_dir.name)
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -242,41 +242,73 @@ def _train_records(cl: Cluster, *args: str) -> list[dict]:
     return [r for r in _records(_sweep_dir(proc.stdout)).values() if r["kind"] == "train"]
 
 
-def test_a_node_killed_under_a_slurm_job_comes_back_as_a_new_step_of_that_job(slurm_cluster):
-    """2 nodes under --launcher slurm, a checkpoint every 5 of 20 steps, the second node's
-    ranks killed (SIGKILL, by pid, over SSH) after step 12. srun ends the job step; the job's
-    allocation starts the ranks again as a new step on the same nodes, and they go on from the
-    last checkpoint to the run's end: one job, its first step ended, its second completed; the
-    record says what was killed and what brought it back; no checkpoint or rank is left."""
-    cl = slurm_cluster
-    run = _train_records(cl, "--nodes", "2", "--batch-size", "32", "--model", "resnet20",
-                         "--steps", "20", "--checkpoint-every", "5", "--inject-failure",
-                         "12@1")[0]
+def _killed_and_back(cl: Cluster, node: int, restarted_by: str, *engine: str) -> dict:
+    """A 2-node run under --launcher slurm, a checkpoint every 5 of 20 steps, the ranks of
+    the run's node `node` killed (SIGKILL, by pid, over SSH) after step 12: it is ok, back
+    once from the last checkpoint with the last attempt's steps, restarted_by says how, its
+    job completed, and no checkpoint, rank or armed kill is left on the nodes. Its record."""
+    run = _train_records(cl, *engine, "--nodes", "2", "--batch-size", "32", "--model",
+                         "resnet20", "--steps", "20", "--checkpoint-every", "5",
+                         "--inject-failure", f"12@{node}")[0]
     assert run["status"] == "ok", run["error"]
     failure, back = run["failure"], run["failure"]["recovery"]
-    assert failure["node"] == cl.nodes[1].name and failure["error"] == ""
-    assert failure["restarted_by"] == "a new job step in the run's Slurm allocation"
+    assert failure["node"] == cl.nodes[node].name and failure["error"] == ""
+    assert failure["restarted_by"] == restarted_by
     assert len(failure["killed_pids"]) == 1
     killed = failure["killed_step"]
     assert killed >= 12 and back["restart"] == 1
     assert back["from_step"] in {5 * (killed // 5), 5 * ((killed - 1) // 5)}
     assert back["recomputed_steps"] == killed - back["from_step"]
-    assert 0 < back["back_s"] <= back["joined_s"] <= back["ready_s"] < 120
     assert {len(r["step_times_s"]) for r in run["ranks"]} == {20 - back["from_step"]}
+    assert run["slurm"]["state"] == "COMPLETED" and run["env"]["launcher"] == "slurm"
+    assert not cl.queue()
+    left = (f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l; grep -lE "
+            "'resnet[.]py|horovodru[n]|read -r pid[s]' /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
+    assert [ssh.run(n, cl.rec["known_hosts"], left, timeout=30).stdout.split()
+            for n in cl.nodes[:2]] == [["0", "0"]] * 2
+    return run
+
+
+def _step_states(cl: Cluster, job: str) -> list[str]:
+    """sacct's state of each numbered step of the job, in order (its batch and extern steps
+    left out)."""
+    steps = [ln.split("|") for ln in cl.on_head(
+        f"sacct --noheader --parsable2 --jobs {job} --format JobID,State").splitlines()]
+    return [st for jid, st in steps if re.fullmatch(rf"{job}\.\d+", jid)]
+
+
+def test_a_node_killed_under_a_slurm_job_comes_back_as_a_new_step_of_that_job(slurm_cluster):
+    """2 nodes under --launcher slurm, the second node's ranks killed after step 12. srun
+    ends the job step; the job's allocation starts the ranks again as a new step on the same
+    nodes, and they go on from the last checkpoint to the run's end: one job, its first step
+    ended, its second completed; the record says what was killed and what brought it back;
+    no checkpoint or rank is left."""
+    cl = slurm_cluster
+    run = _killed_and_back(cl, 1, "a new job step in the run's Slurm allocation")
+    back = run["failure"]["recovery"]
+    assert 0 < back["back_s"] <= back["joined_s"] <= back["ready_s"] < 120
     assert [s["step"] - run["params"]["warmup"] for s in run["checkpoint"]["saved"]] == \
         list(range(back["from_step"] + 5, 21, 5))
     # one job: its ranks' first step failed (the kill), the second completed
-    job = run["slurm"]["job_id"]
-    assert run["slurm"]["state"] == "COMPLETED" and run["env"]["launcher"] == "slurm"
-    steps = [ln.split("|") for ln in cl.on_head(
-        f"sacct --noheader --parsable2 --jobs {job} --format JobID,State").splitlines()]
-    ranks = [st for jid, st in steps if re.fullmatch(rf"{job}\.\d+", jid)]
-    assert ranks == ["CANCELLED", "COMPLETED"], steps  # srun ended the step the kill hit
-    assert not cl.queue()
-    left = (f"ls -A {ROOT}/checkpoints 2>/dev/null | wc -l; "
-            "grep -lE 'resnet[.]py|read -r pid[s]' /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
-    assert [ssh.run(n, cl.rec["known_hosts"], left, timeout=30).stdout.split()
-            for n in cl.nodes[:2]] == [["0", "0"]] * 2
+    assert _step_states(cl, run["slurm"]["job_id"]) == ["CANCELLED", "COMPLETED"]
+
+
+def test_horovod_killed_under_a_slurm_job_comes_back_through_its_elastic_driver_in_the_job(
+        slurm_cluster):
+    """--engine horovod --launcher slurm at 2 nodes, the first node's rank (where horovodrun
+    runs, in the job's one step) killed after step 12. horovodrun's elastic driver, inside
+    the allocation, starts it again on the same node with the state the other rank
+    committed; the job is one allocation with one completed step: no new job, no requeue.
+    Nothing is left on the nodes."""
+    cl = slurm_cluster
+    run = _killed_and_back(cl, 0, "horovodrun's elastic driver, in the run's Slurm allocation",
+                           "--engine", "horovod")
+    back = run["failure"]["recovery"]
+    # the rank that lived noticed within its next step; the other came back after it
+    assert 0 <= back["back_s"] < back["joined_s"] <= back["ready_s"] < 120
+    # the last attempt at the run's full size, on the run's two nodes
+    assert sorted(r["host"] for r in run["ranks"]) == [n.name for n in cl.nodes[:2]]
+    assert _step_states(cl, run["slurm"]["job_id"]) == ["COMPLETED"]
 
 
 def test_parameter_servers_under_slurm_a_job_per_run_with_servers_where_asked(slurm_cluster):

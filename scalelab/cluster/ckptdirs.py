@@ -21,12 +21,12 @@ from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node, nodes_of
 from scalelab.core.errors import ClusterError
 from scalelab.core.state import save_cluster
+from scalelab.core.validate import PLACE_PATH
 
 log = logging.getLogger(__name__)
 
 KEY = "checkpoint_dirs"
 SHARED = "scalelab-checkpoints"  # a shared place's root (run.checkpoints.SHARED_ROOT)
-_PATH = re.compile(r"/[A-Za-z0-9._/+=~-]*")
 SEGMENT = re.compile(r"[A-Za-z0-9._-]+")  # a cluster, sweep or run id: one path segment
 
 
@@ -74,11 +74,11 @@ def problem(entry: Any, names: set[str], cluster: str, workdir: str | None) -> s
         return f"not an entry of {KEY}"
     where, root = entry["dir"], entry["root"]
     on_disks = workdir is not None and root == f"{workdir}/checkpoints"
-    if not _PATH.fullmatch(root) or ".." in root.split("/") or not (
+    if not PLACE_PATH.fullmatch(root) or ".." in root.split("/") or not (
             on_disks or root.endswith(f"/{SHARED}")):
         return f"{root!r} is no checkpoint root of scalelab's"
     rest = where[len(root) + 1:].split("/") if where.startswith(root + "/") else []
-    if not _PATH.fullmatch(where) or len(rest) != (2 if on_disks else 3) or \
+    if not PLACE_PATH.fullmatch(where) or len(rest) != (2 if on_disks else 3) or \
             not all(SEGMENT.fullmatch(p) and p not in (".", "..") for p in rest) or \
             (not on_disks and rest[0] != cluster):
         return f"{where!r} is not a run's directory under {root}"

@@ -29,6 +29,9 @@ _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _IFACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,14}")
 # a path on the controller handed to ssh -i and to Ansible: absolute, printable, no quotes
 _PATH = re.compile(r"/[A-Za-z0-9._+,=@/~ -]{0,4095}")
+# a path a checkpoint place may be, and its runs' directories under it: nothing a shell line
+# on a node would read as more than one word or an option
+PLACE_PATH = re.compile(r"/[A-Za-z0-9._/+=~-]*")
 
 
 def _why(value: str, first: str = "", rest: str = "._-") -> str:

@@ -18,11 +18,10 @@ min(1, supply / demand) at the point over the same ratio at the series' baseline
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from scalelab.model.analysis import SERIES_KEYS
+if TYPE_CHECKING:  # pandas only where a frame is made: `invoke bench` starts without it
+    import pandas as pd
 
 INPUT_COLUMNS = ("input_storage_ips", "input_decode_ips", "input_ips", "input_limit",
                  "input_demand_ips", "model_input_bound")
@@ -82,6 +81,10 @@ def _point(row: Any) -> dict[str, Any]:
 def add_input_ceiling(modelled: pd.DataFrame) -> pd.DataFrame:
     """INPUT_COLUMNS added to bucket_model.add_prediction's frame, and model_step_s and
     model_eff lowered to the input's where it binds (model_input_s: the step the input allows)."""
+    import pandas as pd
+
+    from scalelab.model.analysis import SERIES_KEYS
+
     out = modelled.copy()
     if out.empty:
         for col in (*INPUT_COLUMNS, "model_input_s"):
@@ -138,6 +141,8 @@ def sizing(bytes_per_image: float, decode_per_core: float, storage_mb_s: float,
     >>> round(row["mb_s_per_gpu"]), float(round(row["cores_per_gpu"], 2)), int(row["gpus_fed"])
     (112, 3.33, 2)
     """
+    import pandas as pd
+
     rows = []
     for label, ips, size, share in [*[(x, r, bytes_per_image, 1.0) for x, r in rates],
                                     MLPERF_H100]:

@@ -38,6 +38,26 @@ def measured(r: pd.Series) -> float:
     return steps * own_step(r) / wall if wall > 0 and steps > 0 else math.nan
 
 
+def seen_mtbf_s(r: pd.Series) -> float:
+    """The failure rate a run killed at a rate (--inject-failure Ns) saw, as an MTBF: the
+    seconds its kills' clock ran over its kills, as N is a mean of that clock; the asked N for
+    a record from before the clock was recorded, NaN for a run without a rate. The kills are
+    random (a Poisson process), and a run of a few of them sees a rate well off the asked
+    one: the model is checked at the rate the run saw.
+
+    >>> seen_mtbf_s(pd.Series({"failure_every_s": 20.0, "trained_up_s": 240.0,
+    ...                        "failures_injected": 10}))
+    24.0
+    >>> seen_mtbf_s(pd.Series({"failure_every_s": 20.0, "failures_injected": 10}))
+    20.0
+    """
+    every_s = float(r.get("failure_every_s", math.nan))
+    if not every_s > 0:
+        return math.nan
+    up, kills = float(r.get("trained_up_s", math.nan)), float(r.get("failures_injected", 0))
+    return up / kills if up > 0 and kills > 0 else every_s
+
+
 def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
     """One row per ok run with an injected failure and its checkpoints: C (the checkpoints'
     blocking time), R (kill to every rank ready), the interval tau (the run's every x its mean
@@ -68,10 +88,8 @@ def frame(runs: pd.DataFrame, node_mtbf_h: float) -> pd.DataFrame:
         tau, daly = every * step, goodput.daly_s(c, m)
         eff = float(r.get("scaling_efficiency", float("nan")))
         at = goodput.goodput(tau, c, rr, m)
-        every_s = float(r.get("failure_every_s", math.nan))  # its own rate, to check against
         own = goodput.goodput(every * own_step(r), _own(r, "trained_save_s", c),
-                              _own(r, "trained_restart_s", rr), every_s) \
-            if every_s > 0 else math.nan
+                              _own(r, "trained_restart_s", rr), seen_mtbf_s(r))
         out.append({
             **row, "tau": tau, "goodput": at, "young_steps": goodput.young_s(c, m) / step,
             "daly_steps": daly / step, "goodput_daly": goodput.goodput(daly, c, rr, m),
@@ -93,15 +111,16 @@ def section(a: Analysis) -> str:
              '<p class="note">Each run that had one node&#39;s ranks killed mid-run '
              "(--inject-failure, docs/checkpoints.md) and came back from its last checkpoint: "
              "C, the seconds a checkpoint blocked training; R, the seconds from the kill until "
-             "every rank was ready to train again; the steps done twice. From them, Daly&#39;s "
-             "model gives the share of wall time left to training (goodput) at the run&#39;s "
+             "every rank was ready to train again; the steps done twice. From them, the "
+             "model (docs/checkpoints.md) gives the share of wall time left to training (goodput) at the run&#39;s "
              f"interval and at the best one, for nodes that each fail once every "
              f"{esc(f'{node_mtbf_h:,.0f}')} hours ({rate}), and names the term that loses "
              "the most. Efficiency after failures is "
              "the scaling efficiency between them times goodput. Seconds are the host&#39;s "
              "own; a dilated run&#39;s steps are its emulated device&#39;s time, so it gets no "
-             "model. A run killed every N seconds (--inject-failure Ns) also has the model at "
-             "that rate beside the goodput it measured: its timed steps at its mean step time "
+             "model. A run killed every N seconds of training on average (--inject-failure "
+             "Ns, at random) also has the model at the rate it saw (its training time over its "
+             "kills) beside the goodput it measured: its timed steps at its mean step time "
              "over the wall time its training took. Its model takes the step, C and R over "
              "all its attempts, R from each kill until the next step was done, less a "
              "step.</p>"]
@@ -113,7 +132,7 @@ def section(a: Analysis) -> str:
             ("goodput_daly", "goodput at Daly", "pct"), ("eff", "efficiency", "pct"),
             ("eff_after", "after failures", "pct"), ("dominant", "loses most", "wrap")]
     if f["goodput_measured"].notna().any():
-        cols += [("kills", "kills", "int"), ("goodput_own", "model at its rate", "pct"),
+        cols += [("kills", "kills", "int"), ("goodput_own", "model at the rate it saw", "pct"),
                  ("goodput_measured", "measured", "pct")]
     parts.append(table(f.sort_values(["nodes", "world_size"]), cols, "failures"))
     return "\n".join(parts)

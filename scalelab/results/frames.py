@@ -93,10 +93,10 @@ FAILURE_COLUMNS = {"failed_node": "node", "failed_after_step": "killed_step",
                    "failures_injected": "kills", "failure_every_s": "every_s",
                    "trained_s": "trained_s", "trained_steps": "trained_steps",
                    "trained_step_s": "step_s", "trained_save_s": "save_s",
-                   "trained_restart_s": "restart_s"}
+                   "trained_restart_s": "restart_s", "trained_up_s": "up_s"}
 # FAILURE_COLUMNS read from the failure itself (the others from its recovery)
 _FAILURE_OWN = ("killed_step", "every_s", "trained_s", "trained_steps", "step_s", "save_s",
-                "restart_s")
+                "restart_s", "up_s")
 CSV_COLUMNS += list(FAILURE_COLUMNS)
 # Kept in the frame (the report and analysis use them), not written to results.csv.
 EXTRA_COLUMNS = ["data", "bandwidth", "steps", "image_size", "gradient_bytes",

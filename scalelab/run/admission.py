@@ -179,13 +179,6 @@ CHECKS: tuple[Check, ...] = (
                              f"node, and cluster {c.name} is reached only through its Slurm "
                              "login host; provision it as a static cluster whose hosts scalelab "
                              "reaches over SSH, or leave --inject-failure out"),
-    Check("DDP, for a restart in the Slurm job",
-          lambda s, runs: _injects(s) and s.launcher == "slurm",
-          lambda c, s, runs: s.engine == "ddp",
-          lambda c, s, runs: f"--inject-failure --launcher slurm: the ranks come back as a new "
-                             f"step of the run's Slurm job, which scalelab does for --engine "
-                             f"ddp; Horovod's elastic driver is not started under Slurm yet; use "
-                             f"--engine ddp, or --launcher ssh for {s.engine}"),
     Check("ranks on the hosts, to kill and restart",
           lambda s, runs: _injects(s), lambda c, s, runs: s.runtime != "container",
           lambda c, s, runs: "--inject-failure: scalelab kills a node's ranks by their pids "

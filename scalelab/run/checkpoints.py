@@ -27,7 +27,8 @@ from typing import Any
 
 from scalelab.cluster import ckptdirs, ssh
 from scalelab.cluster.nodes import Node
-from scalelab.sweep.values import NODE_DISKS, PATH_CHARS, served_by
+from scalelab.core.validate import PLACE_PATH
+from scalelab.sweep.values import NODE_DISKS, served_by
 
 SHARED_ROOT = ckptdirs.SHARED
 
@@ -69,7 +70,7 @@ def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_
             raise ValueError(f"a checkpoint directory of unexpected characters: {part!r}")
     root = root_of(params, workdir, store)
     where = f"{root}/{cluster}/{sweep}/{run_id}" if shared(params) else f"{root}/{sweep}/{run_id}"
-    if not PATH_CHARS.fullmatch(where) or ".." in where.split("/"):
+    if not PLACE_PATH.fullmatch(where) or ".." in where.split("/"):
         raise ValueError(f"a checkpoint directory of unexpected characters: {where!r}")
     return f"nfs://{store.address}{where}" if served_by(params.get("checkpoint_to")) else where
 
@@ -111,7 +112,7 @@ def place_problem(nodes: list[Node], known_hosts: str, place: str) -> tuple[str,
     what the first node wrote (place is then no directory the nodes share); None if all can.
     The first node makes a directory of its own name there, every other node writes in it, and
     the first removes it again, also on a failure."""
-    if not PATH_CHARS.fullmatch(place) or ".." in place.split("/") or not nodes:
+    if not PLACE_PATH.fullmatch(place) or ".." in place.split("/") or not nodes:
         return (nodes[0].name if nodes else ""), f"{place!r} is not a plain absolute path"
     probe = shlex.quote(f"{place}/.scalelab-write-{secrets.token_hex(6)}")
     first, rest = nodes[0], nodes[1:]

@@ -333,6 +333,25 @@ def ps_commands(workers: list[Node], servers: list[Node], procs_per_node: int, s
     return out
 
 
+def horovod_elastic_options(nodes: int, procs_per_node: int, restarts: int) -> list[str]:
+    """horovodrun's options for a run that comes back from at most `restarts` failures
+    through its elastic driver (none where restarts is 0): it goes on without the failed node
+    (--min-np, a node fewer) and takes it back once its blacklisting cools down, after 2 s.
+    Each failure is two of the driver's resets, or more where the ranks must ask again for
+    the node (hvdelastic.NOTICE_S): 4 a failure.
+
+    >>> " ".join(horovod_elastic_options(2, 1, 3))
+    '--min-np 1 --max-np 2 --blacklist-cooldown-range 1 2 --reset-limit 12 --elastic-timeout 120'
+    >>> horovod_elastic_options(2, 1, 0)
+    []
+    """
+    if not restarts:
+        return []
+    return ["--min-np", str((nodes - 1) * procs_per_node), "--max-np",
+            str(nodes * procs_per_node), "--blacklist-cooldown-range", "1", "2",
+            "--reset-limit", str(4 * restarts), "--elastic-timeout", "120"]
+
+
 def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, args: list[str],
                         rt: Runtime, port: int, fabric: str = "tcp",
                         device: str = "cpu", restarts: int = 0) -> list[RankCommand]:
@@ -340,10 +359,8 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     the `ssh` of scalelab.cluster.ssh.with_pinned_ssh first on its PATH: horovodrun's own
     options turn host-key checking off, that `ssh` checks the keys the nodes have pinned.
     restarts: the run comes back from a failure through Horovod's elastic driver, at most
-    that many times: the driver goes on without the failed node (--min-np, a node fewer) and
-    takes it back once its blacklisting cools down, after 2 s; the ranks train at the full
-    size only (bench/workloads/hvdelastic.py). Each failure is two of the driver's resets, or
-    more where the ranks must ask again for the node (hvdelastic.NOTICE_S): 4 a failure.
+    that many times (horovod_elastic_options); the ranks train at the full size only
+    (bench/workloads/hvdelastic.py).
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
@@ -356,12 +373,8 @@ def horovodrun_commands(nodes: list[Node], procs_per_node: int, script: str, arg
     """
     hosts = ",".join(f"{n.private_address}:{procs_per_node}" for n in nodes)
     bindir = rt.python.rsplit("/", 1)[0]
-    np = str(len(nodes) * procs_per_node)
-    argv = [f"{bindir}/horovodrun", "--gloo", "-np", np, "-H", hosts]
-    if restarts:
-        fewer = str((len(nodes) - 1) * procs_per_node)
-        argv += ["--min-np", fewer, "--max-np", np, "--blacklist-cooldown-range", "1", "2",
-                 "--reset-limit", str(4 * restarts), "--elastic-timeout", "120"]
+    argv = [f"{bindir}/horovodrun", "--gloo", "-np", str(len(nodes) * procs_per_node),
+            "-H", hosts, *horovod_elastic_options(len(nodes), procs_per_node, restarts)]
     ifaces = list(dict.fromkeys(n.iface for n in nodes if n.iface))
     if ifaces and len(nodes) > 1:
         # one node: horovodrun runs everything over loopback and refuses a named interface;

@@ -10,14 +10,16 @@ agent on that node sees its ranks fail and restarts them; the c10d rendezvous ma
 other node's agent restart its ranks too (scalelab.run.commands.elastic_commands), and the
 restarted ranks load the last checkpoint every rank can read and train on to the run's last
 step (bench/workloads/ckpt.py resume). Under Horovod the elastic driver brings the node back
-(bench/workloads/hvdelastic.py); under --launcher slurm the job step ends when a task dies, and
-the job's allocation starts the ranks again as a new step (scalelab.run.slurm); either way the
-ranks' lines come through one command, each naming its host.
+(bench/workloads/hvdelastic.py), also in a Slurm allocation; under --launcher slurm a DDP job
+step ends when a task dies, and the job's allocation starts the ranks again as a new step
+(scalelab.run.slurm); either way the ranks' lines come through one command, each naming its
+host.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 import shlex
@@ -84,6 +86,7 @@ class Kill:
     node: int
     pids: dict[int, int]  # pid -> the last step it finished
     fired_at: float
+    since: float | None = None  # when the training it ended began (its gap's start)
     resumed_at: float | None = None  # the first step line of the attempt after it
     killed: list[int] = field(default_factory=list)
     killed_at: float | None = None  # the node's clock, as it printed
@@ -96,14 +99,14 @@ class Kill:
 @dataclass
 class Injector:
     """Watches one launch's output and kills the chosen node's ranks: once after a step, or
-    every every_s seconds of training (see the module doc); Launch.wait calls poll() while
-    the run is in flight."""
+    again and again after every_s seconds of training on average (gap_s); Launch.wait calls
+    poll() while the run is in flight."""
 
     asked: str
     nodes: list[Node]
     run_id: str
     after_step: int | None  # the workload's step count (warm-up included) to kill after
-    every_s: float | None  # or: a kill every every_s seconds from the first timed step
+    every_s: float | None  # or: a kill after every_s s of training on average, again and again
     warmup: int  # the run's warm-up steps (the record counts timed steps)
     last_step: int  # warm-up + timed steps: the step the run ends after
     ranks_here: int  # a node's ranks (procs per node)
@@ -130,6 +133,7 @@ class Injector:
     save_sum: float = 0.0  # the same of steps after a checkpoint save (the save in them)
     save_count: int = 0
     first_at: float | None = None  # the node clock when the first timed step began
+    first_seen: float | None = None  # and the controller's when its line was read
     end_at: float | None = None  # and when the last step ended
     error: str = ""
     _proc: subprocess.Popen | None = None  # the armed kill_line on the next kill's node
@@ -170,6 +174,8 @@ class Injector:
             if step == start and not self.kills and (self.first_at is None
                                                      or stamp < self.first_at):
                 self.first_at = stamp  # the warm-up's end (or, without one, step 1's)
+                if self.first_seen is None:
+                    self.first_seen = now
             if step == self.last_step:
                 self.end_at = max(self.end_at or stamp, stamp)
             if self.kills and self.kills[-1].node == idx and pid in self.kills[-1].pids:
@@ -181,33 +187,48 @@ class Injector:
                 self.kills[-1].resumed_at = now
             self.live.setdefault(idx, {})[pid] = step
 
+    def since(self) -> float | None:
+        """When the training the next kill ends began, on the controller's clock (as the
+        kills are): the first timed step's line read, or the first step line of the attempt
+        after the last kill (None: not yet)."""
+        return self.kills[-1].resumed_at if self.kills else self.first_seen
+
     def _due(self, node: int, now: float) -> bool:
         """Whether the next kill is due on node: its ranks (of the attempt running) have all
-        printed a step, and the step (or the period since the first timed step) is reached."""
+        printed a step, and the step (or the gap since the training began) is reached."""
         steps = self.live.get(node) or {}
         if len(steps) < self.ranks_here or min(steps.values()) >= self.last_step:
             return False  # not all of them yet, or the run is over
         if self.after_step is not None:
             return min(steps.values()) >= self.after_step
-        due = self.due_s(len(self.kills))
-        return self.first_at is not None and time.time() >= self.first_at + due
+        since = self.since()
+        return since is not None and now >= since + self.gap_s(len(self.kills))
 
-    def due_s(self, kill: int) -> float:
-        """Seconds from the first timed step until the kill-th kill (0 the first) of a run with
-        a period is due: a time drawn uniformly from the run's id in the kill-th period
-        centred on (kill + 1) periods, [kill + 0.5, kill + 1.5) x every_s. So kills come at
-        the rate asked while where they fall in the checkpoint interval varies: at exact
-        multiples, a restart that takes as long each time would put every kill at the same
-        point of the interval (seen here: most landed on a save)."""
+    def gap_s(self, kill: int) -> float:
+        """Seconds of training until the kill-th kill (0 the first) of a run with a period is
+        due, from the first timed step or from when the ranks trained again after the kill
+        before: an exponential draw of mean every_s from the run's id (the same on
+        --resume). So the kills are a Poisson process in the time the run trains, at the rate
+        asked, as the goodput model takes failures to come (scalelab.model.goodput); the
+        clock stops while the ranks restart, as a failure needs ranks to strike. (Kills a
+        period apart, even with a jitter, cost more than the model says: the restart takes
+        about as long each time, and the training left between two kills held one interval
+        and a part of the next, which was lost, every time.)
+
+        >>> inj = Injector("8s", [], "r", None, 8.0, 0, 10, 1, "")
+        >>> gaps = [inj.gap_s(k) for k in range(2000)]
+        >>> 7.5 < sum(gaps) / len(gaps) < 8.5, min(gaps) < 0.1, max(gaps) > 40
+        (True, True, True)
+        """
         assert self.every_s is not None
         u = random.Random(f"{self.run_id}~{kill}").random()
-        return (kill + 0.5 + u) * self.every_s
+        return -math.log1p(-u) * self.every_s
 
     def _fire(self, node: int, now: float) -> list[int]:
         """Note a kill of node's running ranks (the pids to write); every rank seen so far
         belongs to an attempt that ends with it."""
         pids = dict(self.live[node])
-        self.kills.append(Kill(node, pids, now))
+        self.kills.append(Kill(node, pids, now, since=self.since()))
         self.old |= {(n, self.attempt_of[(n, p)], p) for n, steps in self.live.items()
                      for p in steps}
         self.live = {}
@@ -296,6 +317,15 @@ class Injector:
             out["restart_s"] = sum(resumed) / len(resumed) - step
         return {k: None if v is None else round(v, 6) for k, v in out.items()}
 
+    def _up_s(self, kills: list[Kill], trained: float | None) -> float | None:
+        """The seconds the kills' clock ran (None where it is not known): the training less
+        each kill's time until the ranks trained again. A run that took the most kills
+        trained on without more: its clock counts to the end all the same, as its measured
+        goodput does."""
+        if not self.every_s or trained is None or any(k.resumed_at is None for k in kills):
+            return None
+        return round(trained - sum(k.resumed_at - k.fired_at for k in kills), 3)
+
     def record(self, recovery: dict[str, Any] | None) -> dict[str, Any]:
         """The run record's "failure": what was asked and each kill (the node, the last step
         its ranks finished before they died, when); the headline fields are the last kill's,
@@ -310,6 +340,8 @@ class Injector:
         last = kills[-1] if kills else None
         after = self.after_step - warmup if self.after_step is not None else None
         shown = last or (self.kills[-1] if self.kills else None)
+        trained = None if self.first_at is None or self.end_at is None \
+            else round(self.end_at - self.first_at, 3)
         node = shown.node if shown else chosen_node(self.asked, self.nodes, self.run_id)
         rec: dict[str, Any] = {
             "asked": self.asked, "after_step": after, "every_s": self.every_s,
@@ -322,12 +354,12 @@ class Injector:
                        "killed_at": k.killed_at, "killed_pids": k.killed,
                        "resumed_s": None if k.resumed_at is None
                        else round(k.resumed_at - k.fired_at, 3),
-                       **({"due_s": round(self.due_s(i), 3),
-                           "fired_s": round(k.fired_at - self.first_at, 3)}
-                          if self.every_s and self.first_at is not None else {})}
+                       **({"gap_s": round(self.gap_s(i), 3),
+                           "fired_s": round(k.fired_at - k.since, 3)}
+                          if self.every_s and k.since is not None else {})}
                       for i, k in enumerate(kills)],
-            "trained_s": None if self.first_at is None or self.end_at is None
-            else round(self.end_at - self.first_at, 3),
+            "trained_s": trained,
+            "up_s": self._up_s(kills, trained),
             "trained_steps": self.last_step - max(warmup, 1),
             **self._costs([k.resumed_at - k.fired_at for k in kills
                            if k.resumed_at is not None]),
@@ -349,7 +381,8 @@ class Injector:
 # failure.restarted_by)
 RESTARTED_BY = {"torchrun": "torchrun's agents (--max-restarts, c10d rendezvous)",
                 "horovodrun": "horovodrun's elastic driver",
-                "slurm": "a new job step in the run's Slurm allocation"}
+                "slurm": "a new job step in the run's Slurm allocation",
+                "slurm-horovod": "horovodrun's elastic driver, in the run's Slurm allocation"}
 
 
 def injector(run: Any, nodes: list[Node], known_hosts: str,
@@ -363,9 +396,13 @@ def injector(run: Any, nodes: list[Node], known_hosts: str,
     chosen_node(asked or "", nodes, run.run_id)  # a node past the run's is refused here
     warmup = run.params.get("warmup") or 0
     hosts, marked, how = None, "", "torchrun"
-    if login is not None:  # srun on the login host starts them, SLURMD_NODENAME names the node
-        hosts, marked, how = {n.name: i for i, n in enumerate(nodes)}, login.name, "slurm"
-    elif run.params.get("engine") == "horovod":
+    horovod = run.params.get("engine") == "horovod"
+    if login is not None:  # started on the login host: the ranks carry its token mark
+        # srun's tasks: SLURMD_NODENAME names the node; horovodrun's ranks: the host it was
+        # given, the node's private address (scalelab.run.slurm.rank_commands)
+        hosts = {(n.private_address if horovod else n.name): i for i, n in enumerate(nodes)}
+        marked, how = login.name, "slurm-horovod" if horovod else "slurm"
+    elif horovod:
         hosts, marked = {n.private_address: i for i, n in enumerate(nodes)}, nodes[0].name
         how = "horovodrun"
     return Injector(asked or "", nodes, run.run_id,
@@ -395,7 +432,8 @@ def unmet(params: dict[str, Any], checkpoint: dict[str, Any] | None,
     checkpoints than its (last attempt's) steps call for."""
     if failure is not None and failure["recovery"] is None:
         if failure["killed_at"] is None and failure.get("every_s"):
-            return (f"a failure was to be injected every {failure['every_s']:g} s of training, "
+            return (f"a failure was to be injected after {failure['every_s']:g} s of training "
+                    "on average, "
                     "but " + (failure["error"] or "the run ended before the first was due; "
                               "raise --steps or shorten the period"))
         if failure["killed_at"] is None:

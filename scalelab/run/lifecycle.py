@@ -19,7 +19,7 @@ from scalelab.core import lock
 from scalelab.core.errors import ClusterError, ScalelabError
 from scalelab.core.state import cluster_dir, list_clusters, load_cluster
 from scalelab.core.units import parse_rate_mbit
-from scalelab.results import frames, store
+from scalelab.results import store
 from scalelab.run import admission, reap, sweepmeta
 from scalelab.run.admission import Prepared
 from scalelab.run.driver import INFLIGHT, SHAPED, Progress, execute, utcnow
@@ -181,6 +181,8 @@ def _run_and_finish(cluster: str, sweep_dir: Path, runs: list, spec: Any,
                                f"run recorded so far is kept; fix it (free space?), then "
                                f"resume with invoke bench --resume {sweep_dir.name}") from None
     finally:
+        from scalelab.results import frames  # pandas: at a sweep's end, not on every start
+
         try:
             frames.write_csv(sweep_dir)
         except (ScalelabError, OSError) as exc:

@@ -14,9 +14,10 @@ printed says why it failed.
 DDP ranks are started by srun itself, one task per rank, with torchrun's environment
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) taken from Slurm's (SLURM_PROCID, ...).
 Horovod runs as `horovodrun` on the first node of an allocation made by `salloc`, with the
-allocated hosts as its host list. A DDP run that comes back from an injected failure runs in an
-allocation made by `salloc` too: its ranks are a job step, started again as a new step of the
-same job when one fails.
+allocated hosts as its host list; a Horovod run that comes back from an injected failure runs
+horovodrun's elastic driver there, which starts the killed node's ranks again on it. A DDP run
+that comes back from an injected failure runs in an allocation made by `salloc` too: its ranks
+are a job step, started again as a new step of the same job when one fails.
 """
 
 from __future__ import annotations
@@ -239,9 +240,10 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
                   gpus_per_node: int = 0, restarts: int = 0,
                   servers: list[Node] | None = None) -> list[commands.RankCommand]:
     """The one command a run is on the login host: srun (DDP, the parameter servers, the
-    allreduce probe) or salloc around horovodrun (Horovod). restarts (DDP): the run comes back from a failure: salloc
-    holds the nodes and starts the ranks' job step again after it fails, at most `restarts`
-    times (a requeue would give the nodes back and wait in the queue again).
+    allreduce probe) or salloc around horovodrun (Horovod). restarts: the run comes back from
+    at most that many failures without leaving its allocation (a requeue would give the nodes
+    back and wait in the queue again): under DDP salloc starts the ranks' job step again after
+    it fails; under Horovod horovodrun's elastic driver starts the node's ranks again.
 
     >>> rt = Runtime("/v/bin/python", "/w", "/kh")
     >>> ns = [Node("c-n0", "10.0.0.10", "10.0.0.10", "head", "local", cpus=1.0, iface="eth0"),
@@ -255,6 +257,10 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
     >>> hv = rank_commands("horovod", ns, ns[0], 1, "resnet.py", [], rt, 29500, "j", "p", 180)[0]
     >>> hv.argv[0], "--ntasks-per-node" in hv.argv, "horovodrun" in hv.argv[-1]
     ('salloc', False, True)
+    >>> hv = rank_commands("horovod", ns, ns[0], 1, "resnet.py", [], rt, 29500, "j", "p", 180,
+    ...                    restarts=2)[0]
+    >>> "--min-np 1 --max-np 2" in hv.argv[-1], "--reset-limit 8" in hv.argv[-1]
+    (True, True)
     >>> again = rank_commands("ddp", ns, ns[0], 1, "resnet.py", [], rt, 29500, "j", None, 180,
     ...                       restarts=3)[0].argv
     >>> loop = again[again.index("-c") + 1]
@@ -269,18 +275,21 @@ def rank_commands(engine: str, nodes: list[Node], login: Node, procs_per_node: i
     cancel = cancel_line(name)
     if engine == "horovod":
         bindir = rt.python.rsplit("/", 1)[0]
-        hosts = ('H=$(for h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do '
-                 'a=$(getent hosts "$h" | cut -d" " -f1); '
-                 f'printf "%s:{procs_per_node}," "${{a:-$h}}"; done); H=${{H%,}}')
+        # the allocation is these nodes (--nodelist): each by its address on the cluster's
+        # network, as the ranks then name their host (HOROVOD_HOSTNAME, which a kill's
+        # injector reads; a login-only cluster's nodes are their Slurm names)
+        hosts = ",".join(f"{n.private_address}:{procs_per_node}" for n in nodes)
+        # restarts: horovodrun's elastic driver, inside the allocation, brings a node's ranks
+        # back on that node (the allocation keeps it) with the state the others committed
         hvd = [f"{bindir}/horovodrun", "--gloo", "-np", str(len(nodes) * procs_per_node),
-               "-H", "__HOSTS__"]
+               "-H", hosts,
+               *commands.horovod_elastic_options(len(nodes), procs_per_node, restarts)]
         if nodes[0].iface and len(nodes) > 1:
             hvd += ["--network-interfaces", nodes[0].iface]
         hvd += ["--disable-cache", "--gloo-timeout-seconds", "60", rt.python, script_path, *args]
         # horovodrun finds the venv's python and itself first; the site's own PATH (Slurm in
         # /opt or from a module) stays behind them
-        inner = (f'PATH={shlex.quote(bindir)}:"$PATH"; export PATH; {hosts}; '
-                 f"exec {shlex.join(hvd).replace('__HOSTS__', '$H')}")
+        inner = f'PATH={shlex.quote(bindir)}:"$PATH"; export PATH; exec {shlex.join(hvd)}'
         argv = ["salloc", *alloc_options(name, nodes, procs_per_node, partition, timeout_s,
                                          gpus_per_node, tasks=False),
                 "srun", "--nodes", "1", "--ntasks", "1", "sh", "-c", inner]

@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from scalelab.model import accel, analysis
+from scalelab.model import accel
 from scalelab.model.networks import MODELS, gradient_bytes
 from scalelab.sweep.planner import RunPlan
 from scalelab.sweep.starts import run_starts_directly
@@ -48,6 +48,9 @@ def default_step_s(model: str, device: str = "cpu") -> float:
 
 def _ring_s(nbytes: float, world: int, mbit: float | None) -> float:
     """Ring allreduce over the link (the report's model, without its per-hop latency)."""
+    from scalelab.model import analysis  # numpy and pandas: when a plan is estimated, not on
+    # every start of invoke bench (a refusal needs neither)
+
     return analysis.ring_allreduce_time_s(world, nbytes, mbit or NATIVE_MBIT, alpha_s=0.0)
 
 

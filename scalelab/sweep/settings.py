@@ -292,10 +292,11 @@ SETTINGS: tuple[Setting, ...] = (
     # failures on purpose (docs/checkpoints.md): one node's ranks killed, the run restarted
     Setting("inject_failure", "inject_failure", "list[str] | None", values.failures, None,
             "kill a node's ranks, to sweep: off (the default), STEP (after that timed step, the "
-            "node at random), Ns (every N seconds of training, a node at random each time) or "
-            "either with @K (the run's K-th node, 0 the first), e.g. off,12,60s; the ranks come "
-            "back through torchrun's agents (ddp) or Horovod's elastic driver (horovod, runs of "
-            "2 nodes or more) and go on from the last checkpoint",
+            "node at random), Ns (after N seconds of training on average, at random, again and "
+            "again, a node at random each time) or either with @K (the run's K-th node, 0 the "
+            "first), e.g. off,12,60s; the ranks come back through torchrun's agents (ddp), "
+            "Horovod's elastic driver (horovod, runs of 2 nodes or more) or a new job step "
+            "(ddp under --launcher slurm) and go on from the last checkpoint",
             variant=True, engines=FAILURE_ENGINES, single=values.NO_FAILURE,
             tag=lambda x: "f" + x.replace("@", "n"), tag_lone=True, record="inject_failure",
             column="inject_failure", since=13,

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from scalelab.core import shardurl
 from scalelab.core.errors import InputError, suggest
 from scalelab.core.units import parse_int_range, parse_rate_list, parse_size_bytes
+from scalelab.core.validate import PLACE_PATH
 from scalelab.model import accel, fabric
 
 SYNTHETIC = "synthetic"
@@ -186,7 +187,6 @@ def data(value: Any, what: str) -> list[str]:
 
 
 NODE_DISKS = "nodes"  # a checkpoint place: each node's own disk (under the workdir)
-PATH_CHARS = re.compile(r"/[A-Za-z0-9._/+=~-]*")  # a path a checkpoint place may be
 SERVED = re.compile(r"nfs@([A-Za-z0-9][A-Za-z0-9._-]{0,62})")  # an NFS server on that node
 
 
@@ -217,7 +217,7 @@ def checkpoint_places(value: Any, what: str) -> list[str]:
     for item in items:
         text = str(item).strip()
         if text != NODE_DISKS and not served_by(text):
-            if (not PATH_CHARS.fullmatch(text) or ".." in text.split("/")
+            if (not PLACE_PATH.fullmatch(text) or ".." in text.split("/")
                     or text.rstrip("/") == ""):
                 raise InputError(f"{what}: {text!r} must be {NODE_DISKS} (each node's own disk), "
                                  "an absolute path every node sees, of letters, digits and "
@@ -309,22 +309,22 @@ _FAILURE = re.compile(r"(?:(?P<step>[1-9][0-9]{0,6})|(?P<every>[1-9][0-9]{0,5})s
                       r"(?:@(?P<node>[0-9]{1,4}))?")
 _FAILURE_FORMS = ("must be off, a timed step (e.g. 12: one node's ranks killed after step 12, "
                   "the node at random), a period in seconds (e.g. 30s: a node's ranks killed "
-                  "every 30 s of training, each time one at random) or either with @K (K the "
-                  "run's node, 0 the first: e.g. 12@1)")
+                  "after 30 s of training on average, again and again, each time one at "
+                  "random) or either with @K (K the run's node, 0 the first: e.g. 12@1)")
 
 
 def failures(value: Any, what: str) -> list[str]:
     """Failures to inject, to sweep: off, STEP (one node's ranks killed after that timed step,
-    the node drawn at random), Ns (a node's ranks killed every N seconds of training, at most
-    MAX_KILLS times) or either with @K (the run's K-th node, 0 the first), comma-separated or
-    a YAML list.
+    the node drawn at random), Ns (a node's ranks killed after N seconds of training on
+    average, at random, again and again, at most MAX_KILLS times) or either with @K (the
+    run's K-th node, 0 the first), comma-separated or a YAML list.
 
     >>> failures("off,12, 12@1,30s", "--inject-failure"), failures([False, 12], "x")
     (['off', '12', '12@1', '30s'], ['off', '12'])
     >>> failures("12@n1", "--inject-failure")
     Traceback (most recent call last):
     ...
-    scalelab.core.errors.InputError: --inject-failure: '12@n1' must be off, a timed step (e.g. 12: one node's ranks killed after step 12, the node at random), a period in seconds (e.g. 30s: a node's ranks killed every 30 s of training, each time one at random) or either with @K (K the run's node, 0 the first: e.g. 12@1)
+    scalelab.core.errors.InputError: --inject-failure: '12@n1' must be off, a timed step (e.g. 12: one node's ranks killed after step 12, the node at random), a period in seconds (e.g. 30s: a node's ranks killed after 30 s of training on average, again and again, each time one at random) or either with @K (K the run's node, 0 the first: e.g. 12@1)
     """
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     out: list[str] = []
@@ -339,8 +339,8 @@ def failures(value: Any, what: str) -> list[str]:
 
 
 class Failure(NamedTuple):
-    """A failures() value: after a timed step (step) or every every_s seconds of training, on
-    the run's node-th node (None: at random)."""
+    """A failures() value: after a timed step (step) or every_s seconds of training on average
+    (at random, again and again), on the run's node-th node (None: at random)."""
 
     step: int | None
     every_s: float | None
