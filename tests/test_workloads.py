@@ -153,8 +153,10 @@ def check_train_result(res: dict, world: int, model: str = "resnet20") -> None:
     assert res["env"]["torch"] == torch.__version__
 
 
-@pytest.mark.parametrize("name", ["common", "models", "allreduce"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in WORKLOADS.glob("*.py")
+                                         if ">>> " in p.read_text()))
 def test_docstring_examples_hold(name):
+    """Every workload's examples (pytest collects scalelab's doctests, not these)."""
     import doctest
 
     result = doctest.testmod(load_workload(name))
@@ -395,9 +397,12 @@ def test_tar_shards_are_split_disjointly_across_ranks(imagedata, tiny_dataset):
     epoch, and counts the bytes it read: the shards' own, tar headers included."""
     shards = imagedata.shard_urls(str(tiny_dataset / "shards"))
     got = [_one_epoch(imagedata, shards, rank, 2, 12) for rank in range(2)]  # 24 / 2 samples
-    labels = [label for part in got for _, label, _ in part]
+    labels = [label for part in got for _, label, _, _ in part]
     assert sorted(labels) == sorted([c for c in range(3) for _ in range(8)])
-    read = sum(nbytes for part in got for _, _, nbytes in part)
+    read = sum(nbytes for part in got for _, _, nbytes, _ in part)
+    # each sample says when it was read, in order (what a run's read rate is taken over)
+    stamps = [at for part in got for _, _, _, at in part]
+    assert all(a <= b for a, b in zip(stamps[:12], stamps[1:12], strict=False))
     members = 0
     for shard in shards:
         with tarfile.open(shard) as tar:
@@ -440,9 +445,9 @@ def test_tar_shards_are_read_from_a_web_server_as_from_disk(imagedata, tiny_data
         assert len(urls) == 4
         web = _one_epoch(imagedata, urls, 0, 1, 24)
         disk = _one_epoch(imagedata, imagedata.shard_urls(str(tiny_dataset / "shards")), 0, 1, 24)
-        assert [label for _, label, _ in web] == [label for _, label, _ in disk]
+        assert [label for _, label, _, _ in web] == [label for _, label, _, _ in disk]
         assert all(torch.equal(a[0], b[0]) for a, b in zip(web, disk, strict=True))
-        assert sum(n for *_, n in web) == sum(n for *_, n in disk)
+        assert sum(n for _, _, n, _ in web) == sum(n for _, _, n, _ in disk)
     finally:
         server.shutdown()
         server.server_close()

@@ -31,7 +31,7 @@ import random
 import tarfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -132,11 +132,12 @@ class FolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int, float]:
         path, label = self.samples[i]
         with open(path, "rb") as f:
             data = f.read()
-        return self.transform(decode(data)), label, len(data)
+        read_at = time.perf_counter()
+        return self.transform(decode(data)), label, len(data), read_at
 
 
 class DataReadError(RuntimeError):
@@ -205,7 +206,7 @@ class TarShardDataset(IterableDataset):
                 raise
             stream.close()  # a reader that failed after its last byte fails here
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int, float]]:
         info = torch.utils.data.get_worker_info()
         wid, nworkers = (info.id, info.num_workers) if info else (0, 1)
         slots = self.world * nworkers
@@ -230,8 +231,9 @@ class TarShardDataset(IterableDataset):
                 if img is None or "cls" not in sample:
                     raise ValueError(f"{sample['__url__']}: sample {sample['__key__']} lacks "
                                      ".jpg/.cls")
-                read = sum(c.count for c in counters)
-                yield self._prepare(img), int(sample["cls"].decode().strip()), read - told
+                read, read_at = sum(c.count for c in counters), time.perf_counter()
+                yield (self._prepare(img), int(sample["cls"].decode().strip()), read - told,
+                       read_at)
                 told = read
 
 
@@ -246,6 +248,27 @@ class RealData:
     num_samples: int | None  # None for shards (not counted up front)
     _sampler: DistributedSampler | None = None
     bytes_read: int = 0  # bytes the loader's workers read from storage for the batches yielded
+    # each sample yielded: when a loader worker had read it from storage (perf_counter, the
+    # host's monotonic clock every process shares) and its bytes
+    reads: list[tuple[float, int]] = field(default_factory=list)
+
+    def read_between(self, t0: float, t1: float) -> tuple[int, float]:
+        """(bytes, seconds) the workers read from storage between t0 and t1 (perf_counter), of
+        the samples yielded so far: from the first sample they finished reading in that span
+        to the last, the bytes of those after the first. Not the samples read ahead before t0
+        while the workers ran in front of the steps, nor a span at either end in which a
+        sample was under way but not yet yielded (a worker's batch comes whole). Fewer than
+        two samples in the span: all of theirs over t1 - t0.
+
+        >>> d = RealData(None, 1, "shards", None,
+        ...              reads=[(1.0, 10), (2.0, 20), (3.0, 40), (3.5, 30), (9.0, 5)])
+        >>> d.read_between(1.5, 4.0), d.read_between(2.5, 3.25)
+        ((70, 1.5), (40, 0.75))
+        """
+        inside = [(at, n) for at, n in self.reads if t0 <= at <= t1]
+        if len(inside) < 2:
+            return sum(n for _, n in inside), t1 - t0
+        return sum(n for _, n in inside[1:]), inside[-1][0] - inside[0][0]
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Endless batches (epochs repeat); the caller takes a fixed count."""
@@ -254,9 +277,10 @@ class RealData:
                 self._sampler.set_epoch(epoch)
             got = 0
             try:
-                for x, y, nbytes in self.loader:
+                for x, y, nbytes, read_at in self.loader:
                     got += 1
                     self.bytes_read += int(nbytes.sum())
+                    self.reads += zip(read_at.tolist(), nbytes.tolist(), strict=True)
                     yield x, y
             except DataReadError as exc:
                 # a worker's error comes with its traceback: the run's reason is its last line

@@ -162,6 +162,8 @@ class Timed:
     window: dict  # common.sample_delta over the timed steps (the fidelity guard's figures)
     data_bytes: int | None  # bytes the loader read from storage for the timed steps (real data)
     blocked_s: float = 0.0  # of the timed window, training blocked by checkpoints
+    read: tuple[int, float] | None = None  # bytes the loader read from storage in the timed
+    # window, and the seconds it read them in
 
 
 def run(a: argparse.Namespace) -> int:
@@ -491,7 +493,10 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
         raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected "
                            f"{a.warmup + a.steps - first}")
     data_bytes = real.bytes_read - bytes_first if real is not None else None
-    return Timed(steps_rec, t_first, t_last, window, data_bytes, blocked)
+    # what the workers read in the timed window, and in how long: not the batches they had
+    # read ahead of it
+    read = real.read_between(t_first, t_last) if real is not None else None
+    return Timed(steps_rec, t_first, t_last, window, data_bytes, blocked, read)
 
 
 def gather(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Engine, timed: Timed) -> None:

@@ -38,10 +38,11 @@ def rank_record(a: argparse.Namespace, me: Any, eng: Any, timed: Any) -> dict[st
         "comm_time_mean_s": common.mean([s["comm_s"] for s in steps_rec]),
         "comm_inflight_mean_s": common.mean([s["inflight_s"] for s in steps_rec]),
         "data_time_mean_s": common.mean([s["data_s"] for s in steps_rec]),
-        # what its loader read from storage over the timed steps, and at what rate (real data)
+        # what its loader read from storage for the timed steps (real data), and at what rate:
+        # what it read in the timed window, in the (emulated) device's time
         "data_bytes": timed.data_bytes,
-        "data_read_mb_s": None if timed.data_bytes is None  # in the (emulated) device's time
-        else timed.data_bytes / 1e6 / max(timed.t_last - timed.t_first, 1e-9) * a.dilation,
+        "data_read_mb_s": None if timed.read is None
+        else timed.read[0] / 1e6 / max(timed.read[1], 1e-9) * a.dilation,
         "step_times_s": step_times,
         "final_loss": steps_rec[-1]["loss"],
         # the fidelity guard's figures over the timed steps (wall time, not dilated)
