@@ -123,7 +123,10 @@ def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_mod
                 <= 1.05 * STORAGE_MBIT / 8, real
             # the loaders read every image once, JPEG and tar headers: about 112 KB
             assert 100_000 < float(real["data_bytes_per_image"]) < 130_000
-            assert float(real["data_read_mb_s"]) <= 1.15 * STORAGE_MBIT / 8, real
+            # the loaders read at the link's rate: what they read ahead of the timed steps
+            # counts for nothing (a tbf bucket lets a short window run a little over)
+            assert 0.6 * STORAGE_MBIT / 8 < float(real["data_read_mb_s"]) \
+                <= 1.15 * STORAGE_MBIT / 8, real
             assert float(real["decode_img_s_per_core"]) > 20
             # the storage, not the ranks, sets the pace: far below the same run on synthetic
             assert float(real["images_per_sec"]) < 0.5 * float(synth["images_per_sec"])
@@ -208,7 +211,7 @@ def test_emulated_gpus_read_real_shards_through_the_dilated_storage_link(lab, tm
     for r in rows.values():
         # in the device's time: what a 100 Mbit/s storage link gives, whatever the dilation
         assert 0.85 * 12.5 < float(r["storage_read_mb_s"]) <= 1.05 * 12.5, r
-        assert float(r["data_read_mb_s"]) <= 1.1 * 12.5, r
+        assert 0.6 * 12.5 < float(r["data_read_mb_s"]) <= 1.1 * 12.5, r
         # a V100 takes about 366 images/s; 12.5 MB/s of 112 KB photos is about 110
         assert float(r["images_per_sec"]) < 150, r
         # the accelerator computes only while its batch is there: busy as the images/s say

@@ -19,7 +19,7 @@ training time over its kills), the check bench/perf/goodput_check.py makes.
 
 Usage: .venv/bin/python bench/perf/goodput_schedules.py [--c 1.368] [--r 8.89] [--step 0.2844]
        [--every 25] [--steps 600] [--period 20] [--max-kills 20] [--trials 2000]
-(the defaults are the 4-node run of docs/checkpoints.md)
+(the defaults are the first 4-node goodput check at commit 7c86871, in docs/checkpoints.md)
 """
 
 from __future__ import annotations

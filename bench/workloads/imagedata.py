@@ -252,22 +252,28 @@ class RealData:
     # host's monotonic clock every process shares) and its bytes
     reads: list[tuple[float, int]] = field(default_factory=list)
 
-    def read_between(self, t0: float, t1: float) -> tuple[int, float]:
+    def start_window(self) -> None:
+        """Forget the samples yielded so far: a window's rate counts none of them, as all
+        were read before it began (read_between)."""
+        self.reads.clear()
+
+    def read_between(self, t0: float, t1: float) -> tuple[int, float] | None:
         """(bytes, seconds) the workers read from storage between t0 and t1 (perf_counter), of
         the samples yielded so far: from the first sample they finished reading in that span
-        to the last, the bytes of those after the first. Not the samples read ahead before t0
-        while the workers ran in front of the steps, nor a span at either end in which a
-        sample was under way but not yet yielded (a worker's batch comes whole). Fewer than
-        two samples in the span: all of theirs over t1 - t0.
+        to the last, in time, the bytes of those after the first. Not the samples read ahead
+        before t0 while the workers ran in front of the steps; a sample under way at either
+        end of the span counts about as much at one end as it is left out at the other (with
+        several workers, whose batches come whole). None with fewer than two samples read in
+        the span (a short run the read-ahead covered): no rate to give.
 
         >>> d = RealData(None, 1, "shards", None,
-        ...              reads=[(1.0, 10), (2.0, 20), (3.0, 40), (3.5, 30), (9.0, 5)])
+        ...              reads=[(1.0, 10), (3.0, 40), (2.0, 20), (3.5, 30), (9.0, 5)])
         >>> d.read_between(1.5, 4.0), d.read_between(2.5, 3.25)
-        ((70, 1.5), (40, 0.75))
+        ((70, 1.5), None)
         """
-        inside = [(at, n) for at, n in self.reads if t0 <= at <= t1]
-        if len(inside) < 2:
-            return sum(n for _, n in inside), t1 - t0
+        inside = sorted((at, n) for at, n in self.reads if t0 <= at <= t1)
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return None
         return sum(n for _, n in inside[1:]), inside[-1][0] - inside[0][0]
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

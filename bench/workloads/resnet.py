@@ -163,7 +163,7 @@ class Timed:
     data_bytes: int | None  # bytes the loader read from storage for the timed steps (real data)
     blocked_s: float = 0.0  # of the timed window, training blocked by checkpoints
     read: tuple[int, float] | None = None  # bytes the loader read from storage in the timed
-    # window, and the seconds it read them in
+    # window, and the seconds it read them in (None: too few samples read in it to tell)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -436,6 +436,8 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
             t_first = time.perf_counter()
             TIMELINE["timed_start"] = time.time()
             bytes_first = real.bytes_read if real is not None else 0
+            if real is not None:
+                real.start_window()  # what it keeps is the window's samples alone
         timer.reset()
         grad_ready.clear()
         start = clock.mark()
