@@ -111,6 +111,13 @@ def test_staged_shards_over_a_shaped_storage_link_turn_input_bound_where_the_mod
     kind = {"synthetic": "syn", url: "http", nfs_url: "nfs"}
     rows = {(int(r["nodes"]), kind[r["data"]]): r for r in _rows(sweep_dir)}
     assert len(rows) == 6 and all(r["status"] == "ok" for r in rows.values())
+    # the runs on real data warmed up past what their 2 loader workers read ahead (4 a worker
+    # and 2 more); the synthetic ones as asked (the default 5)
+    warmups = {(r["params"]["nodes"], kind[r["params"]["data"]]): r["params"]["warmup"]
+               for r in map(json.loads, (sweep_dir / "runs.jsonl").read_text().splitlines())
+               if r["kind"] == "train"}
+    assert warmups == {(n, k): 5 if k == "syn" else 10 for n in (1, 2)
+                       for k in ("syn", "http", "nfs")}
     # the decode probe ran once for the source: both of its runs carry the same figure
     assert rows[(1, "http")]["decode_img_s_per_core"] == rows[(2, "http")]["decode_img_s_per_core"]
     for n in (1, 2):

@@ -252,10 +252,11 @@ class RealData:
     # host's monotonic clock every process shares) and its bytes
     reads: list[tuple[float, int]] = field(default_factory=list)
 
-    def start_window(self) -> None:
+    def start_window(self) -> int:
         """Forget the samples yielded so far: a window's rate counts none of them, as all
-        were read before it began (read_between)."""
+        were read before it began (read_between). The bytes read so far."""
         self.reads.clear()
+        return self.bytes_read
 
     def read_between(self, t0: float, t1: float) -> tuple[int, float] | None:
         """(bytes, seconds) the workers read from storage between t0 and t1 (perf_counter), of

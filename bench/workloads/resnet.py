@@ -435,9 +435,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
             sample_start = common.host_sample()  # before the clock starts: not in the window
             t_first = time.perf_counter()
             TIMELINE["timed_start"] = time.time()
-            bytes_first = real.bytes_read if real is not None else 0
-            if real is not None:
-                real.start_window()  # what it keeps is the window's samples alone
+            bytes_first = real.start_window() if real is not None else 0
         timer.reset()
         grad_ready.clear()
         start = clock.mark()
@@ -494,10 +492,7 @@ def timed_loop(a: argparse.Namespace, me: Rank, data: Data, t: Trainee, eng: Eng
     if t_first is None or len(steps_rec) != a.warmup + a.steps - first:
         raise RuntimeError(f"ran {len(steps_rec)} timed steps, expected "
                            f"{a.warmup + a.steps - first}")
-    data_bytes = real.bytes_read - bytes_first if real is not None else None
-    # what the workers read in the timed window, and in how long: not the batches they had
-    # read ahead of it
-    read = real.read_between(t_first, t_last) if real is not None else None
+    data_bytes, read = (real.bytes_read - bytes_first, real.read_between(t_first, t_last)) if real else (None, None)
     return Timed(steps_rec, t_first, t_last, window, data_bytes, blocked, read)
 
 
