@@ -19,7 +19,6 @@ host.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import re
 import shlex
@@ -221,8 +220,7 @@ class Injector:
         (True, True, True)
         """
         assert self.every_s is not None
-        u = random.Random(f"{self.run_id}~{kill}").random()
-        return -math.log1p(-u) * self.every_s
+        return random.Random(f"{self.run_id}~{kill}").expovariate(1.0 / self.every_s)
 
     def _fire(self, node: int, now: float) -> list[int]:
         """Note a kill of node's running ranks (the pids to write); every rank seen so far
