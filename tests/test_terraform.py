@@ -431,6 +431,36 @@ def test_destroy_without_the_state_is_refused_in_one_line_and_keeps_the_record(
     assert_nothing_created(name)
 
 
+def test_destroy_keeps_the_records_while_ranks_a_killed_sweep_left_cannot_be_ended(
+        static_cluster, tmp_path):
+    """A killed sweep's notes list ranks on a host that does not answer (here: a port of
+    loopback nobody listens on; the documentation addresses are never contacted): destroy
+    says so in one line, exits non-zero and keeps the cluster's records and the notes, so
+    that destroy run again once the host answers can still end them."""
+    import socket
+
+    name, _ = static_cluster(nodes=2)
+    before = load_cluster(name)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    gone = Node("gpu-b", "127.0.0.1", "127.0.0.1", "worker", "static", ssh_port=closed)
+    sweep = tmp_path / "reports" / "20261129-000000-abcd"
+    sweep.mkdir(parents=True)
+    (sweep / "sweep.json").write_text(json.dumps({"cluster": name}))
+    notes = [{"node": gone.to_dict(), "pgid": 4242, "token": "ab12"}]
+    (sweep / ".inflight.json").write_text(json.dumps(notes))
+    proc = invoke("destroy", "--cluster", name, env={"SCALELAB_REPORTS": str(tmp_path / "reports")},
+                  timeout=120)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: cluster {name}: 1 of the 1 process groups a killed sweep "
+                           "left on the nodes could not be ended"), proc.stderr[-2000:]
+    assert f"run invoke destroy --cluster {name} again once every host answers" in last
+    assert load_cluster(name) == before
+    assert json.loads((sweep / ".inflight.json").read_text()) == notes
+
+
 def test_destroy_is_not_done_while_terraform_still_lists_resources(static_cluster, monkeypatch):
     """The outcome is read from Terraform after `terraform destroy`: the static module has no
     resources of its own, so here the state list is made to show one left behind (as a cloud

@@ -36,7 +36,7 @@ def start(prep: Prepared, reports_root: Path,
     """Create the sweep in the store, run every planned run, write results.csv."""
     stop = stop if stop is not None else threading.Event()
     with interrupts_stop(stop), lock.hold(prep.cluster):
-        ended = end_abandoned(reports_root, prep.cluster)
+        ended, _ = end_abandoned(reports_root, prep.cluster)
         if ended:
             log.warning("ended %d process groups that a killed driver left on cluster %s",
                         ended, prep.cluster)
@@ -51,12 +51,13 @@ def start(prep: Prepared, reports_root: Path,
                                           on_progress, stop)
 
 
-def end_abandoned(reports_root: Path, cluster: str) -> int:
+def end_abandoned(reports_root: Path, cluster: str, retry_s: float = 5.0) -> tuple[int, int]:
     """End what killed drivers left running on this cluster's nodes (ranks, their containers,
     warm-start servers), in every sweep of it that no driver holds now, as --resume would:
-    a new sweep never starts beside a dead one's ranks. Returns how many groups were listed."""
+    a new sweep never starts beside a dead one's ranks. Returns how many groups were listed
+    and how many of them could not be ended (a node that did not answer within retry_s)."""
     rec = load_cluster(cluster)
-    ended = 0
+    ended = left = 0
     for marker in sorted([*Path(reports_root).glob(f"*/{INFLIGHT}"),
                           *Path(reports_root).glob(f"*/{WARM}")]):
         sweep_dir = marker.parent
@@ -68,10 +69,11 @@ def end_abandoned(reports_root: Path, cluster: str) -> int:
             continue
         try:
             with store.hold_sweep(sweep_dir):  # a live driver holds its own: left alone
-                ended += reap.reap_inflight(marker, rec["known_hosts"], retry_s=5.0)
+                listed, unended = reap.reap_inflight(marker, rec["known_hosts"], retry_s)
         except store.StoreError:
             continue
-    return ended
+        ended, left = ended + listed, left + unended
+    return ended, left
 
 
 def settle(reports_root: Path, cluster: str) -> list[str]:
@@ -83,9 +85,15 @@ def settle(reports_root: Path, cluster: str) -> list[str]:
     restored (the records stay, so it can be tried again)."""
     rec = load_cluster(cluster)
     done = []
-    ended = end_abandoned(reports_root, cluster)
+    ended, left = end_abandoned(reports_root, cluster, retry_s=20.0)
+    if left and not targets.capabilities(rec).owns_hosts:
+        raise ClusterError(f"cluster {cluster}: {left} of the {ended} process groups a killed "
+                           "sweep left on the nodes could not be ended (a host does not "
+                           "answer?); the records stay: run invoke destroy --cluster "
+                           f"{cluster} again once every host answers")
     if ended:
-        done.append(f"ended {ended} process groups a killed sweep left on the nodes")
+        done.append(f"ended {ended - left} process groups a killed sweep left on the nodes"
+                    + (f" ({left} on nodes that go with the cluster)" if left else ""))
     marker = cluster_dir(cluster) / SHAPED
     if not marker.exists():
         return done
@@ -148,8 +156,8 @@ def resume(sweep_dir: Path, prep: Prepared,
         with store.hold_sweep(sweep_dir):  # a second resume of the same sweep fails here
             store.compact(sweep_dir)
             rec = load_cluster(prep.cluster)
-            reaped = (reap.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])
-                      + reap.reap_inflight(sweep_dir / WARM, rec["known_hosts"]))
+            reaped = (reap.reap_inflight(sweep_dir / INFLIGHT, rec["known_hosts"])[0]
+                      + reap.reap_inflight(sweep_dir / WARM, rec["known_hosts"])[0])
         if reaped:
             log.warning("ended %d process groups left by the interrupted driver", reaped)
         if prep.runs and prep.spec.launcher != "slurm":

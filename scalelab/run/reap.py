@@ -119,6 +119,16 @@ def warm_comm(mark: str) -> str:
     return "sl" + hashlib.sha256(mark.encode()).hexdigest()[:13]
 
 
+# after KILL: up to 2 s for the groups to be gone (a process in uninterruptible sleep dies
+# only when its I/O returns; a zombie is gone, whether or not its parent reaps it), else say
+# which and exit 3, so that the caller tries again
+_GONE = ("i=0; while [ $i -lt 20 ]; do a=$(for f in /proc/[0-9]*/stat; do "
+         "{ read -r l < $f; } 2>/dev/null || continue; set -- ${l##*) }; "
+         "[ \"$1\" = Z ] && continue; for g in $gs; do [ \"$3\" = \"$g\" ] && echo $g; done; "
+         "done | sort -u | tr '\\n' ' '); [ -n \"$a\" ] || exit 0; sleep 0.1; i=$((i+1)); done; "
+         "echo process groups $a still running after KILL >&2; exit 3")
+
+
 def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str = "") -> str:
     """Shell line that ends a launch on a node: TERM, up to grace_s, then KILL.
 
@@ -126,7 +136,8 @@ def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str
     SCALELAB_LAUNCH=token_mark(token, node) in their environment (found in /proc): a group id the node has
     since given to someone else is never touched, and a launch whose group id was never
     read (a driver killed right after it) is still found. Without a token, the group pgid.
-    Exits 0 whenever it ran, so a non-zero exit means ssh itself failed.
+    Exits 0 once every group is gone; 3 (saying which) when one outlived its KILL by 2 s, and
+    ssh's own 255 when the node was not reached: the caller tries again on either.
 
     >>> line = reap_line(4242, "ab12", 1.0, "lab-n1")
     >>> "SCALELAB_LAUNCH=ab12@lab-n1" in line and "kill -TERM -$g" in line
@@ -155,16 +166,17 @@ def reap_line(pgid: int | None, token: str = "", grace_s: float = 3.0, node: str
                 + "[ -n \"$gs\" ] || exit 0; "
                 "for g in $gs; do kill -TERM -$g 2>/dev/null; done; i=0; "
                 f"while [ $i -lt {ticks} ]; do a=; for g in $gs; do kill -0 -$g 2>/dev/null "
-                "&& a=1; done; [ -n \"$a\" ] || exit 0; sleep 0.1; i=$((i+1)); done; "
-                "for g in $gs; do kill -KILL -$g 2>/dev/null; done; exit 0")
+                "&& a=1; done; [ -n \"$a\" ] || break; sleep 0.1; i=$((i+1)); done; "
+                "[ -z \"$a\" ] || for g in $gs; do kill -KILL -$g 2>/dev/null; done; " + _GONE)
     if pgid is None:
         raise LaunchError("nothing to end: neither a process group nor a launch token")
     pgid = int(pgid)
     # `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash (a node's /bin/sh, or a login shell)
     # refuses the `--` and would end nothing
-    return (f"kill -TERM -{pgid} 2>/dev/null; i=0; while [ $i -lt {ticks} ]; do "
-            f"kill -0 -{pgid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; "
-            f"kill -KILL -{pgid} 2>/dev/null; exit 0")
+    return (f"kill -TERM -{pgid} 2>/dev/null; i=0; while [ $i -lt {ticks} ] && "
+            f"kill -0 -{pgid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; "
+            f"! kill -0 -{pgid} 2>/dev/null || kill -KILL -{pgid} 2>/dev/null; gs={pgid}; "
+            + _GONE)
 
 
 def run_cancels(lines: list[tuple[Node, str]], known_hosts: str, timeout_s: float = 20.0) -> None:
@@ -271,18 +283,18 @@ def end_leftovers(path: Path, known_hosts: str, retry_s: float = 5.0) -> list[di
     return _end_entries(leftover, known_hosts, retry_s=retry_s) if leftover else []
 
 
-def reap_inflight(path: Path, known_hosts: str, retry_s: float = 20.0) -> int:
+def reap_inflight(path: Path, known_hosts: str, retry_s: float = 20.0) -> tuple[int, int]:
     """End the process groups a killed driver (or an unreachable node) left running.
 
-    Returns how many were listed; those still unreachable stay in the file.
+    Returns how many were listed and how many could not be ended; those stay in the file.
     """
     entries = _load_inflight(path)
     if not entries:
         path.unlink(missing_ok=True)
-        return 0
+        return 0, 0
     left = _end_entries(entries, known_hosts, retry_s)
     try:
         save_inflight(path, left)
     except LaunchError as exc:
         log.warning("%s", exc)
-    return len(entries)
+    return len(entries), len(left)

@@ -88,6 +88,38 @@ def test_reap_line_of_a_group_that_is_gone_exits_zero():
     assert out.returncode == 0 and out.stderr == ""
 
 
+@needs_root
+def test_a_group_that_outlives_its_kill_is_reported_not_counted_as_ended():
+    """A reap line that could not end a group (here: run as a user who may not signal it)
+    exits 3 naming it, so that destroy keeps its records and says so, instead of reading
+    the refused kill as done."""
+    proc = _group("")
+    try:
+        out = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c",
+                              reap.reap_line(proc.pid, grace_s=0.3)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 3, (out.returncode, out.stderr)
+        assert f"process groups {proc.pid} still running after KILL" in out.stderr
+        assert _alive(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group this test started
+        proc.wait(timeout=5)
+
+
+def test_a_group_left_as_a_zombie_counts_as_ended():
+    """A rank whose parent does not reap it (a host whose init is sshd) stays a zombie: it is
+    gone, and the reap line says so rather than failing for it."""
+    proc = subprocess.Popen(["sh", "-c", "exit 0"], start_new_session=True)
+    try:
+        wait_until(lambda: Path(f"/proc/{proc.pid}/stat").read_text().split()[2] == "Z", 10,
+                   "the zombie")
+        out = subprocess.run(["sh", "-c", reap.reap_line(proc.pid, grace_s=0.3)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+    finally:
+        proc.wait(timeout=5)
+
+
 def test_a_bad_token_never_reaches_the_shell():
     with pytest.raises(reap.LaunchError):
         reap.reap_line(42, "ab'; rm -rf /; '")
@@ -178,7 +210,7 @@ def test_unreachable_groups_stay_noted_and_reachable_ones_end(fcluster, tmp_path
     path.write_text(json.dumps([{"node": a.to_dict(), "pgid": pgid, "token": token},
                                 {"node": gone.to_dict(), "pgid": 4242, "token": token}]))
     try:
-        assert reap.reap_inflight(path, kh, retry_s=1.0) == 2
+        assert reap.reap_inflight(path, kh, retry_s=1.0) == (2, 1)
         assert [e["node"]["name"] for e in json.loads(path.read_text())] == ["gone"]
 
         assert not running(pgid)  # the nodes share the host's pid space
