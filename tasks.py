@@ -270,7 +270,7 @@ def bench(c, cluster="demo", sweep="", dry_run=False, resume="", retry_failed=Fa
         sweep_dir, prep = lifecycle.prepare_resume(root, resume, retry_failed=retry_failed)
         print(f"resuming {sweep_dir.name}: {len(prep.runs)} runs missing")
     else:
-        prep = admission.prepare(cluster, _bench_spec(cluster, asked))
+        prep = admission.prepare(cluster, _bench_spec(cluster, asked), dry_run=dry_run)
     if dry_run:
         for r in prep.runs:
             print(f"  {r.run_id:<34} {planner.describe(r)}")

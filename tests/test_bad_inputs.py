@@ -344,8 +344,9 @@ CASES = [
      "--checkpoint-every is a setting of --engine ddp or horovod; this sweep's engine is ps"),
     ("bench-checkpoint-slurm-login-only", "slurm", ["bench", "--nodes", "1", "--batch-size",
                                                     "16", "--checkpoint-every", "2"],
-     f"--checkpoint-every: a run's checkpoints are removed over SSH to its nodes, and cluster "
-     f"{FAKE} is reached only through its Slurm login host"),
+     f"--checkpoint-to nodes: cluster {FAKE} is reached only through its Slurm login host, "
+     "which removes a run's checkpoints and reaches no node's own disk or server; give "
+     "--checkpoint-to a directory of the shared file system the login host and the nodes see"),
     ("bench-checkpoint-to-relative", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                                "--checkpoint-every", "2", "--checkpoint-to",
                                                "ckpt"],
@@ -365,10 +366,10 @@ CASES = [
                                                  "--inject-failure", "5"],
      "--inject-failure 5: Horovod's elastic driver brings a run back with its other nodes and "
      "needs 2 or more, and the sweep has a 1-node run; start --nodes at 2, or use --engine ddp"),
-    ("bench-failure-slurm-login-only", "slurm", ["bench", "--nodes", "1", "--batch-size", "16",
-                                                 "--inject-failure", "5"],
-     f"--inject-failure: scalelab kills a node's ranks over SSH to the node, and cluster "
-     f"{FAKE} is reached only through its Slurm login host"),
+    ("bench-checkpoint-served-slurm-login-only", "slurm",
+     ["bench", "--nodes", "1", "--batch-size", "16", "--checkpoint-every", "2",
+      "--checkpoint-to", "nfs@n1"],
+     f"--checkpoint-to nfs@n1: cluster {FAKE} is reached only through its Slurm login host"),
     ("bench-failure-container", "local", ["bench", "--nodes", "1", "--batch-size", "16",
                                           "--runtime", "container", "--inject-failure", "5"],
      "--inject-failure: scalelab kills a node's ranks by their pids on the host, and ranks in "

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, invoke, needs_root, needs_sshd, unique_name
+from conftest import ROOT, invoke, needs_root, needs_sshd, unique_name, wait_until
 
 from scalelab.cluster import ssh
 from scalelab.core.state import load_cluster, reports_dir
@@ -233,23 +233,25 @@ def test_a_slurm_sweep_gives_the_same_results_as_ssh_and_one_job_per_run(slurm_c
     assert not cl.queue()
 
 
-def _train_records(cl: Cluster, *args: str) -> list[dict]:
-    """`invoke bench --launcher slurm ARGS` on the cluster, native links, no report: its
-    training runs' records."""
-    proc = invoke("bench", "--cluster", cl.name, "--launcher", "slurm", *args, "--repeats", "1",
-                  "--no-report", "--bandwidth", "native", timeout=900)
+def _train_records(cl: Cluster, *args: str, cluster: str = "") -> list[dict]:
+    """`invoke bench --launcher slurm ARGS` on the cluster (or on cluster, a login host's of
+    the same nodes), native links, no report: its training runs' records."""
+    proc = invoke("bench", "--cluster", cluster or cl.name, "--launcher", "slurm", *args,
+                  "--repeats", "1", "--no-report", "--bandwidth", "native", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [r for r in _records(_sweep_dir(proc.stdout)).values() if r["kind"] == "train"]
 
 
-def _killed_and_back(cl: Cluster, node: int, restarted_by: str, *engine: str) -> dict:
+def _killed_and_back(cl: Cluster, node: int, restarted_by: str, *engine: str,
+                     cluster: str = "") -> dict:
     """A 2-node run under --launcher slurm, a checkpoint every 5 of 20 steps, the ranks of
-    the run's node `node` killed (SIGKILL, by pid, over SSH) after step 12: it is ok, back
-    once from the last checkpoint with the last attempt's steps, restarted_by says how, its
-    job completed, and no checkpoint, rank or armed kill is left on the nodes. Its record."""
+    the run's node `node` killed (SIGKILL, by pid) after step 12: it is ok, back once from the
+    last checkpoint with the last attempt's steps, restarted_by says how, its job completed,
+    and no checkpoint, rank or armed kill is left on the nodes. Its record. cluster: a login
+    host's cluster of the same nodes (engine then names a shared checkpoint place)."""
     run = _train_records(cl, *engine, "--nodes", "2", "--batch-size", "32", "--model",
                          "resnet20", "--steps", "20", "--checkpoint-every", "5",
-                         "--inject-failure", f"12@{node}")[0]
+                         "--inject-failure", f"12@{node}", cluster=cluster)[0]
     assert run["status"] == "ok", run["error"]
     failure, back = run["failure"], run["failure"]["recovery"]
     assert failure["node"] == cl.nodes[node].name and failure["error"] == ""
@@ -440,6 +442,7 @@ def test_a_cluster_reached_only_through_its_login_host(slurm_cluster, tmp_path):
 
     try:
         _login_host_cluster(name, provision, values, cl, shared)
+        _checkpoints_and_a_kill_from_the_login_host(name, cl, tmp_path)
     finally:
         gone = invoke("destroy", "--cluster", name)
     assert gone.returncode == 0, gone.stderr
@@ -476,3 +479,67 @@ def _login_host_cluster(name, provision, values, cl, shared) -> None:
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert {r["launcher"] for r in rows} == {"slurm"} and all(r["slurm_job_id"] for r in rows)
     assert float(rows[0]["link_mbit_measured"]) > 100  # measured, not shaped
+
+
+def _shared_by_the_nodes(cl: Cluster, path: Path) -> None:
+    """Make a host directory one the nodes share, writes and all, as a site's shared file
+    system is: bound over its copy-on-write view in every node's own mount namespace (gone
+    with the node)."""
+    for n in cl.nodes:
+        root = Path(n.extra["root"])
+        pid = (root.parent / "sshd.pid").read_text().strip()
+        subprocess.run(["nsenter", "-t", pid, "-m", "mount", "--bind", str(path),
+                        f"{root}{path}"], check=True, timeout=30)
+
+
+def _checkpoints_and_a_kill_from_the_login_host(name: str, cl: Cluster, tmp: Path) -> None:
+    """On a cluster reached only through its login host: checkpoints go to a directory of the
+    shared file system (the login host removes them), a place the nodes do not share is
+    refused by one job of theirs before any run, each node's own disk is refused, and a
+    node's ranks are killed by a step of the run's own job on that node and come back from
+    the last checkpoint."""
+    scratch, apart = tmp / "scratch", tmp / "apart"
+    scratch.mkdir()
+    apart.mkdir()
+    _shared_by_the_nodes(cl, scratch)
+    common = ("bench", "--cluster", name, *QUICK, "--nodes", "2", "--batch-size", "32",
+              "--checkpoint-every", "5")
+    for place, expected in (
+            (None, f"--checkpoint-to nodes: cluster {name} is reached only through its Slurm "
+                   "login host, which removes a run's checkpoints and reaches no node's own "
+                   "disk or server; give --checkpoint-to a directory of the shared file "
+                   "system"),
+            (str(apart), f"--checkpoint-to {apart}: node {cl.nodes[1].name} cannot use it (it "
+                         "does not see what the login host wrote there: not a directory the "
+                         "nodes share)")):
+        jobs = set(cl.jobs())
+        bad = invoke(*common, *(("--checkpoint-to", place) if place else ()), timeout=600)
+        err = bad.stderr.strip().splitlines()
+        assert bad.returncode == 1 and len(err) == 1 and expected in err[0], err
+        def new(before: set = jobs) -> dict[str, str]:
+            return {j: st for j, (_, st) in cl.jobs().items() if j not in before}
+
+        if place is not None:  # the place's one check: a job of the two nodes, which one
+            # failed (slurmdbd may list it a moment late)
+            wait_until(lambda: list(new().values()) == ["FAILED"], 30, "the place's job")
+        assert all("-checkpoint-place" in j for j in new()) and not cl.queue(), new()
+        assert len(new()) == (place is not None)
+    assert cl.on_head(f"ls -A {apart} | wc -l").strip() == "0"
+    # the dry run checks the place on the login host only: no job
+    jobs = set(cl.jobs())
+    dry = invoke(*common, "--checkpoint-to", str(apart), "--dry-run", timeout=300)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert set(cl.jobs()) == jobs
+    run = _killed_and_back(cl, 1, "a new job step in the run's Slurm allocation",
+                           "--checkpoint-to", str(scratch), cluster=name)
+    assert run["checkpoint"]["dir"].startswith(f"{scratch}/scalelab-checkpoints/{name}/")
+    assert run["checkpoint"]["removal_error"] == ""
+    assert sorted(p.name for p in scratch.iterdir()) == []  # removed by the login host
+    assert "checkpoint_dirs" not in load_cluster(name)
+    # the kill: a step of the run's job on the killed node, between the ranks' two steps
+    job = run["slurm"]["job_id"]
+    steps = [ln.split("|") for ln in cl.on_head(
+        f"sacct --noheader --parsable2 --jobs {job} --format JobID,JobName,State,NodeList"
+    ).splitlines() if re.fullmatch(rf"{job}\.\d+", ln.split("|")[0])]
+    assert [(st, nodes) for _, _, st, nodes in steps][1] == ("COMPLETED", cl.nodes[1].name), steps
+    assert [st for _, _, st, _ in steps] == ["CANCELLED", "COMPLETED", "COMPLETED"], steps

@@ -19,7 +19,7 @@ from typing import Any
 
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node, nodes_of
-from scalelab.core.errors import ClusterError
+from scalelab.core.errors import ClusterError, ScalelabError
 from scalelab.core.state import save_cluster
 from scalelab.core.validate import PLACE_PATH
 
@@ -105,11 +105,28 @@ def _store(cluster: str, rec: dict[str, Any], entries: list[Any]) -> None:
     save_cluster(cluster, rec)
 
 
+def _removers(rec: dict[str, Any], entry: Any) -> dict[str, Node]:
+    """Where a recorded directory may be removed from, by name: the cluster's nodes and, for a
+    shared place's, the host Slurm commands run on (a login host of its own, on a cluster
+    reached only through it)."""
+    from scalelab.cluster import targets  # the target says which host that is
+
+    found = {n.name: n for n in nodes_of(rec)}
+    root = entry.get("root") if isinstance(entry, dict) else None
+    if not (isinstance(root, str) and root.endswith(f"/{SHARED}")):
+        return found
+    try:
+        login = targets.of(rec).login(rec)
+    except (ScalelabError, KeyError, IndexError):  # no login host recorded
+        return found
+    return {**found, login.name: login}
+
+
 def remember(cluster: str, rec: dict[str, Any], where: str, root: str, workdir: str,
              nodes: list[Node]) -> None:
     """Record a run's directory before the run may write it (saved)."""
     entry = {"dir": where, "root": root, "nodes": [n.name for n in nodes]}
-    why = problem(entry, {n.name for n in nodes_of(rec)}, cluster, workdir)
+    why = problem(entry, set(_removers(rec, entry)), cluster, workdir)
     if why:
         raise ClusterError(f"checkpoint directory {where}: {why}")
     _store(cluster, rec, [e for e in _entries(rec) if not _at(e, where)] + [entry])
@@ -128,12 +145,12 @@ def remove_left(cluster: str, rec: dict[str, Any], workdir: str | None) -> list[
     record unremoved, or one a node could not remove, kept in the record (for the next
     sweep; destroy says it and lets the record go). workdir: scalelab's on the nodes (None:
     not known, and no node-disk entry is removed)."""
-    nodes = {n.name: n for n in nodes_of(rec)}
     said, stays = [], []
     if KEY in rec and not isinstance(rec[KEY], list):
         stays.append(f"{KEY} in the record is not a list of directories; dropped unread")
         _store(cluster, rec, [])
     for entry in _entries(rec):
+        nodes = _removers(rec, entry)
         why = problem(entry, set(nodes), cluster, workdir)
         if why:
             stays.append(f"a checkpoint directory recorded by a killed sweep, not removed: "

@@ -25,6 +25,9 @@ _LOGIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 # a node's name: a host name, the inventory's key and what /etc/hosts and known_hosts list
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+# a node's name as one word of a shell line or a launch token: a host name's first label's
+# length (63), as Slurm and the launch tokens take it
+SHORT_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 # a network interface: 15 bytes (IFNAMSIZ - 1), no '/' and no whitespace
 _IFACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,14}")
 # a path on the controller handed to ssh -i and to Ansible: absolute, printable, no quotes

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from scalelab.core.errors import InputError
 from scalelab.core.state import load_cluster
 from scalelab.core.units import format_rate
 from scalelab.model import datapath
-from scalelab.run import checkpoints
+from scalelab.run import checkpoints, slurm
 from scalelab.run.slurm import short_hostname
 from scalelab.sweep import estimate, planner, starts, values
 from scalelab.sweep.planner import RunPlan
@@ -149,6 +150,12 @@ def _sudo_refusal(c: Cluster, spec: Any, runs: list[RunPlan]) -> str:
             "for passwordless sudo")
 
 
+def _node_places(spec: Any) -> list[str]:
+    """The checkpoint places a login host cannot reach: each node's disk, a node's server."""
+    return [p for p in spec.checkpoint_to or [NODE_DISKS]
+            if p == NODE_DISKS or values.served_by(p)]
+
+
 def _injects(spec: Any) -> bool:
     return any(f != NO_FAILURE for f in spec.inject_failure or [])
 
@@ -166,19 +173,14 @@ CHECKS: tuple[Check, ...] = (
                              "on every node, and a server node runs one server, so runs with "
                              "dedicated servers take --procs-per-node 1; use it, or "
                              "--ps-placement colocated, or --launcher ssh", planned=True),
-    Check("SSH to the nodes, for checkpoints",
+    Check("a shared place for checkpoints, where only the login host is reached",
           lambda s, runs: bool(s.checkpoint_every and any(s.checkpoint_every)),
-          lambda c, s, runs: c.caps.ssh_nodes,
-          lambda c, s, runs: f"--checkpoint-every: a run's checkpoints are removed over SSH to "
-                             f"its nodes, and cluster {c.name} is reached only through its "
-                             "Slurm login host; provision it as a static cluster whose hosts "
-                             "scalelab reaches over SSH, or leave out --checkpoint-every"),
-    Check("SSH to the nodes, to kill a node's ranks",
-          lambda s, runs: _injects(s), lambda c, s, runs: c.caps.ssh_nodes,
-          lambda c, s, runs: f"--inject-failure: scalelab kills a node's ranks over SSH to the "
-                             f"node, and cluster {c.name} is reached only through its Slurm "
-                             "login host; provision it as a static cluster whose hosts scalelab "
-                             "reaches over SSH, or leave --inject-failure out"),
+          lambda c, s, runs: c.caps.ssh_nodes or not _node_places(s),
+          lambda c, s, runs: f"--checkpoint-to {_node_places(s)[0]}: cluster {c.name} is "
+                             "reached only through its Slurm login host, which removes a run's "
+                             "checkpoints and reaches no node's own disk or server; give "
+                             "--checkpoint-to a directory of the shared file system the login "
+                             "host and the nodes see (e.g. your scratch directory)"),
     Check("ranks on the hosts, to kill and restart",
           lambda s, runs: _injects(s), lambda c, s, runs: s.runtime != "container",
           lambda c, s, runs: "--inject-failure: scalelab kills a node's ranks by their pids "
@@ -239,9 +241,10 @@ def refuse(c: Cluster, spec: Any, runs: list[RunPlan], planned: bool) -> None:
             raise InputError(check.refusal(c, spec, runs))
 
 
-def prepare(cluster: str, spec: Any) -> Prepared:
+def prepare(cluster: str, spec: Any, dry_run: bool = False) -> Prepared:
     """Validate the sweep against the cluster and expand it; writes nothing. The spec given
-    is not changed: the one prepared carries the launcher the cluster's default resolves to."""
+    is not changed: the one prepared carries the launcher the cluster's default resolves to.
+    dry_run: submit no job (a login host's cluster checks a checkpoint place by one)."""
     rec = load_cluster(cluster)
     facts.require_configured(rec)
     target = targets.of(rec)
@@ -255,17 +258,19 @@ def prepare(cluster: str, spec: Any) -> Prepared:
     hint = layout_hint(runs)
     if hint:
         log.info("%s", hint)
+    partition = spec.partition or target.default_partition(rec)
     if runs:
         check_data_sources(c, spec, runs)
-        check_checkpoint_places(c, runs)
     if spec.runtime == "container" and runs:
         check_container_runtime(cluster, rec, spec, runs, c.nodes)
     if spec.launcher == "slurm" and runs:
         # before anything is written or submitted: Slurm answers, the partition holds the nodes
         fix = "" if c.caps.configurable else slurmctl.ADMIN_FIX
-        slurmctl.check(cluster, target.login(rec), rec["known_hosts"],
-                       spec.partition or target.default_partition(rec),
+        slurmctl.check(cluster, target.login(rec), rec["known_hosts"], partition,
                        [n.name for n in _used(c, runs)], fix=fix, tasks=slurm_tasks(c, runs))
+    if runs:  # after Slurm's check: on a login host's cluster this is a job of the nodes
+        check_checkpoint_places(c, runs, None if c.caps.ssh_nodes else target.login(rec),
+                                partition, by_job=not dry_run)
     return prepared(cluster, spec, runs)
 
 
@@ -373,10 +378,13 @@ def _warm(caps: targets.Capabilities, spec) -> bool:
                               spec.warm_start)
 
 
-def check_checkpoint_places(c: Cluster, runs: list[RunPlan]) -> None:
+def check_checkpoint_places(c: Cluster, runs: list[RunPlan], login: Node | None = None,
+                            partition: str | None = None, by_job: bool = True) -> None:
     """Every node of the runs may write in every shared checkpoint place, and sees what the
     others wrote there: InputError naming the place, the node and the fix, before any run
-    (each node's own disk is under the workdir)."""
+    (each node's own disk is under the workdir). login: the Slurm login host of a cluster
+    whose nodes scalelab does not reach over SSH (the nodes then write in a job of theirs,
+    in partition; by_job False, for a dry run: only the login host's side)."""
     places = dict.fromkeys(r.params.get("checkpoint_to") for r in runs
                            if r.kind == "train" and r.params.get("checkpoint_every"))
     for place in places:
@@ -391,11 +399,20 @@ def check_checkpoint_places(c: Cluster, runs: list[RunPlan]) -> None:
                 raise InputError(f"--checkpoint-to {place}: {bad[0]}: {bad[1]}; or give nodes "
                                  "(each node's own disk)")
             continue
-        bad = checkpoints.place_problem(_used(c, runs), c.rec["known_hosts"], place)
+        if login is None:
+            bad = checkpoints.place_problem(_used(c, runs), c.rec["known_hosts"], place)
+            if bad:
+                raise InputError(f"--checkpoint-to {place}: node {bad[0]} cannot use it "
+                                 f"({bad[1]}); give a directory every node mounts and may "
+                                 "write (e.g. the cluster's NFS share), or nodes (each node's "
+                                 "own disk)")
+            continue
+        bad = slurm.place_problem_by_job(login, _used(c, runs), c.rec["known_hosts"], place,
+                                         partition, secrets.token_hex(8), by_job)
         if bad:
-            raise InputError(f"--checkpoint-to {place}: node {bad[0]} cannot use it ({bad[1]}); "
-                             "give a directory every node mounts and may write (e.g. the "
-                             "cluster's NFS share), or nodes (each node's own disk)")
+            raise InputError(f"--checkpoint-to {place}: {bad[0]} cannot use it ({bad[1]}); "
+                             "give a directory of the shared file system that the login host "
+                             "and the nodes see and may write")
 
 
 def check_data_sources(c: Cluster, spec: Any, runs: list[RunPlan]) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import secrets
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from scalelab.cluster import ckptdirs, ssh
@@ -76,13 +77,15 @@ def run_dir(params: dict[str, Any], workdir: str, cluster: str, sweep: str, run_
 
 
 def remember(cluster: str, rec: dict[str, Any], where: str, params: dict[str, Any],
-             workdir: str, nodes: list[Node]) -> None:
+             workdir: str, nodes: list[Node], remover: Node | None = None) -> None:
     """Record a run's directory while the run may write it (ckptdirs), unless the sweep keeps
-    its checkpoints or an nfs@NODE server holds them (the server's end removes those)."""
+    its checkpoints or an nfs@NODE server holds them (the server's end removes those);
+    remover: who removes a shared one (the login host of a cluster whose nodes scalelab does
+    not reach over SSH; by default the first node)."""
     if params.get("keep_checkpoints") or served_by(params.get("checkpoint_to")):
         return
     ckptdirs.remember(cluster, rec, where, root_of(params, workdir), workdir,
-                      nodes[:1] if shared(params) else nodes)
+                      [remover or nodes[0]] if shared(params) else nodes)
 
 
 def removal_line(where: str, params: dict[str, Any], workdir: str, store: Any = None) -> str:
@@ -98,13 +101,52 @@ def removal_line(where: str, params: dict[str, Any], workdir: str, store: Any = 
 
 
 def remove(nodes: list[Node], known_hosts: str, where: str, params: dict[str, Any],
-           workdir: str, store: Any = None, server: Node | None = None) -> dict[str, str]:
-    """Remove a run's checkpoints (every node's own copy, the shared one once, or on the
-    server of an nfs@NODE place); the nodes that could not, and why."""
+           workdir: str, store: Any = None, server: Node | None = None,
+           remover: Node | None = None) -> dict[str, str]:
+    """Remove a run's checkpoints (every node's own copy, the shared one once, from remover
+    or the first node, or on the server of an nfs@NODE place); the nodes that could not, and
+    why."""
     line = removal_line(where, params, workdir, store)
-    on = [server] if server is not None else nodes[:1] if shared(params) else nodes
+    on = [server] if server is not None else [remover or nodes[0]] if shared(params) else nodes
     _, errors = ssh.on_each(on, lambda n: ssh.run(n, known_hosts, line, timeout=120).returncode)
     return errors
+
+
+def said(proc: Any) -> str:
+    """What a check's command said last (its exit code when nothing)."""
+    lines = [x for x in (proc.stdout + proc.stderr).strip().splitlines() if x.strip()]
+    return lines[-1][:200] if lines else f"exit {proc.returncode}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The directory a place's check makes in it (place checked first: plain, absolute), and
+    the shell lines of the check: make it, write in it as node, remove it."""
+
+    place: str
+    path: str  # shell-quoted
+
+    @classmethod
+    def of(cls, place: str) -> Probe | None:
+        if not PLACE_PATH.fullmatch(place) or ".." in place.split("/"):
+            return None
+        return cls(place, shlex.quote(f"{place}/.scalelab-write-{secrets.token_hex(6)}"))
+
+    def make(self) -> str:
+        return (f"test -d {shlex.quote(self.place)} || {{ echo 'no such directory'; exit 3; }}; "
+                f"mkdir -- {self.path}")
+
+    def write(self, node: str, maker: str, say: str = "") -> str:
+        """Write in the probe as node (a shell word: a quoted name, or "$n"); what it says on
+        a failure starts with say."""
+        mine = f"{self.path}/{node}"
+        return (f"test -d {self.path} || {{ echo \"{say}it does not see what {maker} wrote "
+                f"there: not a directory the nodes share\"; exit 3; }}; "
+                f"mkdir -- {mine} && rmdir -- {mine} || "
+                f"{{ echo \"{say}it cannot write there\"; exit 3; }}")
+
+    def remove(self) -> str:
+        return f"rm -rf -- {self.path}"
 
 
 def place_problem(nodes: list[Node], known_hosts: str, place: str) -> tuple[str, str] | None:
@@ -112,29 +154,19 @@ def place_problem(nodes: list[Node], known_hosts: str, place: str) -> tuple[str,
     what the first node wrote (place is then no directory the nodes share); None if all can.
     The first node makes a directory of its own name there, every other node writes in it, and
     the first removes it again, also on a failure."""
-    if not PLACE_PATH.fullmatch(place) or ".." in place.split("/") or not nodes:
+    probe = Probe.of(place)
+    if probe is None or not nodes:
         return (nodes[0].name if nodes else ""), f"{place!r} is not a plain absolute path"
-    probe = shlex.quote(f"{place}/.scalelab-write-{secrets.token_hex(6)}")
     first, rest = nodes[0], nodes[1:]
-
-    def said(proc: Any) -> str:
-        lines = [x for x in (proc.stdout + proc.stderr).strip().splitlines() if x.strip()]
-        return lines[-1][:200] if lines else f"exit {proc.returncode}"
-
-    made = ssh.run(first, known_hosts, f"test -d {shlex.quote(place)} || "
-                   f"{{ echo 'no such directory'; exit 3; }}; mkdir -- {probe}",
-                   timeout=60, check=False)
+    made = ssh.run(first, known_hosts, probe.make(), timeout=60, check=False)
     if made.returncode != 0:
         return first.name, said(made)
     try:
         def one(node: Node) -> str:
-            mine = f"{probe}/{shlex.quote(node.name)}"
-            proc = ssh.run(node, known_hosts, f"test -d {probe} || {{ echo 'it does not see "
-                           f"what {first.name} wrote there: not a directory the nodes share'; "
-                           f"exit 3; }}; mkdir -- {mine} && rmdir -- {mine}", timeout=60,
-                           check=False)
+            proc = ssh.run(node, known_hosts, probe.write(shlex.quote(node.name), first.name),
+                           timeout=60, check=False)
             return "" if proc.returncode == 0 else said(proc)
 
         return ssh.first_problem(rest, one)
     finally:
-        ssh.run(first, known_hosts, f"rm -rf -- {probe}", timeout=60, check=False)
+        ssh.run(first, known_hosts, probe.remove(), timeout=60, check=False)

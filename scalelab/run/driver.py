@@ -323,6 +323,8 @@ class Launcher:
             return name, self._watched(cmds, timeout_s, stop, inflight, inject), None
 
         job = slurm.job_name(secrets.token_hex(8), run.run_id)
+        if inject is not None:
+            inject.job = job  # a kill from the login host is a step of this job
         gpus = ppn if all(n.gpus for n in nodes) else 0
         if self.container is not None:  # DDP, one rank a node (lifecycle refuses the rest)
 
@@ -421,6 +423,10 @@ class _Execution:
             self.container = containers.Spec(rec["image"]["tag"], rec["image"]["id"])
         self.starter = Launcher(launcher, target.login(rec), self.rt, self.caps.shares_host_cpus,
                                 partition or target.default_partition(rec), self.container)
+        # who removes a run's checkpoints in a shared place: the first node, or the login host
+        # of a cluster whose nodes scalelab does not reach over SSH
+        self.remover = None if self.caps.ssh_nodes else target.login(rec)
+        self.slurm_login = self.starter.login if launcher == "slurm" else None  # kills go there
         self.emu = Emulation(runs, self.all_nodes, self.rt.known_hosts, self.rt.workdir,
                              self.caps.shares_host_cpus, self._calibrate)
         self.emu.keep(store.read_runs(sweep_dir).values())  # a resumed sweep keeps its k
@@ -492,7 +498,8 @@ class _Execution:
         server = next((n for n in self.all_nodes if store and n.name == store.node), None)
         errors = {} if kept else checkpoints.remove(self.all_nodes[: p["nodes"]],
                                                     self.rt.known_hosts, where, p,
-                                                    self.rt.workdir, store, server)
+                                                    self.rt.workdir, store, server,
+                                                    self.remover)
         bad = next(iter(errors.items()), None)
         if bad:
             log.warning("checkpoints of a run left at %s on %s: %s", where, *bad)
@@ -547,11 +554,11 @@ class _Execution:
                                                self.sweep_dir.name, run.run_id,
                                                self.stores.get(p.get("checkpoint_to")))
                 checkpoints.remember(self.cluster, self.rec, ckpt_dir, p, self.rt.workdir,
-                                     self.all_nodes[: p["nodes"]])
+                                     self.all_nodes[: p["nodes"]], self.remover)
             script, args, engine = ("resnet.py", commands.workload_args(
                 p, profile, 1.0 / decode if decode else None, ckpt_dir), p["engine"])
         inject = failures.injector(run, self.all_nodes[: p["nodes"]], self.rt.known_hosts,
-                                   self.starter.login if self.starter.kind == "slurm" else None)
+                                   self.slurm_login, self.caps.ssh_nodes)
         started = utcnow()
         interrupted, job, launcher_name = False, None, self.starter.kind
         try:

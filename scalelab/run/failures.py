@@ -13,7 +13,9 @@ step (bench/workloads/ckpt.py resume). Under Horovod the elastic driver brings t
 (bench/workloads/hvdelastic.py), also in a Slurm allocation; under --launcher slurm a DDP job
 step ends when a task dies, and the job's allocation starts the ranks again as a new step
 (scalelab.run.slurm); either way the ranks' lines come through one command, each naming its
-host.
+host. On a cluster reached only through its Slurm login host the kill is a job step of the
+run's own job on the chosen node (srun --overlap from the login host, step_kill_line), started
+once that node's ranks train.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from typing import Any
 from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
 from scalelab.core.errors import ScalelabError
+from scalelab.core.validate import SHORT_NODE
 from scalelab.run.commands import MAX_RESTARTS
-from scalelab.run.reap import TOKEN_VAR, token_mark
+from scalelab.run.reap import JOB_NAME, TOKEN_VAR, token_mark
 from scalelab.sweep import values
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,36 @@ def kill_line(mark: str) -> str:
             "kill -KILL $p && echo killed $p at $(date +%s.%N); done; true")
 
 
+def step_kill_line(job: str, node: str, mark: str, wait_s: float = 60.0) -> str:
+    """kill_line as a step of the run's Slurm job on node, for the login host of a cluster
+    whose nodes scalelab does not reach over SSH: it waits (at most wait_s) for the job to
+    run, then starts the line on the node with srun --overlap, which shares the CPUs of the
+    ranks' own step, so that it neither waits for them nor holds up their next step; srun
+    hands its stdin (the pids) to the line. Nothing is killed when the job never runs.
+
+    >>> line = step_kill_line("scalelab-ab12cd34-train-n02", "n1", "ab12@lab-login", 2)
+    >>> "--name scalelab-ab12cd34-train-n02" in line, "srun --overlap --jobid" in line
+    (True, True)
+    >>> "--nodelist n1 --nodes 1 --ntasks 1" in line, "while [ $i -lt 10 ]" in line
+    (True, True)
+    >>> step_kill_line("x; rm -rf /", "n1", "ab12@l")
+    Traceback (most recent call last):
+    ...
+    ValueError: job name 'x; rm -rf /' is not one scalelab makes
+    """
+    if not JOB_NAME.fullmatch(job):
+        raise ValueError(f"job name {job!r} is not one scalelab makes")
+    if not SHORT_NODE.fullmatch(node):
+        raise ValueError(f"node name {node!r} is not one Slurm names")
+    tries = max(1, int(wait_s / 0.2))
+    return ("j=; i=0; while [ $i -lt " + str(tries) + " ]; do j=$(squeue --noheader --name "
+            + shlex.quote(job) + " --states RUNNING --format %i | head -n 1); "
+            "[ -n \"$j\" ] && break; "
+            "sleep 0.2; i=$((i+1)); done; [ -n \"$j\" ] || exit 0; "
+            f"exec srun --overlap --jobid \"$j\" --nodelist {node} --nodes 1 --ntasks 1 "
+            f"--quiet sh -c {shlex.quote(kill_line(mark))}")
+
+
 @dataclass
 class Kill:
     """One kill of a node's ranks: the pids written to the armed kill line, when (the
@@ -116,6 +149,10 @@ class Injector:
     hosts: dict[str, int] | None = None
     marked: str = ""
     how: str = "torchrun"  # what brings the ranks back (the record's restarted_by)
+    # a cluster reached only through its login host: the kill is a step of the run's job
+    # (step_kill_line), run from there; the job's name is set once the launch has one
+    login: Node | None = None
+    job: str = ""
     seen: dict[int, int] = field(default_factory=dict)  # node index -> lines read
     live: dict[int, dict[int, int]] = field(default_factory=dict)  # node -> pid -> last step
     # the (node, attempt, pid) of ranks a kill ended or sent back to a checkpoint: a rank
@@ -232,18 +269,30 @@ class Injector:
         self.live = {}
         return sorted(pids)
 
+    def _may_arm(self) -> bool:
+        """Whether the next kill's line may be started: at once over SSH to its node; as a
+        job step only once that node's ranks train (a step started earlier could come up
+        before the ranks' own step, or after the job ends)."""
+        if len(self.kills) >= self.limit:
+            return False
+        return self.login is None or bool(
+            self.job and self.live.get(chosen_node(self.asked, self.nodes, self.run_id,
+                                                   len(self.kills))))
+
     def _arm(self, launch: Any) -> None:
         self._target = chosen_node(self.asked, self.nodes, self.run_id, len(self.kills))
         node = self.nodes[self._target]
-        marked = self.marked or node.name
-        argv = ssh.ssh_args(node, self.known_hosts) + [
-            "--", kill_line(token_mark(launch.token, marked))]
-        ssh.count(node, self.known_hosts)
+        mark = token_mark(launch.token, self.marked or node.name)
+        where, line = node, kill_line(mark)
+        if self.login is not None:
+            where, line = self.login, step_kill_line(self.job, node.name, mark)
+        argv = ssh.ssh_args(where, self.known_hosts) + ["--", line]
+        ssh.count(where, self.known_hosts)
         try:
             self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True)
         except OSError as exc:  # the run goes on, and is failed for it
-            self.error = f"the kill on {node.name} could not be armed: {exc}"
+            self.error = f"the kill on {node.name} could not be armed from {where.name}: {exc}"
 
     def poll(self, launch: Any) -> None:
         now = time.time()
@@ -256,7 +305,7 @@ class Injector:
         if self._proc is not None and self.kills and self.kills[-1].fired_at and \
                 self._proc.poll() is not None and self._target is None:
             self._collect()
-        if self._proc is None and len(self.kills) < self.limit:
+        if self._proc is None and self._may_arm():
             self._arm(launch)  # before the step it waits for: the kill lands in milliseconds
         if self._proc is None or self._target is None or not self._due(self._target, now):
             return
@@ -266,8 +315,12 @@ class Injector:
             assert self._proc.stdin is not None
             self._proc.stdin.write(" ".join(map(str, pids)) + "\n")
             self._proc.stdin.flush()  # read at once; the line kills, prints and exits
-        except OSError as exc:
-            self.error = f"the kill on {self.nodes[node].name} was not armed: {exc}"
+        except OSError as exc:  # what ended the armed line first, if it said
+            said = ""
+            if self._proc.poll() is not None and self._proc.stderr is not None:
+                said = " ".join(self._proc.stderr.read().split())[-200:]
+            self.error = (f"the kill on {self.nodes[node].name} was not armed: {exc}"
+                          + (f" ({said})" if said else ""))
 
     def _collect(self) -> None:
         """Wait for the armed kill line (EOF: an unfired one exits killing nothing); what its
@@ -384,9 +437,10 @@ RESTARTED_BY = {"torchrun": "torchrun's agents (--max-restarts, c10d rendezvous)
 
 
 def injector(run: Any, nodes: list[Node], known_hosts: str,
-             login: Node | None = None) -> Injector | None:
+             login: Node | None = None, ssh_nodes: bool = True) -> Injector | None:
     """A planned run's injector on its nodes, or None where it injects nothing; login: the
-    Slurm login host a run under --launcher slurm is started from."""
+    Slurm login host a run under --launcher slurm is started from; ssh_nodes: whether the
+    nodes are reached over SSH (else the kill is a step of the run's job, from login)."""
     asked = run.params.get("inject_failure") if run.kind == "train" else None
     fail = values.failure(asked)
     if fail is None:
@@ -407,6 +461,7 @@ def injector(run: Any, nodes: list[Node], known_hosts: str,
                     None if fail.step is None else warmup + fail.step, fail.every_s, warmup,
                     warmup + run.params["steps"], run.params["procs_per_node"], known_hosts,
                     hosts, marked, RESTARTED_BY[how],
+                    login=None if ssh_nodes else login,
                     every=int(run.params.get("checkpoint_every") or 0))
 
 

@@ -36,7 +36,12 @@ def start(prep: Prepared, reports_root: Path,
     """Create the sweep in the store, run every planned run, write results.csv."""
     stop = stop if stop is not None else threading.Event()
     with interrupts_stop(stop), lock.hold(prep.cluster):
-        ended, _ = end_abandoned(reports_root, prep.cluster)
+        ended, left = end_abandoned(reports_root, prep.cluster)
+        if left:  # a new sweep never starts beside a dead one's ranks
+            raise ClusterError(f"cluster {prep.cluster}: {left} of the {ended} process groups "
+                               "a killed sweep left on the nodes could not be ended (a node "
+                               "does not answer?); nothing was started: run the sweep again "
+                               "once every node answers, or invoke destroy")
         if ended:
             log.warning("ended %d process groups that a killed driver left on cluster %s",
                         ended, prep.cluster)
@@ -90,7 +95,9 @@ def settle(reports_root: Path, cluster: str) -> list[str]:
         raise ClusterError(f"cluster {cluster}: {left} of the {ended} process groups a killed "
                            "sweep left on the nodes could not be ended (a host does not "
                            "answer?); the records stay: run invoke destroy --cluster "
-                           f"{cluster} again once every host answers")
+                           f"{cluster} again once every host answers (a host gone for good: "
+                           f"delete the {INFLIGHT} and {WARM} files that name it, in the "
+                           f"sweeps of {reports_root}, first)")
     if ended:
         done.append(f"ended {ended - left} process groups a killed sweep left on the nodes"
                     + (f" ({left} on nodes that go with the cluster)" if left else ""))

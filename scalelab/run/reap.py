@@ -24,6 +24,7 @@ from scalelab.cluster import ssh
 from scalelab.cluster.nodes import Node
 from scalelab.core.errors import CommandError, ScalelabError
 from scalelab.core.state import write_atomic
+from scalelab.core.validate import SHORT_NODE
 from scalelab.run import containers
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class LaunchError(ScalelabError):
 
 # A launcher's own work elsewhere (a Slurm job) is ended by a cancel line run on its login
 # host before the command's process group; only lines made here are ever run again from a file.
-JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def cancel_line(name: str) -> str:
@@ -50,7 +51,7 @@ def cancel_line(name: str) -> str:
     >>> cancel_line("scalelab-ab12-x")
     'scancel --name scalelab-ab12-x --full 2>/dev/null; exit 0'
     """
-    if not JOB_NAME.match(name):
+    if not JOB_NAME.fullmatch(name):
         raise LaunchError(f"job name {name!r} is not one scalelab makes")
     return f"scancel --name {shlex.quote(name)} --full 2>/dev/null; exit 0"
 
@@ -62,7 +63,7 @@ def is_cancel_line(line: str) -> bool:
     (True, False)
     """
     m = re.fullmatch(r"scancel --name (\S+) --full 2>/dev/null; exit 0", line)
-    return bool(m and JOB_NAME.match(m[1]))
+    return bool(m and JOB_NAME.fullmatch(m[1]))
 
 
 def token_mark(token: str, node: str = "") -> str:
@@ -76,7 +77,7 @@ def token_mark(token: str, node: str = "") -> str:
     """
     if not re.fullmatch(r"[0-9a-f]{1,64}", token):
         raise LaunchError(f"launch token {token!r} is not hex")
-    if node and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", node):
+    if node and not SHORT_NODE.fullmatch(node):
         raise LaunchError(f"node name {node!r} cannot be part of a launch token")
     return f"{token}@{node}" if node else token
 

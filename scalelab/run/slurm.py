@@ -35,7 +35,7 @@ from scalelab.cluster.nodes import Node
 from scalelab.cluster.slurmctl import login_run
 from scalelab.cluster.targets.interface import Runtime
 from scalelab.core.errors import ClusterError, ScalelabError
-from scalelab.run import commands, launch, linkprobe
+from scalelab.run import checkpoints, commands, launch, linkprobe
 from scalelab.run.reap import JOB_NAME, cancel_line
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def job_name(token: str, run_id: str) -> str:
     'scalelab-ab12cd34-train-n02-p1-b032-bw1000-r0'
     """
     name = f"scalelab-{token[:8]}-{run_id}"
-    if not JOB_NAME.match(name):
+    if not JOB_NAME.fullmatch(name):
         raise SlurmError(f"cannot make a Slurm job name of run {run_id!r}")
     return name
 
@@ -387,7 +387,7 @@ def sacct_line(name: str, wait_s: float = SACCT_WAIT_S, every_s: float = 0.2) ->
     >>> "while [ $i -lt 4 ]" in line and "--name scalelab-ab12-x" in line
     True
     """
-    if not JOB_NAME.match(name):
+    if not JOB_NAME.fullmatch(name):
         raise SlurmError(f"job name {name!r} is not one scalelab makes")
     sacct = ("sacct --noheader --parsable2 --allocations --starttime now-7days "
              f"--name {name} --format JobID,JobName,State,ExitCode,NodeList,Partition,ElapsedRaw")
@@ -458,3 +458,47 @@ def outcome(job: Job, status: str, error: str, timeout_s: float,
     else:
         why = f"{ident} {job.state} (exit {job.exit_code})"
     return "failed", f"{why}; {error}" if error and status != "ok" else why
+
+
+PLACE_SAYS = "scalelab-place "  # how a node of place_problem_by_job's job starts its answer
+
+
+def place_problem_by_job(login: Node, nodes: list[Node], known_hosts: str, place: str,
+                         partition: str | None, token: str, by_job: bool = True,
+                         wait_s: float = 300.0) -> tuple[str, str] | None:
+    """checkpoints.place_problem for a cluster reached only through its Slurm login host:
+    (who, why) or None. The login host (which removes a run's checkpoints there) makes a
+    directory in place, and one short job of the nodes, a task and a CPU on each, writes in it
+    (by_job False, for a dry run: no job, the login host's side only); the login host removes
+    the directory again, and cancels the job should it still be queued, also on a failure.
+    A job not done within wait_s is cancelled, and the place said unchecked."""
+    probe = checkpoints.Probe.of(place)
+    if probe is None or not nodes:
+        return f"login host {login.name}", f"{place!r} is not a plain absolute path"
+    made = login_run(login, known_hosts, probe.make(), timeout=60)
+    if made.returncode != 0:
+        return f"login host {login.name}", checkpoints.said(made)
+    name = job_name(token, "checkpoint-place")
+    try:
+        if not by_job:
+            return None
+        task = "n=$SLURMD_NODENAME; " + probe.write('"$n"', "the login host", PLACE_SAYS + "$n: ")
+        opts = ["--job-name", name, *(["--partition", partition] if partition else []),
+                "--nodes", str(len(nodes)), "--nodelist", ",".join(n.name for n in nodes),
+                "--ntasks-per-node", "1", "--time", str(time_limit_min(wait_s))]
+        job = shlex.join(["srun", *opts, "--quiet", "sh", "-c", task])
+        proc = login_run(login, known_hosts, f"timeout {int(wait_s)} {job}",
+                         timeout=wait_s + 30)
+        if proc.returncode == 0:
+            return None
+        told = [x[len(PLACE_SAYS):] for x in proc.stdout.splitlines() if x.startswith(PLACE_SAYS)]
+        if told:
+            node, _, why = told[0].partition(": ")
+            return f"node {node}", why
+        return f"login host {login.name}", (
+            f"it could not be checked: the job that checks the nodes was not done within "
+            f"{wait_s:g} s (a busy partition?)" if proc.returncode == 124 else
+            f"the job that checks the nodes failed: {checkpoints.said(proc)}")
+    finally:
+        login_run(login, known_hosts, f"{probe.remove()}; scancel --name {name} 2>/dev/null; "
+                  "true", timeout=60)

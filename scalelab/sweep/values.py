@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from scalelab.core import shardurl
 from scalelab.core.errors import InputError, suggest
 from scalelab.core.units import parse_int_range, parse_rate_list, parse_size_bytes
-from scalelab.core.validate import PLACE_PATH
+from scalelab.core.validate import PLACE_PATH, SHORT_NODE
 from scalelab.model import accel, fabric
 
 SYNTHETIC = "synthetic"
@@ -187,7 +187,7 @@ def data(value: Any, what: str) -> list[str]:
 
 
 NODE_DISKS = "nodes"  # a checkpoint place: each node's own disk (under the workdir)
-SERVED = re.compile(r"nfs@([A-Za-z0-9][A-Za-z0-9._-]{0,62})")  # an NFS server on that node
+SERVED = re.compile(rf"nfs@({SHORT_NODE.pattern})")  # an NFS server on that node
 
 
 def served_by(place: Any) -> str | None:

@@ -196,3 +196,36 @@ def test_ctrl_c_while_links_are_being_shaped(fcluster, reports, tmp_path, monkey
     assert signal.getsignal(signal.SIGINT) is before  # the driver's handler is gone again
     fault(lost=0)
     fl.destroy_and_check(lc)
+
+
+def test_a_sweep_never_starts_beside_ranks_a_killed_one_left_that_cannot_be_ended(
+        fcluster, reports, tmp_path):
+    """A killed sweep's notes name ranks on a node that does not answer (a port of loopback
+    nobody listens on): the next sweep on the cluster is refused in one line before it writes
+    anything, and the notes stay for the next try."""
+    import socket
+
+    from scalelab.core.errors import ClusterError
+    from scalelab.run.launch import Node
+    from scalelab.sweep import sweepfile
+
+    lc = fcluster(1)
+    spec = sweepfile.load_sweep_file(fl.write_sweep(tmp_path / "s.yml", nodes=[1]))
+    prep = admission.prepare(lc.name, spec)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    gone = Node(lc.nodes()[0].name, "127.0.0.1", "127.0.0.1", "head", "local", ssh_port=closed)
+    dead = reports / "20261129-000000-dead"
+    dead.mkdir(parents=True)
+    (dead / "sweep.json").write_text(json.dumps({"cluster": lc.name}))
+    notes = [{"node": gone.to_dict(), "pgid": 4242, "token": "ab12"}]
+    (dead / ".inflight.json").write_text(json.dumps(notes))
+    with pytest.raises(ClusterError) as ei:
+        lifecycle.start(prep, reports)
+    assert str(ei.value) == (
+        f"cluster {lc.name}: 1 of the 1 process groups a killed sweep left on the nodes could "
+        "not be ended (a node does not answer?); nothing was started: run the sweep again once "
+        "every node answers, or invoke destroy")
+    assert sorted(p.name for p in reports.iterdir()) == [dead.name]  # nothing written
+    assert json.loads((dead / ".inflight.json").read_text()) == notes
