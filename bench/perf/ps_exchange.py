@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = 25_557_032  # ResNet-50's
-BUCKET = 25 * (1 << 20) // 4  # DDP's 25 MB buckets, in fp32 elements
+# DDP's 25 MB buckets, in fp32 elements (ps_links.py --bucket-mb sets another size)
+BUCKET = int(os.environ.get("SCALELAB_BUCKET_MB", "25")) * (1 << 20) // 4
 
 
 def _buckets():

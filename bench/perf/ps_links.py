@@ -48,7 +48,7 @@ def busiest_bytes(n: int, k: int) -> float:
     return max(s, n * s / k)
 
 
-def one(lc: LocalCluster, n: int, k: int, steps: int, port: int) -> float:
+def one(lc: LocalCluster, n: int, k: int, steps: int, port: int, bucket_mb: int = 25) -> float:
     """Milliseconds a step of the exchange, N workers and K servers (K = 0: the ring)."""
     nodes = lc.nodes()[: n + k]
     rt = Runtime(sys.executable, str(ROOT), lc.load()["known_hosts"])
@@ -58,7 +58,7 @@ def one(lc: LocalCluster, n: int, k: int, steps: int, port: int) -> float:
         # psengine.serves(1): the last local rank serves; a worker is rank 0 of 2 here
         env.update(RANK=str(i), WORLD_SIZE=str(n + k), LOCAL_RANK="0",
                    LOCAL_WORLD_SIZE="1" if i >= n else "2", MASTER_ADDR=nodes[0].private_address,
-                   MASTER_PORT=str(port))
+                   MASTER_PORT=str(port), SCALELAB_BUCKET_MB=str(bucket_mb))
         argv = [sys.executable, str(EXCHANGE), "--rank", "ps" if k else "ring",
                 "--steps", str(steps)]
         cmds.append(commands.RankCommand(node, argv, env))
@@ -78,6 +78,7 @@ def main() -> int:
     ap.add_argument("--bandwidth", default="1gbit")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bucket-mb", type=int, default=25, help="the buckets' size (DDP's: 25)")
     a = ap.parse_args()
     wanted = [layout(t) for t in a.layouts.split(",")]
     if not (1 <= a.steps <= 50 and 1 <= a.repeats <= 5) or \
@@ -90,12 +91,13 @@ def main() -> int:
     lc = LocalCluster(f"psl{os.getpid() % 10000}")
     lc.provision(max(n + k for n, k in wanted), bandwidth=a.bandwidth)
     try:
-        print(f"ResNet-50's gradients, {a.bandwidth} links, {a.steps} steps, median of "
-              f"{a.repeats}:")
+        print(f"ResNet-50's gradients in {a.bucket_mb} MB buckets, {a.bandwidth} links, "
+              f"{a.steps} steps, median of {a.repeats}:")
         print(f"{'layout':>10} {'ms a step':>10} {'busiest NIC':>12} {'at the rate':>12} "
               f"{'ratio':>6}")
         for j, (n, k) in enumerate(wanted):
-            got = [one(lc, n, k, a.steps, 29700 + 10 * j + r) for r in range(a.repeats)]
+            got = [one(lc, n, k, a.steps, 29700 + 10 * j + r, a.bucket_mb)
+                   for r in range(a.repeats)]
             ms = statistics.median(got)
             wire = busiest_bytes(n, k) * 8 / (mbit * 1e6) * 1e3 if mbit else 0.0
             name = f"ring {n}" if k == 0 else f"{n}w x {k}s"
