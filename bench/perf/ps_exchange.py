@@ -112,7 +112,8 @@ def main() -> int:
                 check=True).stdout
             got[mode].append(float(out.split("STEP_MS")[1].split()[0]))
     ring, ps = (statistics.median(got[m]) for m in ("ring", "ps"))
-    print(f"ResNet-50's gradients ({PARAMS * 4 / 1e6:.0f} MB fp32, 25 MB buckets), 2 processes "
+    print(f"ResNet-50's gradients ({PARAMS * 4 / 1e6:.0f} MB fp32, "
+          f"{BUCKET * 4 >> 20} MB buckets), 2 processes "
           f"over loopback, median of {a.repeats}: allreduce {ring:.1f} ms a step; one worker "
           f"and one server, push and pull, {ps:.1f} ms ({ps / ring - 1:+.1%})")
     return 0

@@ -81,9 +81,9 @@ def main() -> int:
     ap.add_argument("--bucket-mb", type=int, default=25, help="the buckets' size (DDP's: 25)")
     a = ap.parse_args()
     wanted = [layout(t) for t in a.layouts.split(",")]
-    if not (1 <= a.steps <= 50 and 1 <= a.repeats <= 5) or \
+    if not (1 <= a.steps <= 50 and 1 <= a.repeats <= 5 and 1 <= a.bucket_mb <= 1024) or \
             not all(1 <= n and 0 <= k and n + k <= 8 for n, k in wanted):
-        ap.error("--steps 1-50, --repeats 1-5, at most 8 nodes a layout")
+        ap.error("--steps 1-50, --repeats 1-5, --bucket-mb 1-1024, at most 8 nodes a layout")
     mbit = parse_rate_mbit(a.bandwidth)
     tmp = tempfile.mkdtemp(prefix="scalelab-perf-")
     os.environ.setdefault("SCALELAB_HOME", tmp)

@@ -259,8 +259,9 @@ def serve(roles: Roles, host: str) -> ServerStats:
     the receives of all its pieces posted at once, then the next header, whatever the other
     workers are at. A worker whose pushes run ahead so never waits for the others at a
     bucket's end (a receive not yet posted holds its pieces back on their way, and every
-    bucket's end was such a wait: a fifth of the step at 2 workers and 2 servers); the summing
-    loop here takes the buckets in order, a piece as soon as every worker's has come."""
+    bucket's end was such a wait: 100 ms of a 1.2 s step at 2 workers and 2 servers);
+    the summing loop here takes the buckets in order, a piece as soon as every worker's has
+    come."""
     import torch
     import torch.distributed as dist
 
@@ -285,7 +286,8 @@ def serve(roles: Roles, host: str) -> ServerStats:
                 arrived[src].put((h, shard, cuts, works))
         except BaseException as e:  # noqa: BLE001 - raised again by the summing loop
             failed.append(e)
-            arrived[src].put(None)
+            for q in arrived.values():  # the loop may be waiting on another worker's
+                q.put(None)
 
     threads = [threading.Thread(target=receive, args=(src,), name=f"ps-from-{src}",
                                 daemon=True) for src in roles.workers]
@@ -303,6 +305,11 @@ def serve(roles: Roles, host: str) -> ServerStats:
             raise RuntimeError(f"server {me}: workers {done} finished while {pushing} still "
                                "push: the workers ran different steps")
         h0, first_shard, cuts, _ = got[pushing[0]]
+        odd = [src for src in pushing if not bool((got[src][0][1:] == h0[1:]).all())]
+        if odd:  # size, dtype, last bucket of the step, pieces: the same from every worker
+            raise RuntimeError(f"server {me}: workers {odd} pushed another bucket than worker "
+                               f"{pushing[0]} ({got[odd[0]][0].tolist()} against "
+                               f"{h0.tolist()}): the workers ran different steps or models")
         dtype = first_shard.dtype
         # each piece is summed and sent back as soon as every worker's has come, while the
         # next ones come in

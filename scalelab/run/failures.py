@@ -83,9 +83,10 @@ def kill_line(mark: str) -> str:
 def step_kill_line(job: str, node: str, mark: str, wait_s: float = 60.0) -> str:
     """kill_line as a step of the run's Slurm job on node, for the login host of a cluster
     whose nodes scalelab does not reach over SSH: it waits (at most wait_s) for the job to
-    run, then starts the line on the node with srun --overlap, which shares the CPUs of the
-    ranks' own step, so that it neither waits for them nor holds up their next step; srun
-    hands its stdin (the pids) to the line. Nothing is killed when the job never runs.
+    run, then starts the line on the node with srun --overlap, which (from Slurm 22.05)
+    shares all the resources of the ranks' own step, so that it neither waits for them nor
+    holds up their next step; srun hands its stdin (the pids) to the line. Nothing is killed
+    when the job never runs.
 
     >>> line = step_kill_line("scalelab-ab12cd34-train-n02", "n1", "ab12@lab-login", 2)
     >>> "--name scalelab-ab12cd34-train-n02" in line, "srun --overlap --jobid" in line
