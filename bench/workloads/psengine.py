@@ -251,6 +251,25 @@ class ServerStats:
                 "sum_s_per_step": self.sum_s / per, "wall_s": self.wall_s}
 
 
+def same_bucket(me: int, headers: dict[int, Any]) -> None:
+    """Every worker's header of a bucket says the same size, dtype, last bucket of the step
+    and pieces (RuntimeError if not: the workers ran different steps or models).
+
+    >>> import torch
+    >>> same_bucket(0, {1: torch.tensor([1, 10, 0, 0, 5]), 2: torch.tensor([1, 10, 0, 0, 5])})
+    >>> same_bucket(0, {1: torch.tensor([1, 10, 0, 0, 5]), 2: torch.tensor([1, 10, 1, 0, 5])})
+    Traceback (most recent call last):
+    ...
+    RuntimeError: server 0: workers [2] pushed another bucket than worker 1 ([1, 10, 1, 0, 5] against [1, 10, 0, 0, 5]): the workers ran different steps or models
+    """
+    first, h0 = next(iter(headers.items()))
+    odd = [src for src, h in headers.items() if h[1:].tolist() != h0[1:].tolist()]
+    if odd:
+        raise RuntimeError(f"server {me}: workers {odd} pushed another bucket than worker "
+                           f"{first} ({headers[odd[0]].tolist()} against {h0.tolist()}): the "
+                           "workers ran different steps or models")
+
+
 def serve(roles: Roles, host: str) -> ServerStats:
     """Sum this server's shard of every bucket from every worker and send it back, until every
     worker says it is done; then its figures go to the workers' rank 0 (server_records).
@@ -305,11 +324,7 @@ def serve(roles: Roles, host: str) -> ServerStats:
             raise RuntimeError(f"server {me}: workers {done} finished while {pushing} still "
                                "push: the workers ran different steps")
         h0, first_shard, cuts, _ = got[pushing[0]]
-        odd = [src for src in pushing if not bool((got[src][0][1:] == h0[1:]).all())]
-        if odd:  # size, dtype, last bucket of the step, pieces: the same from every worker
-            raise RuntimeError(f"server {me}: workers {odd} pushed another bucket than worker "
-                               f"{pushing[0]} ({got[odd[0]][0].tolist()} against "
-                               f"{h0.tolist()}): the workers ran different steps or models")
+        same_bucket(me, {src: got[src][0] for src in pushing})
         dtype = first_shard.dtype
         # each piece is summed and sent back as soon as every worker's has come, while the
         # next ones come in
