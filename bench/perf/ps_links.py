@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from scalelab.cluster.targets.local import LocalCluster  # noqa: E402
 from scalelab.core.units import parse_rate_mbit  # noqa: E402
+from scalelab.model import layouts  # noqa: E402
 from scalelab.run import commands, launch  # noqa: E402
 from scalelab.run.launch import Runtime  # noqa: E402
 
@@ -41,11 +42,9 @@ def layout(text: str) -> tuple[int, int]:
 
 
 def busiest_bytes(n: int, k: int) -> float:
-    """Bytes the busiest NIC carries each way a step (engines.md's table)."""
-    s = PARAMS * 4
-    if k == 0:
-        return 2 * (n - 1) / n * s
-    return max(s, n * s / k)
+    """Bytes the busiest NIC carries each way a step (the model's, scalelab.model.layouts)."""
+    shape = layouts.Layout(n, 1, k, layouts.DEDICATED) if k else layouts.Layout(n, 1)
+    return layouts.busiest(shape, PARAMS * 4)[1]
 
 
 def one(lc: LocalCluster, n: int, k: int, steps: int, port: int, bucket_mb: int = 25) -> float:

@@ -101,13 +101,12 @@ def removal_line(where: str, params: dict[str, Any], workdir: str, store: Any = 
 
 
 def remove(nodes: list[Node], known_hosts: str, where: str, params: dict[str, Any],
-           workdir: str, store: Any = None, server: Node | None = None,
-           remover: Node | None = None) -> dict[str, str]:
-    """Remove a run's checkpoints (every node's own copy, the shared one once, from remover
-    or the first node, or on the server of an nfs@NODE place); the nodes that could not, and
-    why."""
+           workdir: str, store: Any = None, remover: Node | None = None) -> dict[str, str]:
+    """Remove a run's checkpoints: every node's own copy, or the one of a shared place or of
+    an nfs@NODE server, once, from remover (the server, or a login host; by default the first
+    node); the nodes that could not, and why."""
     line = removal_line(where, params, workdir, store)
-    on = [server] if server is not None else [remover or nodes[0]] if shared(params) else nodes
+    on = nodes if not (shared(params) or remover) else [remover or nodes[0]]
     _, errors = ssh.on_each(on, lambda n: ssh.run(n, known_hosts, line, timeout=120).returncode)
     return errors
 

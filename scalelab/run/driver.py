@@ -498,8 +498,8 @@ class _Execution:
         server = next((n for n in self.all_nodes if store and n.name == store.node), None)
         errors = {} if kept else checkpoints.remove(self.all_nodes[: p["nodes"]],
                                                     self.rt.known_hosts, where, p,
-                                                    self.rt.workdir, store, server,
-                                                    self.remover)
+                                                    self.rt.workdir, store,
+                                                    server or self.remover)
         bad = next(iter(errors.items()), None)
         if bad:
             log.warning("checkpoints of a run left at %s on %s: %s", where, *bad)

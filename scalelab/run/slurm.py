@@ -94,8 +94,10 @@ def time_limit_min(timeout_s: float) -> int:
 
 
 def alloc_options(name: str, nodes: list[Node], procs_per_node: int, partition: str | None,
-                  timeout_s: float, gpus_per_node: int = 0, tasks: bool = True) -> list[str]:
-    """srun/salloc options of a run: whole nodes, these nodes, a time limit, a name.
+                  timeout_s: float, gpus_per_node: int = 0, tasks: bool = True,
+                  whole: bool = True) -> list[str]:
+    """srun/salloc options of a run: whole nodes (whole False: a CPU a task), these nodes, a
+    time limit, a name.
 
     >>> ns = [Node("c-n0", "a", "a", "head", "local"), Node("c-n1", "b", "b", "worker", "local")]
     >>> " ".join(alloc_options("j", ns, 2, "gpu", 180, gpus_per_node=2))
@@ -108,7 +110,8 @@ def alloc_options(name: str, nodes: list[Node], procs_per_node: int, partition: 
     # choice); Slurm 22.05 still starts no more tasks on a node than its CPUs, which
     # scalelab.run.admission checks before any job
     opts += ["--nodes", str(len(nodes)), "--nodelist", ",".join(n.name for n in nodes),
-             "--exclusive", "--overcommit", "--time", str(time_limit_min(timeout_s))]
+             *(["--exclusive", "--overcommit"] if whole else []),
+             "--time", str(time_limit_min(timeout_s))]
     if tasks:
         opts += ["--ntasks-per-node", str(procs_per_node)]
     if gpus_per_node:
@@ -483,10 +486,8 @@ def place_problem_by_job(login: Node, nodes: list[Node], known_hosts: str, place
         if not by_job:
             return None
         task = "n=$SLURMD_NODENAME; " + probe.write('"$n"', "the login host", PLACE_SAYS + "$n: ")
-        opts = ["--job-name", name, *(["--partition", partition] if partition else []),
-                "--nodes", str(len(nodes)), "--nodelist", ",".join(n.name for n in nodes),
-                "--ntasks-per-node", "1", "--time", str(time_limit_min(wait_s))]
-        job = shlex.join(["srun", *opts, "--quiet", "sh", "-c", task])
+        job = shlex.join(["srun", *alloc_options(name, nodes, 1, partition, wait_s, whole=False),
+                          "--quiet", "sh", "-c", task])
         proc = login_run(login, known_hosts, f"timeout {int(wait_s)} {job}",
                          timeout=wait_s + 30)
         if proc.returncode == 0:
